@@ -1,0 +1,5 @@
+import sys
+
+from a2po.cli import main
+
+sys.exit(main())

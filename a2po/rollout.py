@@ -1,0 +1,136 @@
+"""The rollout engine used by both stages: KV-cached sampling with a shared prompt prefill.
+
+Why not `model.generate`: under gradient checkpointing in train mode `generate` silently drops the KV cache and
+re-runs the whole sequence every step; `num_return_sequences` prefills the same prompt N times; and finished rows
+keep being computed until the longest one ends. Here the prompt batch is prefilled once, its cache is repeated
+N times, finished rows are dropped from the batch as they end, and the loop stops when every row has ended.
+Sampling uses the same processing as `generate` (temperature, then top-k, then top-p) and greedy decoding gives the
+same tokens as `generate(do_sample=False)` (tested).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    """Eval mode for decoding (gradient checkpointing disables the KV cache in train mode), restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    forward = getattr(model, "forward", None)
+    try:
+        return name in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids for left-padded rows: 0 at each row's first real token."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float = 1.0) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering; filtered entries become -inf."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop tokens once the mass before them already reaches top_p; the most likely token always stays.
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                       max_new_tokens: int, eos_token_ids: Sequence[int], pad_token_id: int,
+                       num_samples: int = 1, do_sample: bool = True, temperature: float = 1.0,
+                       top_k: int | None = None, top_p: float = 1.0,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample `num_samples` completions per left-padded prompt.
+
+    Returns completion ids of shape (batch * num_samples, T) with T <= max_new_tokens; rows are grouped by prompt
+    (row i * num_samples + j is sample j of prompt i); after a row's first EOS the row holds `pad_token_id`.
+    """
+    batch = input_ids.shape[0]
+    device = input_ids.device
+    eos = torch.tensor(list(eos_token_ids), device=device)
+    model_kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    with eval_mode(model):
+        cache = DynamicCache(config=model.config)
+        positions = positions_from_mask(attention_mask)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True, **model_kwargs)
+        logits = out.logits[:, -1]
+        next_position = positions[:, -1] + 1
+        if num_samples > 1:
+            cache.batch_repeat_interleave(num_samples)
+            logits = logits.repeat_interleave(num_samples, dim=0)
+            attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
+            next_position = next_position.repeat_interleave(num_samples, dim=0)
+
+        total = batch * num_samples
+        completions = torch.full((total, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        active = torch.arange(total, device=device)  # original row of each row still in the batch
+        length = 0
+        for step in range(max_new_tokens):
+            if do_sample:
+                probs = process_logits(logits, temperature, top_k, top_p).softmax(-1)
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                tokens = logits.argmax(-1)
+            completions[active, step] = tokens
+            length = step + 1
+            alive = ~torch.isin(tokens, eos)
+            if not alive.any() or step == max_new_tokens - 1:
+                break
+            if not alive.all():
+                # Drop finished rows so the rest of the decode only pays for live sequences.
+                keep = alive.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, tokens = active[keep], tokens[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+            out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
+                        past_key_values=cache, use_cache=True, **model_kwargs)
+            logits = out.logits[:, -1]
+            next_position = next_position + 1
+    return completions[:, :length]
+
+
+def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Sum over completion tokens (where `completion_mask` is 1) of log pi(y_t | x, y_<t); shape (batch,).
+
+    Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax is gathered in
+    chunks (`core.token_logprobs`), so the full-vocabulary float32 log-softmax never exists for the whole sequence.
+    """
+    from a2po.core import token_logprobs
+
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    num_completion = completion_ids.shape[1]
+    kwargs = {"logits_to_keep": num_completion + 1} if _accepts(model, "logits_to_keep") else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=positions_from_mask(attention_mask), use_cache=False, **kwargs).logits
+    logits = logits[:, -num_completion - 1:-1]
+    logps = token_logprobs(logits, completion_ids)
+    return (logps * completion_mask).sum(-1)

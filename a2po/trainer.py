@@ -1,0 +1,510 @@
+"""`A2POTrainer`: A*-PO on top of `transformers.Trainer`. The math is in `a2po.core`, decoding in `a2po.rollout`.
+
+Read top to bottom: set-up, prompts and rewards, stage 1 (`estimate_optimal_values`), stage 2 (`compute_loss`),
+evaluation (greedy accuracy plus the regression loss), logging.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Trainer
+
+from a2po.callbacks import StageInterrupted
+from a2po.config import A2POConfig
+from a2po.core import a2po_loss, completion_mask
+from a2po.rollout import sample_completions, sequence_logprobs
+from a2po.values import (
+    CORRECT_THRESHOLD,
+    known_value_record,
+    load_optimal_values,
+    prompt_id_for,
+    read_jsonl,
+    rescore,
+    summarize,
+    value_record,
+)
+
+RewardFunc = Callable[..., list[float]]
+
+
+class A2POTrainer(Trainer):
+    """Trainer for A*-PO (optimal advantage regression), arXiv 2505.20686.
+
+    Stage 1, before training: for every prompt, sample `num_value_samples` completions from the reference policy,
+    score them with `reward_funcs`, and estimate V*(x) = beta1 * log(mean_i exp(r_i / beta1)); prompts no sample
+    solved are dropped (`filter_all_incorrect`). Stage 2: one completion per prompt from the current policy; the loss
+    is (beta2 * log(pi(y|x) / pi_ref(y|x)) - (r(x, y) - V*(x)))^2, averaged over the batch.
+
+    Args:
+        model: a model, a hub id or local path, or "SmolLM2-135M-Instruct" (the offline default, `a2po.models`).
+        reward_funcs: one function or a list; each gets `prompts`, `completions` and every other dataset column as
+            keyword arguments and returns one float per completion. Their weighted sum is r, assumed in {0, 1}.
+        args: an `A2POConfig`.
+        train_dataset: prompts in a "prompt" column (text, or conversational message lists). A `v_star` column
+            skips stage 1 for its non-null rows; a `prompt_id` column names rows (else a hash of the row is used).
+        eval_dataset: a Dataset or a dict of Datasets; `evaluate()` reports greedy accuracy on it.
+        processing_class: the tokenizer (loaded from `model` when omitted).
+        callbacks: `TrainerCallback`s; `a2po.A2POCallback`s also receive the stage-1 and sample events.
+        optimizers: (optimizer, scheduler), as in `Trainer`.
+        peft_config: a `peft` config (e.g. `LoraConfig`): only adapters train and the reference policy is the same
+            weights with adapters disabled, so no second copy of the model is held.
+    """
+
+    _tag_names = ["a2po"]
+
+    def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
+                 args: A2POConfig | None = None, train_dataset: Dataset | None = None,
+                 eval_dataset: Dataset | dict[str, Dataset] | None = None,
+                 processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
+                 optimizers=(None, None), peft_config=None):
+        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        if args is None:
+            args = A2POConfig(output_dir=f"{Path(model_id).name}-A2PO")
+        if isinstance(model, str):
+            from a2po.models import resolve_model
+
+            model_path = resolve_model(model)
+            init_kwargs = dict(args.model_init_kwargs or {})
+            init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+        else:
+            model_path = model_id
+        if processing_class is None:
+            revision = (args.model_init_kwargs or {}).get("revision")
+            processing_class = AutoTokenizer.from_pretrained(model_path, revision=revision,
+                                                             trust_remote_code=args.trust_remote_code)
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        processing_class.padding_side = "left"
+        self.model_id = model_id
+
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
+            raise TypeError("reward_funcs must be a callable or a non-empty list of callables "
+                            "f(prompts, completions, **columns) -> list[float].")
+        self.reward_names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(self.reward_funcs)]
+        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(weights)} values but there are {len(self.reward_funcs)} "
+                             "reward functions; give one weight per function (or None for 1.0 each).")
+        self.reward_weights = torch.tensor(weights, dtype=torch.float64)
+
+        self.use_peft = peft_config is not None
+        if self.use_peft:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+            if args.gradient_checkpointing:
+                model.enable_input_require_grads()
+            self.ref_model = None
+        else:
+            # A frozen copy; in bf16 runs it is kept in bf16, half the memory of an fp32 copy.
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if args.bf16:
+                self.ref_model.to(torch.bfloat16)
+
+        gen_config = getattr(model, "generation_config", None)
+        eos = getattr(gen_config, "eos_token_id", None) or processing_class.eos_token_id
+        self.eos_token_ids = sorted({*([eos] if isinstance(eos, int) else eos), processing_class.eos_token_id})
+        self.pad_token_id = processing_class.pad_token_id
+
+        super().__init__(model=model, args=args, data_collator=_identity_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers)
+        self.loss_is_scaled_for_ga = False  # our loss is a per-batch mean: Trainer divides by the accumulation steps
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self._warned_non_binary = False
+        self.value_tables: dict[str, Dataset] = {}
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Prompts, completions and rewards
+
+    def _render_prompt(self, prompt: Any) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+            return self.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        raise TypeError(f"A prompt must be a string or a list of {{'role', 'content'}} messages, got {prompt!r:.80}.")
+
+    def _encode_prompts(self, prompts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """Left-padded prompt ids; prompts longer than `max_prompt_length` keep their last tokens, so the generation
+        prompt (the end of a chat template) is never cut."""
+        texts = [self._render_prompt(p) for p in prompts]
+        encoded = [self.processing_class(t, add_special_tokens=isinstance(p, str))["input_ids"]
+                   for t, p in zip(texts, prompts)]
+        limit = self.args.max_prompt_length
+        if limit is not None:
+            encoded = [ids[-limit:] for ids in encoded]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, ids in enumerate(encoded):
+            if ids:
+                input_ids[i, width - len(ids):] = torch.tensor(ids)
+                attention_mask[i, width - len(ids):] = 1
+        device = self.accelerator.device
+        return input_ids.to(device), attention_mask.to(device), texts
+
+    def _decode(self, completion_ids: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        mask = completion_mask(completion_ids, self.eos_token_ids)
+        texts = self.processing_class.batch_decode(completion_ids * mask + self.pad_token_id * (1 - mask),
+                                                   skip_special_tokens=True)
+        return texts, mask
+
+    def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F)."""
+        prompts = [row["prompt"] for row in rows]
+        conversational = [not isinstance(p, str) for p in prompts]
+        as_given = [[{"role": "assistant", "content": c}] if conv else c for c, conv in zip(completions, conversational)]
+        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
+        per_func = torch.zeros(len(rows), len(self.reward_funcs), dtype=torch.float64)
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
+            try:
+                values = func(prompts=prompts, completions=as_given, **columns)
+            except Exception as error:
+                raise RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
+            if values is None or len(values) != len(rows):
+                got = "None" if values is None else f"{len(values)} values"
+                raise ValueError(f"Reward function '{name}' returned {got} for {len(rows)} completions; it must "
+                                 "return one float per completion.")
+            if any(v is None for v in values):
+                raise ValueError(f"Reward function '{name}' returned None for some completions; return 0.0 for "
+                                 "completions it cannot score.")
+            per_func[:, j] = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        total = per_func @ self.reward_weights
+        if not self._warned_non_binary and not torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype)).all():
+            self._warned_non_binary = True
+            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {total[~torch.isin(total, torch.tensor([0.0, 1.0]))][0]:.3g})"
+                          ": A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct.",
+                          stacklevel=2)
+        return total, per_func
+
+    @contextmanager
+    def _reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference policy: the copy, or in LoRA mode the same weights with adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        with model.disable_adapter():
+            yield model
+
+    def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                num_samples: int = 1, greedy: bool = False) -> torch.Tensor:
+        args = self.args
+        autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
+                    else nullcontext())
+        with autocast:
+            return sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=args.max_completion_length,
+                                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                      num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
+                                      top_k=args.top_k, top_p=args.top_p)
+
+    def _notify(self, event: str, **kwargs) -> None:
+        for callback in self.callback_handler.callbacks:
+            handler = getattr(callback, event, None)
+            if handler is not None:
+                result = handler(self.args, self.state, self.control, **kwargs)
+                if result is not None:
+                    self.control = result
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Stage 1: offline value estimation
+
+    def value_fingerprint(self) -> str:
+        """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
+        a = self.args
+        key = {"model": str(self.model_id), "rewards": self.reward_names, "weights": self.reward_weights.tolist(),
+               "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+               "max_prompt_length": a.max_prompt_length, "max_completion_length": a.max_completion_length}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    def _values_cache_path(self, split: str) -> Path | None:
+        if not self.args.save_values or not self.args.output_dir:
+            return None
+        rank = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
+        return Path(self.args.output_dir) / f"optimal_values-{split}-{self.value_fingerprint()}{rank}.jsonl"
+
+    def _stored_values(self, split: str) -> dict[str, dict[str, Any]]:
+        """V* rows already known from `values_path` or from this run's own cache files, by prompt id."""
+        found: dict[str, dict[str, Any]] = {}
+        if self.args.values_path:
+            for row in load_optimal_values(self.args.values_path).to_list():
+                found[row["prompt_id"]] = row
+        cache = self._values_cache_path(split)
+        if cache is not None:
+            for path in sorted(cache.parent.glob(f"optimal_values-{split}-{self.value_fingerprint()}*.jsonl")):
+                for row in read_jsonl(path):
+                    found[row["prompt_id"]] = row
+        return found
+
+    def estimate_optimal_values(self, dataset: Dataset | None = None, split: str = "train") -> Dataset:
+        """Stage 1: the V* table (see `a2po.values.VALUE_COLUMNS`) for `dataset` (default: the train set).
+
+        Rows with a `v_star` value, or already in `values_path` or this run's saved table, are not sampled again.
+        Under several processes each samples its shard and every process gets the whole table.
+        """
+        args = self.args
+        if dataset is None:
+            dataset = self.train_dataset if split == "train" else self._eval_sets().get(split)
+        if dataset is None:
+            raise ValueError(f"No dataset for split '{split}': pass train_dataset (or eval_dataset) to A2POTrainer.")
+        if "prompt" not in dataset.column_names:
+            raise ValueError(f"The {split} dataset has no 'prompt' column (it has {dataset.column_names}); rename "
+                             "the column holding the prompts to 'prompt'.")
+        rows = dataset.to_list()
+        ids = [prompt_id_for(row) for row in rows]
+        stored = self._stored_values(split)
+        records: dict[str, dict[str, Any]] = {}
+        pending = []
+        for pid, row in zip(ids, rows):
+            if row.get("v_star") is not None:
+                records[pid] = known_value_record(pid, row["prompt"], self._render_prompt(row["prompt"]),
+                                                  row["v_star"], args.filter_all_incorrect)
+            elif pid in stored:
+                records[pid] = rescore(stored[pid], args.beta1, args.filter_all_incorrect)
+            elif pid not in records:
+                records[pid] = None  # placeholder keeps duplicate rows from being sampled twice
+                pending.append((pid, row))
+        # A stop already pending (e.g. the end of training) is not a stop request for this stage.
+        stop_before, self.control.should_training_stop = self.control.should_training_stop, False
+        self._notify("on_values_begin", split=split, num_prompts=len(rows), num_pending=len(pending))
+
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = pending[rank::world]
+        # Similar lengths in a batch waste less padding.
+        mine.sort(key=lambda item: len(self._render_prompt(item[1]["prompt"])))
+        batch_size = args.value_batch_size or args.per_device_train_batch_size
+        cache_path = self._values_cache_path(split)
+        done = len(rows) - len(pending)
+        new_records = []
+        bar = tqdm(total=len(mine), desc=f"Stage 1: V* ({split})", unit="prompt", disable=not self.is_local_process_zero()
+                   or args.disable_tqdm)
+        with self._reference_policy() as reference:
+            for start in range(0, len(mine), batch_size):
+                batch = mine[start:start + batch_size]
+                batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
+                prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
+                completion_ids = self._sample(reference, prompt_ids, prompt_mask, num_samples=args.num_value_samples)
+                completions, _ = self._decode(completion_ids)
+                n = args.num_value_samples
+                repeated = [row for row in batch_rows for _ in range(n)]
+                rewards, _ = self._score(repeated, completions)
+                batch_records = [
+                    value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
+                                 completions[i * n:(i + 1) * n], args.beta1, args.filter_all_incorrect)
+                    for i, (pid, row) in enumerate(batch)]
+                new_records.extend(batch_records)
+                if cache_path is not None:
+                    cache_path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(cache_path, "a", encoding="utf-8") as f:
+                        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records)
+                done += len(batch_records) * world
+                bar.update(len(batch_records))
+                self._notify("on_values_batch", split=split, records=batch_records, done=min(done, len(rows)),
+                             total=len(rows))
+                if self.control.should_training_stop:
+                    bar.close()
+                    raise StageInterrupted(f"Stage 1 ({split}) stopped after {done} of {len(rows)} prompts; "
+                                           "rerun to continue with the prompts not yet done.")
+        bar.close()
+        self.control.should_training_stop = stop_before
+        if world > 1:
+            new_records = gather_object(new_records)
+        for record in new_records:
+            records[record["prompt_id"]] = record
+        table_rows = []
+        for pid in dict.fromkeys(ids):
+            table_rows.append(records[pid])
+        table = Dataset.from_list([{k: r[k] for k in r} for r in table_rows])
+        summary = summarize(table_rows, args.num_value_samples)
+        self.value_tables[split] = table
+        self._notify("on_values_end", split=split, values=table, summary=summary)
+        self.log({f"values/{split}/{k}": float(v) for k, v in summary.items()})
+        return table
+
+    def _with_values(self, dataset: Dataset, split: str, drop_filtered: bool) -> Dataset:
+        table = self.value_tables.get(split) or self.estimate_optimal_values(dataset, split)
+        by_id = {row["prompt_id"]: row for row in table.to_list()}
+        keep, v_stars, pids = [], [], []
+        for i, row in enumerate(dataset.to_list()):
+            record = by_id[prompt_id_for(row)]
+            if drop_filtered and record["filtered"]:
+                continue
+            keep.append(i)
+            v_stars.append(record["v_star"])
+            pids.append(record["prompt_id"])
+        out = dataset.select(keep)
+        if self.args.remove_unused_columns:
+            out = out.select_columns(["prompt"])
+        out = out.remove_columns([c for c in ("v_star", "prompt_id") if c in out.column_names])
+        return out.add_column("prompt_id", pids).add_column("v_star", v_stars)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None,
+              **kwargs):
+        """Stage 1 (unless every prompt already has V*), then stage 2 through `Trainer.train`."""
+        if self.train_dataset is None:
+            raise ValueError("A2POTrainer.train() needs a train_dataset with a 'prompt' column.")
+        original = self.train_dataset
+        trained_on = self._with_values(original, "train", drop_filtered=self.args.filter_all_incorrect)
+        if len(trained_on) == 0:
+            raise ValueError("Every training prompt was filtered out: no reference sample was correct. Use easier "
+                             "prompts, more num_value_samples, a higher temperature, or filter_all_incorrect=False.")
+        self.train_dataset = trained_on
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        finally:
+            self.train_dataset = original
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Stage 2: on-policy regression
+
+    def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False):
+        policy = self.accelerator.unwrap_model(model)
+        prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in rows])
+        completion_ids = self._sample(policy, prompt_ids, prompt_mask, greedy=greedy)
+        completions, mask = self._decode(completion_ids)
+        rewards, per_func = self._score(rows, completions)
+        return prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards, per_func
+
+    def _regression(self, model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards):
+        policy_logps = sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, mask)
+        with torch.no_grad(), self._reference_policy() as reference:
+            ref_logps = sequence_logprobs(reference, prompt_ids, prompt_mask, completion_ids, mask)
+        v_star = torch.tensor([row["v_star"] for row in rows], device=policy_logps.device)
+        return a2po_loss(policy_logps, ref_logps, rewards.to(policy_logps.device, policy_logps.dtype),
+                         v_star.to(policy_logps.dtype), self.args.beta2)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        rows = inputs
+        (prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards,
+         per_func) = self._rollout_and_score(model, rows)
+        loss, stats = self._regression(model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards)
+        lengths = mask.sum(-1).float()
+        clipped = ~(torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))
+                    .any(-1))
+        v_star = torch.tensor([row["v_star"] for row in rows], dtype=torch.float64)
+        m = self._metrics
+        m["reward"].append(rewards.mean().item())
+        m["reward_std"].append(rewards.std().item() if len(rows) > 1 else 0.0)
+        m["accuracy"].append((rewards >= CORRECT_THRESHOLD).double().mean().item())
+        m["v_star"].append(v_star.mean().item())
+        m["advantage"].append(stats["advantage"].mean().item())
+        m["implicit_reward"].append(stats["implicit_reward"].mean().item())
+        m["log_ratio"].append(stats["log_ratio"].mean().item())
+        m["completion_length"].append(lengths.mean().item())
+        m["completion_clipped_frac"].append(clipped.float().mean().item())
+        for j, name in enumerate(self.reward_names):
+            m[f"rewards/{name}"].append(per_func[:, j].mean().item())
+        step = self.state.global_step + 1
+        self._notify("on_samples", samples=[
+            {"step": step, "split": "train", "prompt_id": row["prompt_id"], "prompt_text": texts[i],
+             "completion": completions[i], "reward": float(rewards[i]), "v_star": float(row["v_star"]),
+             "advantage": float(stats["advantage"][i]), "implicit_reward": float(stats["implicit_reward"][i]),
+             "completion_length": int(lengths[i])} for i, row in enumerate(rows)])
+        return (loss, {}) if return_outputs else loss
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Evaluation
+
+    def _eval_sets(self, eval_dataset=None) -> dict[str, Dataset]:
+        eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(eval_dataset, str):
+            return {f"eval_{eval_dataset}": self.eval_dataset[eval_dataset]}
+        if isinstance(eval_dataset, dict):
+            return {f"eval_{name}": ds for name, ds in eval_dataset.items()}
+        return {} if eval_dataset is None else {"eval": eval_dataset}
+
+    def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None, ignore_keys=None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Greedy accuracy (pass@1, the number users care about), plus the regression loss on one sampled completion
+        per prompt against its V* (estimated from the reference policy on first use), and the reference pass@N."""
+        sets = self._eval_sets(eval_dataset)
+        if not sets:
+            raise ValueError("evaluate() needs an eval_dataset (here or in A2POTrainer(eval_dataset=...)).")
+        metrics: dict[str, float] = {}
+        start = time.time()
+        for split, dataset in sets.items():
+            prefix = metric_key_prefix if split == "eval" else f"{metric_key_prefix}_{split[len('eval_'):]}"
+            with_values = self._with_values(dataset, split, drop_filtered=False)
+            metrics.update(self._evaluate_split(with_values, split, prefix))
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    @torch.no_grad()
+    def _evaluate_split(self, dataset: Dataset, split: str, prefix: str) -> dict[str, float]:
+        rows = dataset.to_list()
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = rows[rank::world]
+        batch_size = self.args.per_device_eval_batch_size
+        results, samples = [], []
+        for start in range(0, len(mine), batch_size):
+            batch = mine[start:start + batch_size]
+            _, _, texts, _, greedy_mask, greedy_completions, greedy_rewards, _ = self._rollout_and_score(
+                self.model, batch, greedy=True)
+            prompt_ids, prompt_mask, _, completion_ids, mask, _, rewards, _ = self._rollout_and_score(self.model, batch)
+            _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask, rewards)
+            # Per-row squared errors, so the mean over all rows is exact whatever the batching.
+            loss_terms = ((stats["implicit_reward"] - stats["advantage"]) ** 2).tolist()
+            for i, row in enumerate(batch):
+                results.append({"correct": float(greedy_rewards[i] >= CORRECT_THRESHOLD),
+                                "reward": float(greedy_rewards[i]), "loss": loss_terms[i],
+                                "length": float(greedy_mask[i].sum())})
+                samples.append({"step": self.state.global_step, "split": split, "prompt_id": row["prompt_id"],
+                                "prompt_text": texts[i], "completion": greedy_completions[i],
+                                "reward": float(greedy_rewards[i]), "v_star": float(row["v_star"]),
+                                "advantage": float(greedy_rewards[i]) - float(row["v_star"]),
+                                "implicit_reward": None, "completion_length": int(greedy_mask[i].sum())})
+        if world > 1:
+            results = gather_object(results)
+        self._notify("on_samples", samples=samples)
+        n = max(len(results), 1)
+        out = {f"{prefix}_accuracy": sum(r["correct"] for r in results) / n,
+               f"{prefix}_reward": sum(r["reward"] for r in results) / n,
+               f"{prefix}_loss": sum(r["loss"] for r in results) / n,
+               f"{prefix}_completion_length": sum(r["length"] for r in results) / n,
+               f"{prefix}_v_star": sum(row["v_star"] for row in rows) / max(len(rows), 1)}
+        summary = summarize(self.value_tables[split].to_list(), self.args.num_value_samples)
+        if "pass_at_n" in summary:
+            out[f"{prefix}_ref_pass_at_1"] = summary["pass_at_1"]
+            out[f"{prefix}_ref_pass_at_n"] = summary["pass_at_n"]
+        return out
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self._metrics and "loss" in logs:
+            averaged = {k: sum(v) / len(v) for k, v in self._metrics.items()}
+            if self.accelerator.num_processes > 1:
+                names = sorted(averaged)
+                local = torch.tensor([averaged[k] for k in names], device=self.accelerator.device)
+                averaged = dict(zip(names, self.accelerator.gather(local[None]).mean(0).tolist()))
+            logs = {**logs, **averaged}
+            self._metrics.clear()
+        logs = {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in logs.items()}
+        super().log(logs, start_time)
+
+
+def _identity_collator(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rows

@@ -1,0 +1,300 @@
+"""A2POTrainer end to end on a tiny real model: both stages, filtering, evaluation, rewards, saving, LoRA."""
+
+import warnings
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+from a2po import A2POCallback, A2POConfig, A2POTrainer, StageInterrupted, load_optimal_values, save_optimal_values
+from a2po.testing import make_tiny_model
+from a2po.values import prompt_id_for
+
+
+def prompts(n=8, chat=True):
+    rows = []
+    for i in range(n):
+        question = f"{i} + {i} ="
+        rows.append({"prompt": [{"role": "user", "content": question}] if chat else question,
+                     "ground_truth": str(2 * i), "parity": "even" if i % 2 == 0 else "odd"})
+    return Dataset.from_list(rows)
+
+
+def even_prompts_solved(completions, parity, **kwargs):
+    """1 for every completion of an 'even' prompt, 0 otherwise: half the prompts are never solved."""
+    return [1.0 if p == "even" else 0.0 for p in parity]
+
+
+def coin(completions, **kwargs):
+    """Binary reward that depends on the sampled text (so some samples of every prompt score 1)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(sum(map(ord, t)) % 2 == 0) for t in texts]
+
+
+def config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, num_value_samples=4,
+                  max_completion_length=6, use_cpu=True, logging_steps=1, report_to="none", save_strategy="no",
+                  learning_rate=1e-2, seed=0, disable_tqdm=True)
+    values.update(overrides)
+    return A2POConfig(**values)
+
+
+class Recorder(A2POCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_values_begin(self, args, state, control, **kw):
+        self.events.append(("begin", kw))
+
+    def on_values_batch(self, args, state, control, **kw):
+        self.events.append(("batch", kw))
+
+    def on_values_end(self, args, state, control, **kw):
+        self.events.append(("end", kw))
+
+    def on_samples(self, args, state, control, **kw):
+        self.events.append(("samples", kw))
+
+    def of(self, kind):
+        return [kw for k, kw in self.events if k == kind]
+
+
+def test_config_defaults_match_the_documented_api():
+    c = A2POConfig(output_dir="x", use_cpu=True)
+    assert (c.max_prompt_length, c.max_completion_length, c.temperature, c.top_p, c.top_k) == (512, 256, 1.0, 1.0, None)
+    assert (c.num_value_samples, c.beta1, c.filter_all_incorrect, c.beta2, c.reward_weights) == (8, 0.5, True, 1e-3, None)
+    assert (c.gradient_checkpointing, c.logging_steps, c.remove_unused_columns, c.bf16) == (True, 10, False, False)
+    assert (c.model_init_kwargs, c.trust_remote_code, c.learning_rate) == (None, False, 5e-5)
+
+
+@pytest.mark.parametrize("field, value", [("beta1", 0.0), ("beta2", -1.0), ("num_value_samples", 0), ("top_p", 1.5)])
+def test_config_rejects_impossible_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        A2POConfig(output_dir="x", use_cpu=True, **{field: value})
+
+
+def test_training_changes_every_parameter_and_fills_v_star(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path), train_dataset=prompts(8),
+                          callbacks=[recorder])
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
+    assert sorted(changed) == sorted(before)
+    table = trainer.value_tables["train"]
+    assert len(table) == 8 and all(len(r) == 4 for r in table["rewards"])
+    assert set(table["prompt_id"]) == {prompt_id_for(r) for r in prompts(8).to_list()}
+    logged = trainer.state.log_history[0]
+    for key in ("loss", "reward", "v_star", "advantage", "implicit_reward", "log_ratio", "completion_length",
+                "completion_clipped_frac", "rewards/coin", "learning_rate"):
+        assert key in logged, key
+    samples = recorder.of("samples")[0]["samples"]
+    assert len(samples) == 4 and samples[0]["step"] == 1
+    assert {"prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward"} <= set(samples[0])
+    batches = recorder.of("batch")
+    assert sum(len(b["records"]) for b in batches) == 8 and batches[-1]["done"] == 8
+
+
+def test_all_incorrect_prompts_are_filtered_and_counted(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=even_prompts_solved, args=config(tmp_path),
+                          train_dataset=prompts(8), callbacks=[recorder])
+    table = trainer.estimate_optimal_values()
+    by_parity = {row["parity"]: [] for row in prompts(8).to_list()}
+    for row, record in zip(prompts(8).to_list(), table.to_list()):
+        by_parity[row["parity"]].append(record)
+    assert all(r["filtered"] and r["v_star"] == 0 and r["num_correct"] == 0 for r in by_parity["odd"])
+    assert all(not r["filtered"] and r["v_star"] == pytest.approx(1.0) for r in by_parity["even"])
+    summary = recorder.of("end")[0]["summary"]
+    assert summary["num_filtered"] == 4 and summary["pass_at_1"] == 0.5 and summary["pass_at_n"] == 0.5
+    trainer.train()
+    seen = {s["prompt_id"] for kw in recorder.of("samples") for s in kw["samples"]}
+    assert seen <= {r["prompt_id"] for r in by_parity["even"]}
+
+
+def test_every_prompt_filtered_is_a_clear_error(tmp_path, tiny_model_dir):
+    never = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=never, args=config(tmp_path), train_dataset=prompts(4))
+    with pytest.raises(ValueError, match="Every training prompt was filtered"):
+        trainer.train()
+
+
+def test_evaluate_without_train_estimates_v_star_for_eval_prompts(tmp_path, tiny_model_dir):
+    eval_sets = {"a": prompts(3), "b": prompts(5, chat=False)}
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path), eval_dataset=eval_sets)
+    metrics = trainer.evaluate()
+    for name, n in (("a", 3), ("b", 5)):
+        assert len(trainer.value_tables[f"eval_{name}"]) == n
+        for key in ("accuracy", "reward", "loss", "v_star", "ref_pass_at_1", "ref_pass_at_n"):
+            assert f"eval_{name}_{key}" in metrics
+        assert 0.0 <= metrics[f"eval_{name}_accuracy"] <= 1.0
+
+
+def test_greedy_accuracy_counts_correct_greedy_answers(tmp_path, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = A2POTrainer(model=model, reward_funcs=even_prompts_solved, args=config(tmp_path),
+                          eval_dataset=prompts(6))
+    # The reward ignores the text: greedy accuracy is exactly the share of 'even' prompts.
+    assert trainer.evaluate()["eval_accuracy"] == pytest.approx(0.5)
+
+
+def test_reward_functions_receive_prompts_and_every_column(tmp_path, tiny_model_dir):
+    seen = {}
+
+    def spy(prompts, completions, ground_truth, parity, prompt_id, **kwargs):
+        seen.update(prompts=prompts, completions=completions, ground_truth=ground_truth, parity=parity)
+        return [1.0] * len(completions)
+
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=spy, args=config(tmp_path), train_dataset=prompts(4))
+    trainer.train()
+    assert set(seen["ground_truth"]) <= {"0", "2", "4", "6"} and set(seen["parity"]) <= {"even", "odd"}
+    assert isinstance(seen["prompts"][0], list) and seen["completions"][0][0]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda completions, **kw: None, "returned None"),
+    (lambda completions, **kw: [1.0], "returned 1 values"),
+    (lambda completions, **kw: [None] * len(completions), "returned None for some"),
+    (lambda completions, **kw: 1 / 0, "raised ZeroDivisionError"),
+])
+def test_broken_reward_function_is_named_in_the_error(tmp_path, tiny_model_dir, bad, message):
+    bad.__name__ = "my_reward"
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=bad, args=config(tmp_path), train_dataset=prompts(2))
+    with pytest.raises((ValueError, RuntimeError), match=f"my_reward.*{message}"):
+        trainer.estimate_optimal_values()
+
+
+def test_non_binary_rewards_warn_once(tmp_path, tiny_model_dir):
+    half = lambda completions, **kw: [0.5] * len(completions)  # noqa: E731
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=[half, half], args=config(tmp_path, reward_weights=[1, 0.5]),
+                          train_dataset=prompts(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.estimate_optimal_values()
+    assert sum("binary" in str(w.message) for w in caught) == 1
+    with pytest.raises(ValueError, match="reward_weights has 1 values"):
+        A2POTrainer(model=tiny_model_dir, reward_funcs=[half, half], args=config(tmp_path, reward_weights=[1.0]))
+
+
+def test_long_prompts_are_cut_from_the_left(tmp_path, tiny_model_dir):
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path, max_prompt_length=10))
+    long_prompt = [{"role": "user", "content": "x" * 50 + "END"}]
+    ids, mask, texts = trainer._encode_prompts([long_prompt, "short"])
+    kept = trainer.processing_class.decode(ids[0])
+    assert ids.shape[1] == 10 and kept.endswith("END<|end|><|assistant|>")
+    assert mask[1].tolist() == [0] * 5 + [1] * 5  # the shorter prompt is left-padded
+
+
+def test_completions_stop_at_the_first_eos(tmp_path, tiny_model_dir):
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path))
+    tok = trainer.processing_class
+    a, b = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("b")
+    end = tok.convert_tokens_to_ids("<|end|>")
+    texts, mask = trainer._decode(torch.tensor([[a, b, end, a, a], [a, a, a, a, a]]))
+    assert texts == ["ab", "aaaaa"] and mask.tolist() == [[1, 1, 1, 0, 0], [1] * 5]
+
+
+def test_duplicate_prompt_texts_with_different_answers_do_not_collide(tmp_path, tiny_model_dir):
+    data = Dataset.from_list([{"prompt": "same?", "ground_truth": "1"}, {"prompt": "same?", "ground_truth": "2"}])
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path), train_dataset=data)
+    table = trainer.estimate_optimal_values()
+    assert len(set(table["prompt_id"])) == 2
+
+
+def test_saved_values_and_v_star_column_skip_stage_one(tmp_path, tiny_model_dir):
+    first = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path, save_values=False),
+                        train_dataset=prompts(6))
+    table = first.estimate_optimal_values()
+    path = save_optimal_values(table, tmp_path / "values.parquet")
+    assert load_optimal_values(path).to_list() == table.to_list()
+
+    recorder = Recorder()
+    second = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, callbacks=[recorder], train_dataset=prompts(6),
+                         args=config(tmp_path / "2", values_path=str(path), beta1=0.25))
+    reused = second.estimate_optimal_values()
+    assert recorder.of("begin")[0]["num_pending"] == 0
+    assert reused["rewards"] == table["rewards"] and reused["v_star"] != table["v_star"]  # rescored with beta1
+
+    with_column = prompts(6).add_column("v_star", [0.5, None, 0.0, 1.0, 0.25, 0.75])
+    third_recorder = Recorder()
+    third = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path / "3"),
+                        train_dataset=with_column, callbacks=[third_recorder])
+    values = third.estimate_optimal_values()
+    assert third_recorder.of("begin")[0]["num_pending"] == 1
+    assert values["v_star"][0] == 0.5 and values["filtered"][2] is True
+
+
+def test_stop_during_stage_one_then_resume_samples_only_the_rest(tmp_path, tiny_model_dir):
+    class StopAfterFirstBatch(A2POCallback):
+        def on_values_batch(self, args, state, control, **kw):
+            control.should_training_stop = True
+            return control
+
+    args = config(tmp_path, value_batch_size=2)
+    stopping = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=args, train_dataset=prompts(6),
+                           callbacks=[StopAfterFirstBatch()])
+    with pytest.raises(StageInterrupted, match="2 of 6"):
+        stopping.estimate_optimal_values()
+    recorder = Recorder()
+    resumed = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=args, train_dataset=prompts(6),
+                          callbacks=[recorder])
+    table = resumed.estimate_optimal_values()
+    assert recorder.of("begin")[0]["num_pending"] == 4 and len(table) == 6
+
+
+def test_save_and_reload(tmp_path, tiny_model_dir):
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path), train_dataset=prompts(4))
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach(), q), name
+
+
+def test_lora_trains_adapters_and_holds_no_second_copy(tmp_path, tiny_model_dir):
+    from peft import LoraConfig
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base_params = {n: p.detach().clone() for n, p in base.named_parameters()}
+    trainer = A2POTrainer(model=base, reward_funcs=coin, args=config(tmp_path), train_dataset=prompts(4),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    assert trainer.ref_model is None
+    all_params = [p for m in trainer.callback_handler.model.modules() for p in m.parameters(recurse=False)]
+    base_numel = sum(p.numel() for p in base_params.values())
+    assert sum(p.numel() for p in all_params) < 1.5 * base_numel  # one copy of the weights plus small adapters
+    trainer.train()
+    trained = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    # The reference policy is the base with adapters disabled: identical to the untouched base weights.
+    ids, mask, _ = trainer._encode_prompts(["1 + 1 ="])
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad(), trainer._reference_policy() as reference:
+        assert torch.allclose(reference(input_ids=ids, attention_mask=mask).logits,
+                              fresh(input_ids=ids, attention_mask=mask).logits, atol=1e-5)
+
+
+def test_gradient_accumulation_gives_the_same_update_as_one_batch(tmp_path, tiny_model_dir):
+    def trained(batch, accumulation, where):
+        # top_k=1 makes sampling deterministic, so both runs see the same completions.
+        args = config(tmp_path / where, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                      max_steps=1, top_k=1, optim="sgd", learning_rate=0.5, max_grad_norm=1e9,
+                      gradient_checkpointing=False, lr_scheduler_type="constant", filter_all_incorrect=False)
+        # Given V* values make the advantage non-zero although every sample of a prompt is the same.
+        data = prompts(8).add_column("v_star", [0.3, 0.6] * 4)
+        trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=args, train_dataset=data)
+        trainer.train()
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    one_batch, accumulated = trained(4, 1, "a"), trained(2, 2, "b")
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    assert any(not torch.allclose(one_batch[n], initial[n].detach()) for n in one_batch)
+    for name in one_batch:
+        assert torch.allclose(one_batch[name], accumulated[name], atol=1e-5), name
+
+
+def test_qwen2_architecture_trains(tmp_path):
+    model, tokenizer = make_tiny_model(arch="qwen2")
+    trainer = A2POTrainer(model=model, processing_class=tokenizer, reward_funcs=coin, args=config(tmp_path, max_steps=1),
+                          train_dataset=prompts(4))
+    assert trainer.train().global_step == 1
