@@ -6,6 +6,7 @@ Same argument names and defaults as TRL's experimental `A2POConfig`, plus a few 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 from transformers import TrainingArguments
 

@@ -30,7 +30,9 @@ def eval_mode(model: torch.nn.Module):
 
 
 def _accepts(model: torch.nn.Module, name: str) -> bool:
-    forward = getattr(model, "forward", None)
+    """Whether the model's forward takes `name` (looking through a PEFT wrapper, whose forward hides it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = getattr(base, "forward", None)
     try:
         return name in inspect.signature(forward).parameters
     except (TypeError, ValueError):
@@ -74,11 +76,14 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
     device = input_ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)
     model_kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    # transformers 5.24 renamed `past_key_values` to `cache`; older 5.x releases only know the old name.
+    cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
     with eval_mode(model):
         cache = DynamicCache(config=model.config)
+        model_kwargs[cache_kwarg] = cache
         positions = positions_from_mask(attention_mask)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, **model_kwargs)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                    **model_kwargs)
         logits = out.logits[:, -1]
         next_position = positions[:, -1] + 1
         if num_samples > 1:
@@ -110,7 +115,7 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
                 attention_mask, next_position = attention_mask[keep], next_position[keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
             out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
-                        past_key_values=cache, use_cache=True, **model_kwargs)
+                        use_cache=True, **model_kwargs)
             logits = out.logits[:, -1]
             next_position = next_position + 1
     return completions[:, :length]

@@ -172,7 +172,8 @@ class A2POTrainer(Trainer):
         """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F)."""
         prompts = [row["prompt"] for row in rows]
         conversational = [not isinstance(p, str) for p in prompts]
-        as_given = [[{"role": "assistant", "content": c}] if conv else c for c, conv in zip(completions, conversational)]
+        as_given = [[{"role": "assistant", "content": c}] if conv else c
+                    for c, conv in zip(completions, conversational)]
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
         per_func = torch.zeros(len(rows), len(self.reward_funcs), dtype=torch.float64)
         for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
@@ -191,9 +192,9 @@ class A2POTrainer(Trainer):
         total = per_func @ self.reward_weights
         if not self._warned_non_binary and not torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype)).all():
             self._warned_non_binary = True
-            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {total[~torch.isin(total, torch.tensor([0.0, 1.0]))][0]:.3g})"
-                          ": A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct.",
-                          stacklevel=2)
+            example = total[~torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype))][0]
+            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {example:.3g}): A*-PO assumes binary rewards; V* and the "
+                          "filter treat only r = 1 as correct.", stacklevel=2)
         return total, per_func
 
     @contextmanager
@@ -272,6 +273,8 @@ class A2POTrainer(Trainer):
         rows = dataset.to_list()
         ids = [prompt_id_for(row) for row in rows]
         stored = self._stored_values(split)
+        # Every rank must see the same stored rows before any rank appends new ones, or the shards would differ.
+        self.accelerator.wait_for_everyone()
         records: dict[str, dict[str, Any]] = {}
         pending = []
         for pid, row in zip(ids, rows):
@@ -295,8 +298,8 @@ class A2POTrainer(Trainer):
         cache_path = self._values_cache_path(split)
         done = len(rows) - len(pending)
         new_records = []
-        bar = tqdm(total=len(mine), desc=f"Stage 1: V* ({split})", unit="prompt", disable=not self.is_local_process_zero()
-                   or args.disable_tqdm)
+        bar = tqdm(total=len(mine), desc=f"Stage 1: V* ({split})", unit="prompt",
+                   disable=not self.is_local_process_zero() or args.disable_tqdm)
         with self._reference_policy() as reference:
             for start in range(0, len(mine), batch_size):
                 batch = mine[start:start + batch_size]
@@ -330,10 +333,8 @@ class A2POTrainer(Trainer):
             new_records = gather_object(new_records)
         for record in new_records:
             records[record["prompt_id"]] = record
-        table_rows = []
-        for pid in dict.fromkeys(ids):
-            table_rows.append(records[pid])
-        table = Dataset.from_list([{k: r[k] for k in r} for r in table_rows])
+        table_rows = [records[pid] for pid in dict.fromkeys(ids)]
+        table = Dataset.from_list(table_rows)
         summary = summarize(table_rows, args.num_value_samples)
         self.value_tables[split] = table
         self._notify("on_values_end", split=split, values=table, summary=summary)

@@ -1,0 +1,166 @@
+"""Reward functions for verifiable answers, in the TRL convention `f(completions, **kwargs) -> list[float]`.
+
+`kwargs` carries `prompts` and every dataset column; these functions read `ground_truth`. A completion is a plain
+string or a conversational list such as `[{"role": "assistant", "content": "..."}]` (the last message counts).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+# Integers or decimals, thousands separators ("1,234,567") tried first; a minus right after a digit, letter or
+# ")" is subtraction ("3-4" ends with 4), elsewhere it is a sign ("x = -4").
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+_GROUPED = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_BOXED = re.compile(r"\\boxed\s*\{")
+# math_verify's timeouts use signal.alarm, which only works in the main thread.
+_TIMEOUT_S = 5
+# Beyond these, sympy can compute for minutes in C code that no timeout interrupts (e.g. 2^{2^{2^{100}}}).
+_MAX_EXPONENT = 10_000
+_MAX_FACTORIAL = 10_000
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: the string itself, or the content of the last message of a conversation."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, Sequence) and completion:
+        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else completion[-1]
+        if isinstance(content, list):  # multimodal style: [{"type": "text", "text": ...}, ...]
+            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return "" if content is None else str(content)
+    return "" if completion is None else str(completion)
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete `\\boxed{...}`, matching nested braces."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def _clean(answer: str) -> str:
+    answer = answer.strip().strip("$").strip()
+    answer = answer.rstrip(".").strip()
+    if _GROUPED.fullmatch(answer):
+        answer = answer.replace(",", "")
+    return answer
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The final answer of a solution: the last `\\boxed{...}`, else the text after the last `####`, else the
+    last number. Returns None when there is none."""
+    text = completion_text(text)
+    boxed = _last_boxed(text)
+    if boxed is not None and _clean(boxed):
+        return _clean(boxed)
+    if "####" in text:
+        after = text.rsplit("####", 1)[1].strip()
+        after = _clean(after.splitlines()[0]) if after else ""
+        if after:
+            return after
+    numbers = _NUMBER.findall(text)
+    return _clean(numbers[-1]) if numbers else None
+
+
+def _normalize(answer: Any) -> str | None:
+    if answer is None:
+        return None
+    answer = str(answer)
+    answer = extract_final_answer(answer) if ("####" in answer or "\\boxed" in answer) else _clean(answer)
+    return re.sub(r"\s+", "", answer) if answer else None
+
+
+def _equal(prediction: str | None, truth: str | None) -> bool:
+    if prediction is None or truth is None:
+        return False
+    try:  # numbers compare by value: "68" == "68.0" == "68.00"
+        return Decimal(prediction) == Decimal(truth)
+    except InvalidOperation:
+        return prediction == truth
+
+
+def _check_lengths(completions: Sequence, ground_truth: Sequence) -> None:
+    if isinstance(ground_truth, str) or len(ground_truth) != len(completions):
+        got = "a string" if isinstance(ground_truth, str) else f"{len(ground_truth)} values"
+        raise ValueError(f"ground_truth must be a list with one answer per completion ({len(completions)}), "
+                         f"got {got}; pass the dataset column, e.g. ground_truth=batch['ground_truth'].")
+
+
+def exact_match(completions: Sequence, ground_truth: Sequence, **kwargs: Any) -> list[float]:
+    """1.0 where the completion's final answer equals the ground truth (numbers compared by value), else 0.0."""
+    _check_lengths(completions, ground_truth)
+    return [float(_equal(_normalize(extract_final_answer(completion_text(c))), _normalize(gt)))
+            for c, gt in zip(completions, ground_truth)]
+
+
+def _too_expensive(expressions: list) -> bool:
+    """True when sympy could hang evaluating one of these parsed expressions (huge powers or factorials)."""
+    from sympy import Basic, Number, Pow, factorial, preorder_traversal
+
+    for expr in expressions:
+        if not isinstance(expr, Basic):
+            continue
+        for node in preorder_traversal(expr):
+            if isinstance(node, Pow):
+                exp = node.exp
+                if exp.has(Pow) or (isinstance(exp, Number) and abs(exp) > _MAX_EXPONENT):
+                    return True
+            if isinstance(node, factorial) and isinstance(node.args[0], Number) and abs(node.args[0]) > _MAX_FACTORIAL:
+                return True
+    return False
+
+
+def _verify(truth: str, text: str) -> bool:
+    from math_verify import parse, verify
+
+    timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    gold_text = truth if ("$" in truth or "\\boxed" in truth) else f"${truth}$"
+    gold = parse(gold_text, parsing_timeout=timeout)
+    answer = extract_final_answer(text)
+    # math_verify does not know the GSM8K "####" marker: hand it the answer that follows.
+    if answer is not None and "####" in text and _last_boxed(text) is None:
+        text = f"${answer}$"
+    prediction = parse(text, parsing_timeout=timeout)
+    if not gold or not prediction or _too_expensive(gold + prediction):
+        return False
+    return verify(gold, prediction, timeout_seconds=timeout)
+
+
+def math_equivalence(completions: Sequence, ground_truth: Sequence, **kwargs: Any) -> list[float]:
+    """1.0 where the completion's answer is mathematically equal to the ground truth ("\\frac{1}{2}" == "0.5"),
+    judged by math_verify; exact_match decides when math_verify cannot parse either side."""
+    _check_lengths(completions, ground_truth)
+    scores = exact_match(completions, ground_truth)
+    for i, (completion, truth) in enumerate(zip(completions, ground_truth)):
+        if scores[i] == 0.0 and truth is not None:
+            try:
+                scores[i] = float(_verify(str(truth), completion_text(completion)))
+            except Exception:  # a reward must not crash training on one odd completion
+                scores[i] = 0.0
+    return scores
+
+
+REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
+    "exact_match": exact_match,
+    "math_equivalence": math_equivalence,
+}
+
+
+def get_reward_function(name: str) -> Callable[..., list[float]]:
+    """The reward function registered under `name` (see `REWARD_FUNCTIONS`)."""
+    try:
+        return REWARD_FUNCTIONS[name.strip().lower()]
+    except (KeyError, AttributeError):
+        known = ", ".join(sorted(REWARD_FUNCTIONS))
+        raise ValueError(f"Unknown reward function {name!r}; known names: {known}.") from None

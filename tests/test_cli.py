@@ -1,0 +1,85 @@
+"""`python -m a2po` in a real subprocess, and a two-process run under `accelerate launch`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from a2po.runspec import RunSpec
+from a2po.values import load_optimal_values
+
+TINY_RUN = ["--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4", "--reward", "exact_match",
+            "--num_value_samples", "2", "--max_completion_length", "4", "--per_device_train_batch_size", "4",
+            "--max_steps", "2", "--use_cpu", "true", "--disable_tqdm", "false", "--save_strategy", "no",
+            "--filter_all_incorrect", "false"]  # a random tiny model never solves arithmetic
+
+
+def run(args, cwd, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "a2po", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cli_train_with_yaml_config_then_values(tmp_path, tiny_model_dir):
+    (tmp_path / "run.yaml").write_text("learning_rate: 0.01\nbeta2: 0.002\nlogging_steps: 1\n")
+    out = tmp_path / "out"
+    result = run(["train", "--model", tiny_model_dir, "--config", str(tmp_path / "run.yaml"), "--beta2", "0.003",
+                  "--output_dir", str(out), *TINY_RUN], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Output directory: {out.resolve()}" in result.stdout
+    assert "Stage 1: V* (train)" in result.stderr  # progress bar for stage 1
+    assert (out / "model.safetensors").exists()
+    final = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"eval_accuracy"')][-1])
+    assert 0.0 <= final["eval_accuracy"] <= 1.0
+    saved = torch.load(out / "training_args.bin", weights_only=False)
+    assert (saved.learning_rate, saved.beta2) == (0.01, 0.003)  # YAML value, and a flag overriding the YAML
+
+    values_out = tmp_path / "values"
+    result = run(["values", "--model", tiny_model_dir, "--output_dir", str(values_out), *TINY_RUN], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = load_optimal_values(values_out / "optimal_values_train.jsonl")
+    assert len(table) == 8 and all(len(r) == 2 for r in table["rewards"])
+    summary = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"split": "train"')][0])
+    assert summary["num_prompts"] == 8
+
+
+def test_cli_reports_bad_values_clearly(tmp_path, tiny_model_dir):
+    result = run(["train", "--model", tiny_model_dir, "--beta1", "0", *TINY_RUN], tmp_path)
+    assert result.returncode != 0 and "beta1 must be > 0" in result.stderr
+    result = run(["train", "--model", tiny_model_dir, *TINY_RUN, "--reward", "no_such_reward"], tmp_path)
+    assert result.returncode != 0 and "unknown reward 'no_such_reward'" in result.stderr
+
+
+def test_run_spec_renders_the_equivalent_command():
+    spec = RunSpec.from_dict({"name": "demo", "action": "train", "model": "m",
+                              "dataset": {"source": "arithmetic", "num_prompts": 8, "eval_size": 4},
+                              "rewards": [{"name": "exact_match", "weight": 1.0}],
+                              "config": {"beta2": 0.002, "max_steps": 3}})
+    from a2po.cli import parse, spec_from_args
+
+    command, script, _, fields = parse(spec.to_cli_args())
+    again = spec_from_args(command, script, fields)
+    assert again.config == {"beta2": 0.002, "max_steps": 3}
+    assert again.dataset["num_prompts"] == 8 and again.model == "m" and again.rewards == spec.rewards
+    assert spec.command().startswith("python -m a2po train --model m")
+
+
+def test_two_processes_each_estimate_their_shard_and_all_see_all_values(tmp_path, tiny_model_dir):
+    script = Path(__file__).parent / "distributed_script.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # With no GPU, `--multi_gpu` starts two torchrun processes that talk over gloo on the CPU (`--cpu` alone would
+    # start one process unless MPI is installed).
+    result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                             str(script), tiny_model_dir, str(tmp_path)], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert reports[0]["prompt_ids"] == reports[1]["prompt_ids"] and len(reports[0]["prompt_ids"]) == 10
+    assert reports[0]["v_star"] == reports[1]["v_star"]
+    # Each rank sampled only its own half of the prompts.
+    assert sorted(r["sampled_here"] for r in reports) == [5, 5]
+    assert all(r["global_step"] == 2 for r in reports)

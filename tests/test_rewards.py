@@ -1,0 +1,100 @@
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import pytest  # noqa: E402
+
+from a2po.rewards import (  # noqa: E402
+    REWARD_FUNCTIONS,
+    completion_text,
+    exact_match,
+    extract_final_answer,
+    get_reward_function,
+    math_equivalence,
+)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("so the answer is \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("first \\boxed{3}, then \\boxed{\\frac{\\sqrt{2}}{2}}.", "\\frac{\\sqrt{2}}{2}"),  # last box, nested braces
+    ("\\boxed{5} but #### 7", "5"),  # boxed beats ####
+    ("3 + 1000 = 1003\n#### 1,003", "1003"),
+    ("#### 42\nHope this helps, 99 times over", "42"),  # only the line after ####
+    ("#### $18.", "18"),
+    ("The total is 12 then 5 - 9 = -4", "-4"),
+    ("Answer: 3-4", "4"),  # a minus right after a digit is subtraction, not a sign
+    ("We have 1,234,567 apples.", "1234567"),
+    ("It costs $3.50.", "3.50"),
+    ("I have no idea.", None),
+    ("", None),
+    ("#### ", None),
+    ("\\boxed{7", "7"),  # unclosed box: fall back to the last number
+])
+def test_extract_final_answer(text, expected):
+    assert extract_final_answer(text) == expected
+
+
+def test_completion_text_handles_strings_and_conversations():
+    assert completion_text("plain") == "plain"
+    assert completion_text([{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]) == "b"
+    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "x"}]}]) == "x"
+
+
+def test_exact_match_strings_and_conversational():
+    completions = [
+        "68",
+        "68.00",
+        [{"role": "assistant", "content": "23 + 45 = 68."}],
+        "23 + 45 = 67",
+        "no answer",
+        "#### 1,234",
+    ]
+    truths = ["68", "68", "68.0", "68", "68", "1234"]
+    assert exact_match(completions, ground_truth=truths, prompts=["p"] * 6) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_exact_match_rejects_mismatched_ground_truth():
+    with pytest.raises(ValueError, match="one answer per completion"):
+        exact_match(["1", "2"], ground_truth=["1"])
+    with pytest.raises(ValueError, match="got a string"):
+        exact_match(["1"], ground_truth="1")
+
+
+def test_math_equivalence_accepts_equivalent_forms():
+    completions = [
+        "The answer is \\boxed{0.5}",
+        "So it is $\\frac{2}{4}$",
+        [{"role": "assistant", "content": "\\boxed{\\frac{1}{\\sqrt{2}}}"}],
+        "#### 1/2",
+        "\\boxed{0.6}",
+        "I give up",
+    ]
+    truths = ["\\frac{1}{2}", "0.5", "\\frac{\\sqrt{2}}{2}", "0.5", "\\frac{1}{2}", "\\frac{1}{2}"]
+    assert math_equivalence(completions, ground_truth=truths) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_math_equivalence_falls_back_to_exact_match():
+    # math_verify parses neither side of a word answer; exact_match still decides.
+    assert math_equivalence(["\\boxed{yes}", "\\boxed{no}"], ground_truth=["yes", "yes"]) == [1.0, 0.0]
+
+
+def test_math_equivalence_works_in_threads_and_skips_huge_powers():
+    # signal-based timeouts would raise outside the main thread; a power tower would hang sympy without a guard.
+    completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{2^{2^{2^{100}}}}"]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: math_equivalence([c], ground_truth=["0.5"])[0], completions))
+    assert results == [1.0, 0.0]
+    assert time.perf_counter() - start < 5
+
+
+def test_registry_and_names():
+    assert get_reward_function("exact_match") is exact_match
+    assert get_reward_function(" Math_Equivalence ") is math_equivalence
+    assert {name: f.__name__ for name, f in REWARD_FUNCTIONS.items()} == {
+        "exact_match": "exact_match", "math_equivalence": "math_equivalence"}
+    with pytest.raises(ValueError, match="known names: exact_match, math_equivalence"):
+        get_reward_function("accuracy")

@@ -1,0 +1,94 @@
+"""The fast rollout path against plain decoding: same tokens greedily, same tokens from the same random stream."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+from a2po.core import completion_mask
+from a2po.rollout import positions_from_mask, process_logits, sample_completions, sequence_logprobs
+from a2po.testing import make_tiny_model
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_and_batch(request):
+    model, tokenizer = make_tiny_model(arch=request.param, seed=1)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in ("What is 12 + 7?", "1+1", "Say something long please")]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return model.eval(), tokenizer, batch
+
+
+def naive_sample(model, input_ids, attention_mask, num_samples, steps, eos, generator, **sampling):
+    """Reference: expand prompts, recompute the whole sequence every step (no cache), same sampling function."""
+    ids = input_ids.repeat_interleave(num_samples, 0)
+    mask = attention_mask.repeat_interleave(num_samples, 0)
+    done = torch.zeros(len(ids), dtype=torch.bool)
+    out = []
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits[:, -1]
+        token = torch.multinomial(process_logits(logits, **sampling).softmax(-1), 1, generator=generator).squeeze(-1)
+        token = torch.where(done, torch.zeros_like(token), token)
+        out.append(token)
+        done |= torch.isin(token, torch.tensor(eos))
+        ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return torch.stack(out, 1)
+
+
+def test_greedy_matches_generate(model_and_batch):
+    model, tokenizer, batch = model_and_batch
+    eos = model.generation_config.eos_token_id
+    ours = sample_completions(model, batch.input_ids, batch.attention_mask, max_new_tokens=24, eos_token_ids=eos,
+                              pad_token_id=tokenizer.pad_token_id, do_sample=False, num_samples=2)
+    reference = model.generate(**batch, max_new_tokens=24, do_sample=False)[:, batch.input_ids.shape[1]:]
+    reference = reference * completion_mask(reference, eos)  # generate pads after EOS with pad id 0 too
+    reference = reference.repeat_interleave(2, 0)
+    width = min(ours.shape[1], reference.shape[1])
+    assert torch.equal(ours[:, :width], reference[:, :width])
+    assert (ours[:, width:] == tokenizer.pad_token_id).all() and (reference[:, width:] == 0).all()
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}])
+def test_sampling_draws_the_same_tokens_as_plain_decoding(model_and_batch, sampling):
+    model, _, batch = model_and_batch
+    no_eos = [-1]  # no row ends, so both paths consume the random stream identically for all 16 steps
+    ours = sample_completions(model, batch.input_ids, batch.attention_mask, max_new_tokens=16, eos_token_ids=no_eos,
+                              pad_token_id=0, num_samples=4, generator=torch.Generator().manual_seed(3), **sampling)
+    with torch.no_grad():
+        plain = naive_sample(model, batch.input_ids, batch.attention_mask, 4, 16, no_eos,
+                             torch.Generator().manual_seed(3), **sampling)
+    assert ours.shape == (12, 16) and torch.equal(ours, plain)
+
+
+def test_rows_hold_padding_after_their_first_eos(model_and_batch):
+    model, tokenizer, batch = model_and_batch
+    eos = model.generation_config.eos_token_id
+    torch.manual_seed(0)
+    out = sample_completions(model, batch.input_ids, batch.attention_mask, max_new_tokens=40, eos_token_ids=eos,
+                             pad_token_id=tokenizer.pad_token_id, num_samples=8)
+    mask = completion_mask(out, eos)
+    assert (out[mask == 0] == tokenizer.pad_token_id).all()
+
+
+def test_process_logits_matches_transformers_warpers():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 100)
+    expected = TopPLogitsWarper(0.8)(None, TopKLogitsWarper(10)(None, logits / 0.7))
+    ours = process_logits(logits, temperature=0.7, top_k=10, top_p=0.8)
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+    assert torch.allclose(ours[~torch.isinf(ours)], expected[~torch.isinf(expected)])
+
+
+def test_sequence_logprobs_matches_full_forward(model_and_batch):
+    model, tokenizer, batch = model_and_batch
+    eos = model.generation_config.eos_token_id
+    completions = sample_completions(model, batch.input_ids, batch.attention_mask, max_new_tokens=10,
+                                     eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    mask = completion_mask(completions, eos)
+    ours = sequence_logprobs(model, batch.input_ids, batch.attention_mask, completions, mask)
+    for i in range(len(completions)):  # one unpadded row at a time, full-vocabulary log-softmax
+        prompt = batch.input_ids[i][batch.attention_mask[i] == 1]
+        completion = completions[i][mask[i] == 1]
+        ids = torch.cat([prompt, completion])[None]
+        logps = model(input_ids=ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+        expected = logps.gather(-1, completion[:, None]).sum()
+        assert ours[i].item() == pytest.approx(expected.item(), abs=1e-4)
