@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = spec_from_args(command, script, fields)
     trainer = spec.build_trainer(output_dir=output_dir)
     if command == "values":
-        for split in ["train", *trainer._eval_sets()]:
+        for split in ["train", *trainer.eval_sets()]:
             table = trainer.estimate_optimal_values(split=split)
             path = Path(output_dir) / f"optimal_values_{split}.jsonl"
             from a2po.values import save_optimal_values, summarize

@@ -99,4 +99,8 @@ class A2POConfig(TrainingArguments):
             problems.append(f"reward_weights must be numbers (got {self.reward_weights})")
         if problems:
             raise ValueError("Invalid A2POConfig: " + "; ".join(problems) + ".")
+        # transformers >= 5.2x renamed the field to `activation_checkpointing` and warns on the old name; ours keeps
+        # the documented name (and its default True), so hand it over without the warning.
+        if getattr(self, "activation_checkpointing", False) is None:
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()

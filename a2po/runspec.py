@@ -138,8 +138,7 @@ class RunSpec:
         """Identifies a V* set: same model, dataset, rewards and sampling settings give the same V* samples."""
         defaults = A2POConfig.__dataclass_fields__
         sampling = {k: self.config.get(k, defaults[k].default) for k in SAMPLING_FIELDS}
-        key = {"model": self.model, "dataset": self.dataset, "rewards": self.rewards, "sampling": sampling,
-               "seed": self.config.get("seed", 42)}
+        key = {"model": self.model, "dataset": self.dataset, "rewards": self.rewards, "sampling": sampling}
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_cli_args(self) -> list[str]:

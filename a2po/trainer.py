@@ -132,6 +132,9 @@ class A2POTrainer(Trainer):
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._warned_non_binary = False
         self.value_tables: dict[str, Dataset] = {}
+        self._known_values: dict[str, dict[str, dict[str, Any]]] = {}
+        # Time and work spent decoding, per phase ("values", "train", "eval"): for benchmarks and users alike.
+        self.rollout_stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     # ----------------------------------------------------------------------------------------------------------
     # Prompts, completions and rewards
@@ -208,15 +211,24 @@ class A2POTrainer(Trainer):
             yield model
 
     def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                num_samples: int = 1, greedy: bool = False) -> torch.Tensor:
+                num_samples: int = 1, greedy: bool = False, phase: str = "train") -> torch.Tensor:
         args = self.args
         autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
                     else nullcontext())
+        start = time.perf_counter()
         with autocast:
-            return sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=args.max_completion_length,
-                                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                                      num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
-                                      top_k=args.top_k, top_p=args.top_p)
+            out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=args.max_completion_length,
+                                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                     num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
+                                     top_k=args.top_k, top_p=args.top_p)
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        stats = self.rollout_stats[phase]
+        stats["seconds"] += time.perf_counter() - start
+        stats["decode_steps"] += out.shape[1]
+        stats["sequences"] += out.shape[0]
+        stats["tokens"] += int(completion_mask(out, self.eos_token_ids).sum())
+        return out
 
     def _notify(self, event: str, **kwargs) -> None:
         for callback in self.callback_handler.callbacks:
@@ -243,9 +255,15 @@ class A2POTrainer(Trainer):
         rank = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
         return Path(self.args.output_dir) / f"optimal_values-{split}-{self.value_fingerprint()}{rank}.jsonl"
 
+    def set_optimal_values(self, records: Dataset | Sequence[dict[str, Any]], split: str = "train") -> None:
+        """Give stage 1 rows it already has (e.g. from a database), with their rewards and completions: those
+        prompts are not sampled again, and V* is recomputed from the rewards with this run's beta1."""
+        rows = records.to_list() if isinstance(records, Dataset) else list(records)
+        self._known_values.setdefault(split, {}).update({row["prompt_id"]: row for row in rows})
+
     def _stored_values(self, split: str) -> dict[str, dict[str, Any]]:
-        """V* rows already known from `values_path` or from this run's own cache files, by prompt id."""
-        found: dict[str, dict[str, Any]] = {}
+        """V* rows already known from `set_optimal_values`, `values_path` or this run's cache files, by prompt id."""
+        found: dict[str, dict[str, Any]] = dict(self._known_values.get(split, {}))
         if self.args.values_path:
             for row in load_optimal_values(self.args.values_path).to_list():
                 found[row["prompt_id"]] = row
@@ -264,7 +282,7 @@ class A2POTrainer(Trainer):
         """
         args = self.args
         if dataset is None:
-            dataset = self.train_dataset if split == "train" else self._eval_sets().get(split)
+            dataset = self.train_dataset if split == "train" else self.eval_sets().get(split)
         if dataset is None:
             raise ValueError(f"No dataset for split '{split}': pass train_dataset (or eval_dataset) to A2POTrainer.")
         if "prompt" not in dataset.column_names:
@@ -282,7 +300,8 @@ class A2POTrainer(Trainer):
                 records[pid] = known_value_record(pid, row["prompt"], self._render_prompt(row["prompt"]),
                                                   row["v_star"], args.filter_all_incorrect)
             elif pid in stored:
-                records[pid] = rescore(stored[pid], args.beta1, args.filter_all_incorrect)
+                given = {"prompt": row["prompt"], "prompt_text": self._render_prompt(row["prompt"]), **stored[pid]}
+                records[pid] = rescore(given, args.beta1, args.filter_all_incorrect)
             elif pid not in records:
                 records[pid] = None  # placeholder keeps duplicate rows from being sampled twice
                 pending.append((pid, row))
@@ -290,6 +309,7 @@ class A2POTrainer(Trainer):
         stop_before, self.control.should_training_stop = self.control.should_training_stop, False
         self._notify("on_values_begin", split=split, num_prompts=len(rows), num_pending=len(pending))
 
+        started = time.perf_counter()
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         mine = pending[rank::world]
         # Similar lengths in a batch waste less padding.
@@ -305,7 +325,8 @@ class A2POTrainer(Trainer):
                 batch = mine[start:start + batch_size]
                 batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
                 prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
-                completion_ids = self._sample(reference, prompt_ids, prompt_mask, num_samples=args.num_value_samples)
+                completion_ids = self._sample(reference, prompt_ids, prompt_mask, num_samples=args.num_value_samples,
+                                              phase="values")
                 completions, _ = self._decode(completion_ids)
                 n = args.num_value_samples
                 repeated = [row for row in batch_rows for _ in range(n)]
@@ -336,6 +357,7 @@ class A2POTrainer(Trainer):
         table_rows = [records[pid] for pid in dict.fromkeys(ids)]
         table = Dataset.from_list(table_rows)
         summary = summarize(table_rows, args.num_value_samples)
+        summary["runtime"] = round(time.perf_counter() - started, 4)
         self.value_tables[split] = table
         self._notify("on_values_end", split=split, values=table, summary=summary)
         self.log({f"values/{split}/{k}": float(v) for k, v in summary.items()})
@@ -378,10 +400,11 @@ class A2POTrainer(Trainer):
     # ----------------------------------------------------------------------------------------------------------
     # Stage 2: on-policy regression
 
-    def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False):
+    def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False,
+                           phase: str = "train"):
         policy = self.accelerator.unwrap_model(model)
         prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in rows])
-        completion_ids = self._sample(policy, prompt_ids, prompt_mask, greedy=greedy)
+        completion_ids = self._sample(policy, prompt_ids, prompt_mask, greedy=greedy, phase=phase)
         completions, mask = self._decode(completion_ids)
         rewards, per_func = self._score(rows, completions)
         return prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards, per_func
@@ -426,7 +449,8 @@ class A2POTrainer(Trainer):
     # ----------------------------------------------------------------------------------------------------------
     # Evaluation
 
-    def _eval_sets(self, eval_dataset=None) -> dict[str, Dataset]:
+    def eval_sets(self, eval_dataset=None) -> dict[str, Dataset]:
+        """Eval datasets by the split name used in V* tables and metrics: "eval", or "eval_<name>" for a dict."""
         eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(eval_dataset, str):
             return {f"eval_{eval_dataset}": self.eval_dataset[eval_dataset]}
@@ -438,7 +462,7 @@ class A2POTrainer(Trainer):
                  metric_key_prefix: str = "eval") -> dict[str, float]:
         """Greedy accuracy (pass@1, the number users care about), plus the regression loss on one sampled completion
         per prompt against its V* (estimated from the reference policy on first use), and the reference pass@N."""
-        sets = self._eval_sets(eval_dataset)
+        sets = self.eval_sets(eval_dataset)
         if not sets:
             raise ValueError("evaluate() needs an eval_dataset (here or in A2POTrainer(eval_dataset=...)).")
         metrics: dict[str, float] = {}
@@ -462,8 +486,9 @@ class A2POTrainer(Trainer):
         for start in range(0, len(mine), batch_size):
             batch = mine[start:start + batch_size]
             _, _, texts, _, greedy_mask, greedy_completions, greedy_rewards, _ = self._rollout_and_score(
-                self.model, batch, greedy=True)
-            prompt_ids, prompt_mask, _, completion_ids, mask, _, rewards, _ = self._rollout_and_score(self.model, batch)
+                self.model, batch, greedy=True, phase="eval")
+            prompt_ids, prompt_mask, _, completion_ids, mask, _, rewards, _ = self._rollout_and_score(
+                self.model, batch, phase="eval")
             _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask, rewards)
             # Per-row squared errors, so the mean over all rows is exact whatever the batching.
             loss_terms = ((stats["implicit_reward"] - stats["advantage"]) ** 2).tolist()

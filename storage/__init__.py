@@ -1,0 +1,10 @@
+"""SQLite storage of the studio: runs, V* sets, metrics, samples, evaluations, checkpoints and logs.
+
+`Store(path)` is the only entry point; it returns plain dicts and lists. No other package knows SQL.
+"""
+
+from storage.export import export_csv
+from storage.models import RUN_KINDS, RUN_STAGES, RUN_STATUSES
+from storage.store import CORRECT_REWARD, Store
+
+__all__ = ["CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Store", "export_csv"]

@@ -1,0 +1,149 @@
+"""ORM tables of the studio database. Only `storage` imports this module; `Store` turns rows into plain dicts.
+
+Timestamps are Unix epoch seconds (floats): cheap to compare for staleness checks and easy to format in the UI.
+Child rows reference their run with ON DELETE CASCADE; value sets are shared between runs and outlive them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+RUN_KINDS = ("values", "train", "evaluate")
+RUN_STATUSES = ("queued", "running", "stopping", "stopped", "finished", "failed")
+RUN_STAGES = ("values", "train", "eval")
+
+def _run_fk() -> ForeignKey:
+    return ForeignKey("runs.id", ondelete="CASCADE")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ValueSet(Base):
+    """A table of V* estimates for one (model, dataset, rewards, sampling settings) combination."""
+
+    __tablename__ = "value_sets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
+    meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    model: Mapped[str] = mapped_column(String(500), default="")
+    dataset: Mapped[str] = mapped_column(String(500), default="")
+    value_set_id: Mapped[int | None] = mapped_column(ForeignKey("value_sets.id", ondelete="SET NULL"), nullable=True)
+    output_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    # When the run last entered the queue (creation or resume): the scheduler serves runs in this order.
+    queued_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    best_eval_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+
+
+class PromptValue(Base):
+    """Stage-1 result for one prompt: its V* estimate and the sampled completions behind it."""
+
+    __tablename__ = "prompt_values"
+    __table_args__ = (UniqueConstraint("value_set_id", "split", "prompt_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value_set_id: Mapped[int] = mapped_column(ForeignKey("value_sets.id", ondelete="CASCADE"))
+    split: Mapped[str] = mapped_column(String(64))
+    prompt_id: Mapped[str] = mapped_column(String(200))
+    prompt: Mapped[Any] = mapped_column(JSON, nullable=True)
+    prompt_text: Mapped[str] = mapped_column(Text, default="")
+    v_star: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rewards: Mapped[list[Any]] = mapped_column(default=list)
+    completions: Mapped[list[Any]] = mapped_column(default=list)
+    num_correct: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: V* was given, not sampled
+    filtered: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Metric(Base):
+    """One scalar at one step (long format, so new metric names need no schema change)."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step", "name"), Index("ix_metrics_run_id_id", "run_id", "id"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk())
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)  # NULL: NaN (SQLite cannot store NaN)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("run_id", "split", "step", "prompt_id"),
+                      Index("ix_samples_run_id_id", "run_id", "id"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk())
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(64), default="train")
+    prompt_id: Mapped[str] = mapped_column(String(200))
+    prompt_text: Mapped[str] = mapped_column(Text, default="")
+    completion: Mapped[str] = mapped_column(Text, default="")
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    v_star: Mapped[float | None] = mapped_column(Float, nullable=True)
+    advantage: Mapped[float | None] = mapped_column(Float, nullable=True)
+    implicit_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    completion_length: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Evaluation(Base):
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("run_id", "step", "split"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk(), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(64), default="eval")
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk(), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class LogLine(Base):
+    __tablename__ = "logs"
+    __table_args__ = (Index("ix_logs_run_id_id", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk())
+    created_at: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(16), default="INFO")
+    message: Mapped[str] = mapped_column(Text)
