@@ -1,0 +1,136 @@
+"""The dashboard in a real headless Chromium: launch a tiny run from the form and watch it live.
+
+Real `python -m app` process, real worker, real SQLite file, tiny random-init model. Saves screenshots of the
+main views into docs/screenshots/ (launch, values, training, samples, runs).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_app_api import free_port, start_app, stop_app
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+TIMEOUT_MS = 90_000
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("studio-browser")
+    port = free_port()
+    proc = start_app(data_dir, port)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        stop_app(proc)
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(TIMEOUT_MS)
+        playwright.expect.set_options(timeout=TIMEOUT_MS)
+        page.goto(app_url, wait_until="load")
+        page.wait_for_selector("#main-tabs")
+        yield page
+        browser.close()
+
+
+def set_field(page, elem_id: str, value: str) -> None:
+    """Type into a Gradio textbox / number / dropdown and leave it, so the value is committed."""
+    box = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).first.click()
+
+
+def shoot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    time.sleep(0.5)  # let Plotly finish its transitions
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_launch_a_tiny_run_and_watch_it(page, tiny_model_dir):
+    # The form opens with offline defaults; the first screenshot shows them.
+    expect = playwright.expect
+    expect(page.locator("#field-model input")).to_have_value("SmolLM2-135M-Instruct")
+    shoot(page, "launch")
+
+    # Validation: an impossible value is reported next to its field, and nothing starts.
+    set_field(page, "field-beta1", "0")
+    page.locator("#check-form").click()
+    expect(page.locator("#error-beta1")).to_contain_text("must be > 0")
+    set_field(page, "field-model", "/no/such/model")
+    page.locator("#check-form").click()
+    expect(page.locator("#error-model")).to_contain_text("No model folder at /no/such/model")
+
+    # A tiny run: the tiny model, 12 arithmetic prompts, N = 8 reference samples, 2 training steps on CPU.
+    set_field(page, "field-beta1", "0.5")
+    set_field(page, "field-model", tiny_model_dir)
+    set_field(page, "field-name", "browser-tiny")
+    set_field(page, "field-num_prompts", "12")
+    set_field(page, "field-eval_size", "4")
+    set_field(page, "field-max_completion_length", "8")
+    set_field(page, "field-max_steps", "2")
+    set_field(page, "field-per_device_train_batch_size", "4")
+    page.get_by_text("Advanced", exact=True).click()
+    page.locator("#field-use_cpu input[type=checkbox]").check()
+    page.locator("#check-form").click()
+    expect(page.locator("#launch-status")).to_contain_text("The form is valid")
+    expect(page.locator("#error-beta1")).to_be_hidden()
+    page.locator("#show-command").click()
+    expect(page.locator("#command")).to_contain_text("python -m a2po train --model")
+
+    started = time.monotonic()
+    page.locator("#action-train").click()
+    # The run page opens by itself and fills in live.
+    expect(page.locator("#run-header")).to_contain_text("browser-tiny")
+    histogram = page.locator("#vstar-histogram")
+    expect(histogram.get_by_text("kept (", exact=False).first).to_be_visible()
+    first_values = time.monotonic() - started
+    print(f"\nlaunch click -> first V* histogram: {first_values:.1f} s")
+
+    expect(page.locator("#correct-bar").get_by_text("Correct reference samples", exact=False)).to_be_visible()
+    expect(page.locator("#values-table")).to_contain_text("What is")
+
+    open_tab(page, "Filtered")
+    expect(page.locator("#filtered-table")).to_contain_text("0 of 8 reference samples correct")
+
+    open_tab(page, "Training")
+    expect(page.locator("#training-plot").get_by_text("Loss", exact=True)).to_be_visible()
+    open_tab(page, "Samples")
+    expect(page.locator("#samples-table")).to_contain_text("What is")
+    expect(page.locator("#run-header")).to_contain_text("finished")
+    print(f"launch click -> run finished and shown: {time.monotonic() - started:.1f} s")
+
+    # Screenshots of the finished run's views.
+    shoot(page, "samples")
+    open_tab(page, "Training")
+    expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
+    shoot(page, "training")
+    open_tab(page, "V*")
+    page.locator("#values-table").get_by_text("What is").filter(visible=True).first.click()
+    expect(page.locator("#values-prompt")).to_contain_text("of 8 correct")
+    expect(page.locator("#values-completions")).to_contain_text(re.compile(r"\b8\s+[01]\b"))  # 8th sample, reward
+    shoot(page, "values")
+    open_tab(page, "Runs")
+    expect(page.locator("#runs-table")).to_contain_text("browser-tiny")
+    shoot(page, "runs")

@@ -1,0 +1,140 @@
+"""Unit tests of the dashboard's Plotly figure builders (pure functions, no server)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app import charts
+
+
+def test_ema_zero_smoothing_is_identity():
+    assert charts.ema([1.0, 5.0, 2.0], 0.0) == [1.0, 5.0, 2.0]
+
+
+def test_ema_is_debiased_and_matches_recurrence():
+    values = [1.0, 2.0, 3.0, 4.0]
+    w = 0.5
+    out = charts.ema(values, w)
+    # Debiased: the first point equals the first value, not (1 - w) * value.
+    assert out[0] == pytest.approx(1.0)
+    last, weight, expected = 0.0, 0.0, []
+    for v in values:
+        last = w * last + (1 - w) * v
+        weight = w * weight + (1 - w)
+        expected.append(last / weight)
+    assert out == pytest.approx(expected)
+    assert out[1] == pytest.approx((0.25 * 1 + 0.5 * 2) / 0.75)
+
+
+def test_ema_constant_series_stays_constant_and_skips_gaps():
+    out = charts.ema([3.0, None, 3.0, math.nan, 3.0], 0.9)
+    assert out == pytest.approx([3.0] * 5)
+    assert math.isnan(charts.ema([None, 1.0], 0.5)[0])
+    with pytest.raises(ValueError):
+        charts.ema([1.0], 1.0)
+
+
+def test_downsample_keeps_short_series_and_extremes_of_long_ones():
+    xs, ys = charts.downsample([0, 1, 2], [5.0, 6.0, 7.0], 10)
+    assert (xs, ys) == ([0, 1, 2], [5.0, 6.0, 7.0])
+
+    n = 10_000
+    x = list(range(n))
+    y = np.sin(np.arange(n) / 50).tolist()
+    y[4321] = 100.0  # a spike that plain striding would likely drop
+    y[7777] = -100.0
+    dx, dy = charts.downsample(x, y, 500)
+    assert len(dx) <= 502
+    assert dx[0] == 0 and dx[-1] == n - 1
+    assert 100.0 in dy and -100.0 in dy
+    assert dx == sorted(dx)
+
+
+def test_series_from_rows_groups_and_appends():
+    rows = [{"step": 1, "name": "loss", "value": 0.5}, {"step": 1, "name": "reward", "value": None},
+            {"step": 2, "name": "loss", "value": 0.4}]
+    series = charts.series_from_rows(rows)
+    assert series["loss"] == ([1, 2], [0.5, 0.4])
+    assert math.isnan(series["reward"][1][0])
+    charts.series_from_rows([{"step": 3, "name": "loss", "value": 0.3}], into=series)
+    assert series["loss"] == ([1, 2, 3], [0.5, 0.4, 0.3])
+
+
+def _names(fig):
+    return [t.name for t in fig.data]
+
+
+def test_training_figure_has_raw_and_smoothed_traces_per_metric():
+    series = {"loss": ([1, 2, 3], [1.0, 0.5, 0.2]), "reward": ([1, 2, 3], [0.0, 0.5, 1.0]),
+              "unrelated": ([1], [1.0])}
+    fig = charts.training_figure(series, smoothing=0.5)
+    assert _names(fig) == ["loss (raw)", "loss", "reward (raw)", "reward"]
+    raw = fig.data[0]
+    assert raw.opacity == charts.RAW_OPACITY
+    assert list(fig.data[1].y) == pytest.approx(charts.ema([1.0, 0.5, 0.2], 0.5))
+    titles = [a.text for a in fig.layout.annotations]
+    assert "Loss" in titles and "Reward" in titles
+
+    no_smoothing = charts.training_figure(series, smoothing=0.0)
+    assert _names(no_smoothing) == ["loss", "reward"]
+
+
+def test_training_figure_downsamples_long_series():
+    n = 20_000
+    fig = charts.training_figure({"loss": (list(range(n)), np.random.default_rng(0).random(n).tolist())},
+                                 smoothing=0.9, max_points=400)
+    assert all(len(t.x) <= 402 for t in fig.data)
+
+
+def test_training_figure_draws_reference_ceilings_on_eval_accuracy():
+    fig = charts.training_figure({"eval_accuracy": ([0, 10], [0.1, 0.3])}, smoothing=0.0,
+                                 ceilings={"pass@1": 0.25, "pass@N": 0.75})
+    levels = sorted(shape.y0 for shape in fig.layout.shapes)
+    assert levels == [0.25, 0.75]
+
+
+def test_training_figure_empty_shows_message():
+    fig = charts.training_figure({})
+    assert not fig.data
+    assert "Waiting" in fig.layout.annotations[0].text
+
+
+def test_value_histogram_separates_filtered_prompts():
+    fig = charts.value_histogram([0.0, 0.3, 0.9, 0.0], [True, False, False, True])
+    assert _names(fig) == ["kept (2)", "filtered (2)"]
+    assert list(fig.data[0].x) == [0.3, 0.9]
+    assert fig.layout.barmode == "stack"
+    assert _names(charts.value_histogram([0.5])) == ["kept (1)"]
+
+
+def test_correct_count_bar_counts_prompts_per_k():
+    fig = charts.correct_count_bar([0, 0, 2, 4, 4, 4], 4)
+    assert list(fig.data[0].x) == [0, 1, 2, 3, 4]
+    assert list(fig.data[0].y) == [2, 0, 1, 0, 3]
+
+
+def test_reference_pass_rates():
+    rates = charts.reference_pass_rates([0, 2, 4, 4], 4)
+    assert rates["pass@1"] == pytest.approx((0 + 0.5 + 1 + 1) / 4)
+    assert rates["pass@N"] == pytest.approx(0.75)
+    assert math.isnan(charts.reference_pass_rates([], 4)["pass@1"])
+
+
+def test_pass_rate_figure_marks_ceiling():
+    fig = charts.pass_rate_figure(0.25, 0.75, 8, eval_accuracy=0.5)
+    assert list(fig.data[0].x) == [0.25, 0.75, 0.5]
+    assert "pass@8 (ceiling)" in fig.data[0].y[1]
+    assert fig.layout.shapes[0].x0 == 0.75
+
+
+def test_compare_figure_overlays_runs_with_one_legend_entry_each():
+    runs = {"run-a": {"loss": ([1, 2], [1.0, 0.5])}, "run-b": {"loss": ([1, 2], [0.8, 0.6]),
+                                                                "reward": ([1, 2], [0.1, 0.2])}}
+    fig = charts.compare_figure(runs, ["loss", "reward", "missing"], smoothing=0.0)
+    assert _names(fig) == ["run-a", "run-b", "run-b"]
+    assert [t.showlegend for t in fig.data] == [True, True, False]
+    assert fig.data[0].line.color != fig.data[1].line.color
+    assert not charts.compare_figure({}, ["loss"]).data
