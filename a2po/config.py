@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
+STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
+
 
 def _bf16_available() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -36,8 +38,9 @@ class A2POConfig(TrainingArguments):
         num_value_samples: N, reference samples per prompt.
         beta1: KL temperature of the V* estimate.
         filter_all_incorrect: drop prompts none of whose N samples scored 1.
-        value_batch_size (ours): prompts per stage-1 batch (each yields N sequences); default
-            `per_device_train_batch_size`.
+        value_batch_size (ours): prompts per stage-1 batch (each yields N sequences); default: enough prompts for
+            256 sequences (at least `per_device_train_batch_size`), since decoding costs little more per step for
+            a wider batch. Lower it if stage 1 runs out of memory.
         values_path (ours): a V* table saved by `save_optimal_values` (or by an earlier run in `output_dir`) to reuse.
         save_values (ours): save the V* table to `<output_dir>/optimal_values.jsonl` as it is estimated, so a rerun
             or an interrupted run reuses it instead of sampling again.
@@ -67,7 +70,7 @@ class A2POConfig(TrainingArguments):
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
 
     value_batch_size: int | None = field(
-        default=None, metadata={"help": "Prompts per stage-1 batch (default: per_device_train_batch_size)."})
+        default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
     values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
     save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
 
@@ -104,3 +107,10 @@ class A2POConfig(TrainingArguments):
         if getattr(self, "activation_checkpointing", False) is None:
             self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
+
+    @property
+    def stage1_batch_size(self) -> int:
+        """Prompts per stage-1 batch: `value_batch_size`, else enough prompts for 256 sampled sequences."""
+        if self.value_batch_size is not None:
+            return self.value_batch_size
+        return max(self.per_device_train_batch_size, STAGE1_SEQUENCES // self.num_value_samples)

@@ -314,7 +314,7 @@ class A2POTrainer(Trainer):
         mine = pending[rank::world]
         # Similar lengths in a batch waste less padding.
         mine.sort(key=lambda item: len(self._render_prompt(item[1]["prompt"])))
-        batch_size = args.value_batch_size or args.per_device_train_batch_size
+        batch_size = args.stage1_batch_size
         cache_path = self._values_cache_path(split)
         done = len(rows) - len(pending)
         new_records = []

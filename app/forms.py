@@ -41,12 +41,13 @@ PARAMS: list[Param] = [
           info="Stage 1 samples N completions per prompt to estimate V*."),
     Param("beta1", "β₁ (V* temperature)", 0.5, "float", "pos", info="Soft-max temperature of the V* estimate."),
     Param("beta2", "β₂ (KL temperature)", 1e-3, "float", "pos", info="Scale of the implicit reward in stage 2."),
-    Param("learning_rate", "Learning rate", 1e-6, "float", "pos"),
-    Param("max_steps", "Max steps", 50, "int", "steps", info="-1: train for num_train_epochs."),
+    Param("learning_rate", "Learning rate", 2e-5, "float", "pos"),
+    Param("max_steps", "Max steps", -1, "int", "steps", info="-1: train for num_train_epochs."),
     Param("per_device_train_batch_size", "Batch size (prompts per step)", 8, "int", "ge1"),
-    Param("max_completion_length", "Max completion tokens", 64, "int", "ge1"),
+    Param("max_completion_length", "Max completion tokens", 16, "int", "ge1",
+          info="Arithmetic answers are short; use 256+ for step-by-step math."),
     Param("temperature", "Sampling temperature", 1.0, "float", "pos"),
-    Param("num_train_epochs", "Epochs", 1.0, "float", "pos", advanced=True),
+    Param("num_train_epochs", "Epochs", 3.0, "float", "pos", advanced=True),
     Param("max_prompt_length", "Max prompt tokens", 512, "int", "ge1", advanced=True),
     Param("top_p", "top-p", 1.0, "float", "prob", advanced=True),
     Param("top_k", "top-k (0: off)", 0, "int", "ge0", advanced=True),
@@ -63,8 +64,8 @@ PARAM_BY_KEY = {p.key: p for p in PARAMS}
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "save_steps"}
 
 DATASET_DEFAULTS: dict[str, Any] = {
-    "dataset_source": "arithmetic", "num_prompts": 64, "difficulty": 1, "operations": "+", "data_seed": 0,
-    "eval_size": 16, "hub_name": "openai/gsm8k", "hub_config": "main", "hub_split": "train", "file_path": "",
+    "dataset_source": "arithmetic", "num_prompts": 128, "difficulty": 2, "operations": "+", "data_seed": 0,
+    "eval_size": 32, "hub_name": "openai/gsm8k", "hub_config": "main", "hub_split": "train", "file_path": "",
     "prompt_column": "", "answer_column": "",
 }
 

@@ -104,8 +104,7 @@ class StoreRecorder(A2POCallback):
         self._maybe_stop(control, save=False)
 
     def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
-        # The value set's summary is not written here: rows passed in with a known V* carry no rewards, so this
-        # summary's pass@k covers only the prompts sampled now. `app.worker` summarizes the stored rows instead.
+        # The value set's summary is written by `app.worker` from the stored rows of every split, once all are done.
         self.stage = self._stage_before_values
         self._write_progress(1.0 if self.stage is None else 0.0, force=True)
         self.store.add_log(self.run_id, f"Stage 1 ({split}) done: " + ", ".join(

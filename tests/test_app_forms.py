@@ -36,8 +36,8 @@ def test_default_form_gives_a_valid_spec():
     spec = result.spec
     assert spec["action"] == "train"
     assert spec["model"] == "SmolLM2-135M-Instruct"
-    assert spec["dataset"] == {"source": "arithmetic", "num_prompts": 64, "difficulty": 1, "operations": "+",
-                               "seed": 0, "eval_size": 16}
+    assert spec["dataset"] == {"source": "arithmetic", "num_prompts": 128, "difficulty": 2, "operations": "+",
+                               "seed": 0, "eval_size": 32}
     assert spec["rewards"] == [{"name": "exact_match", "weight": 1.0}]
     assert spec["config"]["beta1"] == 0.5 and spec["config"]["num_value_samples"] == 8
     assert None not in spec["config"].values()  # "0 means off" fields are left to the library default
@@ -117,7 +117,7 @@ def test_hub_dataset_needs_an_id():
     assert result.ok, result.errors
     assert result.spec["dataset"] == {"source": "hub", "name": "openai/gsm8k", "config_name": "main",
                                       "split": "train", "prompt_column": None, "answer_column": "answer",
-                                      "eval_size": 16}
+                                      "eval_size": 32}
 
 
 def test_column_checks(tmp_path):

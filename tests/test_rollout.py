@@ -5,7 +5,7 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from a2po.core import completion_mask
-from a2po.rollout import positions_from_mask, process_logits, sample_completions, sequence_logprobs
+from a2po.rollout import positions_from_mask, process_logits, sample_completions, sample_tokens, sequence_logprobs
 from a2po.testing import make_tiny_model
 
 
@@ -26,7 +26,7 @@ def naive_sample(model, input_ids, attention_mask, num_samples, steps, eos, gene
     out = []
     for _ in range(steps):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits[:, -1]
-        token = torch.multinomial(process_logits(logits, **sampling).softmax(-1), 1, generator=generator).squeeze(-1)
+        token = sample_tokens(process_logits(logits, **sampling).softmax(-1), generator)
         token = torch.where(done, torch.zeros_like(token), token)
         out.append(token)
         done |= torch.isin(token, torch.tensor(eos))
@@ -57,6 +57,17 @@ def test_sampling_draws_the_same_tokens_as_plain_decoding(model_and_batch, sampl
         plain = naive_sample(model, batch.input_ids, batch.attention_mask, 4, 16, no_eos,
                              torch.Generator().manual_seed(3), **sampling)
     assert ours.shape == (12, 16) and torch.equal(ours, plain)
+
+
+def test_sample_tokens_draws_from_the_given_distribution():
+    probs = torch.tensor([0.05, 0.0, 0.15, 0.3, 0.0, 0.5]).repeat(200_000, 1)
+    drawn = sample_tokens(probs, torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(drawn, minlength=6).double() / len(drawn)
+    # 200k draws: the standard error of each frequency is below 0.0012; zero-probability tokens never appear.
+    assert torch.allclose(frequencies, probs[0].double(), atol=0.005)
+    assert frequencies[1] == 0 and frequencies[4] == 0
+    unnormalised = sample_tokens(torch.tensor([[0.0, 3.0, 0.0]] * 100), torch.Generator().manual_seed(1))
+    assert (unnormalised == 1).all()
 
 
 def test_rows_hold_padding_after_their_first_eos(model_and_batch):
