@@ -47,7 +47,7 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float = 1.0) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering; filtered entries become -inf."""
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -410,9 +410,10 @@ class A2POTrainer(Trainer):
         return prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards, per_func
 
     def _regression(self, model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards):
-        policy_logps = sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, mask)
+        # Reference first: its temporaries are freed before the policy's autograd graph exists.
         with torch.no_grad(), self._reference_policy() as reference:
             ref_logps = sequence_logprobs(reference, prompt_ids, prompt_mask, completion_ids, mask)
+        policy_logps = sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, mask)
         v_star = torch.tensor([row["v_star"] for row in rows], device=policy_logps.device)
         return a2po_loss(policy_logps, ref_logps, rewards.to(policy_logps.device, policy_logps.dtype),
                          v_star.to(policy_logps.dtype), self.args.beta2)

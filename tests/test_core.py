@@ -38,6 +38,17 @@ def test_token_logprobs_equals_full_log_softmax_in_any_chunking():
         assert torch.allclose(token_logprobs(logits, tokens, chunk_size=chunk), expected.float(), atol=1e-6)
 
 
+def test_token_logprobs_gradient_matches_autograd_of_log_softmax():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 5, 30, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, 30, (2, 5))
+    weights = torch.randn(2, 5, dtype=torch.float64)
+    expected_logits = logits.detach().clone().requires_grad_(True)
+    (expected_logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1) * weights).sum().backward()
+    (token_logprobs(logits, tokens, chunk_size=3) * weights).sum().backward()
+    assert torch.allclose(logits.grad, expected_logits.grad, atol=1e-6)
+
+
 def test_loss_against_independent_computation():
     policy = torch.tensor([-3.0, -10.0, -1.5, -7.25])
     ref = torch.tensor([-3.5, -9.0, -1.5, -8.0])
