@@ -57,3 +57,35 @@ def make_tiny_model(path: str | Path | None = None, arch: str = "llama", hidden_
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     return model, tokenizer
+
+
+def teach_answers(model, tokenizer, prompts: list, answers: list[str], steps: int = 300,
+                  learning_rate: float = 3e-3, seed: int = 0):
+    """Supervised-train `model` to answer each prompt with its answer then `<|end|>` (memorisation, in place).
+
+    Gives tests a small model that solves exactly the prompts it was taught, so stage 1 finds correct samples
+    for those and none for the rest, whatever the random stream: a deterministic mix of kept and filtered prompts.
+    """
+    from a2po.rollout import positions_from_mask
+
+    torch.manual_seed(seed)
+    end = "<|end|>"
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if not isinstance(p, str)
+             else p for p in prompts]
+    batch = tokenizer([t + a + end for t, a in zip(texts, answers)], return_tensors="pt", padding=True,
+                      add_special_tokens=False)
+    labels = batch.input_ids.clone()
+    for i, answer in enumerate(answers):
+        learned = len(tokenizer(answer + end, add_special_tokens=False).input_ids)
+        labels[i, :-learned] = -100  # learn the answer and its end token only
+    positions = positions_from_mask(batch.attention_mask)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions,
+                     labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    return loss.item()

@@ -68,7 +68,25 @@ def shoot(page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def test_launch_a_tiny_run_and_watch_it(page, tiny_model_dir):
+@pytest.fixture(scope="module")
+def taught_model_dir(tmp_path_factory) -> str:
+    """A tiny model taught the answers of every other prompt the run below will see (the form's arithmetic with
+    12 + 4 prompts): stage 1 then keeps those prompts and filters the rest, whatever the random stream."""
+    from a2po.data import arithmetic_dataset
+    from a2po.testing import make_tiny_model, teach_answers
+    from app.forms import DATASET_DEFAULTS
+
+    model, tokenizer = make_tiny_model()
+    prompts = arithmetic_dataset(16, operations="+", difficulty=DATASET_DEFAULTS["difficulty"], seed=0)
+    taught = prompts.select(range(0, 16, 2))
+    teach_answers(model, tokenizer, taught["prompt"], taught["ground_truth"])
+    path = tmp_path_factory.mktemp("taught-tiny")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     # The form opens with offline defaults; the first screenshot shows them.
     expect = playwright.expect
     expect(page.locator("#field-model input")).to_have_value("SmolLM2-135M-Instruct")
@@ -82,9 +100,9 @@ def test_launch_a_tiny_run_and_watch_it(page, tiny_model_dir):
     page.locator("#check-form").click()
     expect(page.locator("#error-model")).to_contain_text("No model folder at /no/such/model")
 
-    # A tiny run: the tiny model, 12 arithmetic prompts, N = 8 reference samples, 2 training steps on CPU.
+    # A tiny run: the taught tiny model, 12 + 4 arithmetic prompts, N = 8 reference samples, 2 steps on CPU.
     set_field(page, "field-beta1", "0.5")
-    set_field(page, "field-model", tiny_model_dir)
+    set_field(page, "field-model", taught_model_dir)
     set_field(page, "field-name", "browser-tiny")
     set_field(page, "field-num_prompts", "12")
     set_field(page, "field-eval_size", "4")
