@@ -39,6 +39,7 @@ import os
 import platform
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,7 +237,7 @@ def run_job(job: Job) -> dict[str, Any]:
                   model_init_kwargs={"dtype": dtype}, disable_tqdm=True)
 
     stats: dict[str, dict[str, float]] = {}
-    stage1 = {"seconds": 0.0, "running": False}
+    stage1: dict[str, Any] = {"seconds": 0.0, "running": False, "peak_rss_gib": None}
     values_runtime: list[float] = []
 
     def timed_stage1(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -250,6 +251,7 @@ def run_job(job: Job) -> dict[str, Any]:
                     torch.cuda.synchronize()
                 stage1["seconds"] += time.perf_counter() - start
                 stage1["running"] = False
+                stage1["peak_rss_gib"] = peak_rss_gib()
         return wrapper
 
     undo = None
@@ -309,11 +311,12 @@ def run_job(job: Job) -> dict[str, Any]:
         "peak_rss_gib": peak_rss_gib(),
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "rss_after_import_gib": rss_after_import, "rss_after_init_gib": rss_after_init,
-        "peak_rss_before_train_gib": peak_rss_before_train,
+        "peak_rss_before_train_gib": peak_rss_before_train, "peak_rss_after_stage1_gib": stage1["peak_rss_gib"],
         "import_s": import_s, "steps": output.global_step, "threads": torch.get_num_threads(),
         "num_prompts": len(dataset), "max_completion_length": max_completion,
         "num_value_samples": job.num_value_samples if has_stage1 else None,
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else None,
+        "param_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
     }
 
 
@@ -384,6 +387,8 @@ def run_isolated(job: Job, *, max_busy: float, wait: float, max_foreign: float, 
         env.update(OMP_NUM_THREADS=str(job.threads), MKL_NUM_THREADS=str(job.threads))
     cpus = os.cpu_count() or 1
     for attempt in range(retries + 1):
+        # A fresh output directory: ours would otherwise reuse the V* table an earlier attempt saved there.
+        shutil.rmtree(job.output_dir, ignore_errors=True)
         busy_before = wait_until_idle(max_busy, wait, log) if wait > 0 else cpu_busy(0.5)
         load = load_average()
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -399,6 +404,7 @@ def run_isolated(job: Job, *, max_busy: float, wait: float, max_foreign: float, 
             raise RuntimeError(f"{job.impl} run failed (exit {code}); last lines of its output:\n{tail}")
         children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         jiffies_after = _cpu_jiffies()
+        shutil.rmtree(job.output_dir, ignore_errors=True)
         result = json.loads(Path(job.result_path).read_text())
         child_cpu = ((children_after.ru_utime + children_after.ru_stime)
                      - (children_before.ru_utime + children_before.ru_stime))
@@ -486,7 +492,7 @@ def comparison_table(summary: dict[str, dict[str, Any]], markdown: bool = False)
 
 def scaling_table(points: Sequence[dict[str, Any]], markdown: bool = False) -> str:
     headers = ["varied", "value", "epoch s", "stage 1 s", "stage 2 s", "S1 decode ms/step", "S1 tok/s",
-               "S2 tok/s", "epoch / base", "peak RSS GiB"]
+               "S2 tok/s", "epoch / smallest", "peak RSS GiB"]
     rows = []
     for point in points:
         s = point["summary"]
@@ -546,6 +552,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--markdown", nargs="?", const="-", default=None,
                         help="Print the tables as markdown (or write them to the given file).")
     parser.add_argument("--workdir", help="Where models and run outputs go (default: a temporary directory).")
+    parser.add_argument("--bandwidth", type=float, default=4.3,
+                        help="GPU memory bandwidth in TB/s for the decode floor (reading all weights once per step; "
+                             "4.3: measured on an H200).")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -574,13 +583,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             impls = [impl for impl in impls if impl not in TRL_IMPLS]
     for note in notes:
         log(f"note: {note}")
+    if not impls:
+        raise SystemExit("nothing to run: " + "; ".join(notes))
 
     workdir_context = tempfile.TemporaryDirectory(prefix="a2po-bench-") if args.workdir is None else None
     workdir = Path(args.workdir or workdir_context.name)
     workdir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"machine": machine_info(device, threads), "size": size, "notes": notes,
                               "settings": {"repeats": args.repeats, "max_busy": args.max_busy,
-                                           "max_foreign": args.max_foreign}}
+                                           "max_foreign": args.max_foreign, "bandwidth_tbs": args.bandwidth}}
     try:
         log(f"building the {size} model (load average {load_average():.2f}) ...")
         model_dir = build_model(size, workdir, "bfloat16" if device == "cuda" else "float32")
@@ -637,10 +648,25 @@ def run_scaling(size: str, job: Callable[..., Job], measure: Callable[[Job, str]
             point["runs"].append(measure(job("ours", **point["settings"]), label))
     for point in points:
         point["summary"] = summarize_runs(point["runs"])
-    for point in points:  # relative to the base value of the same factor
-        base_point = next(p for p in points if p["factor"] == point["factor"] and p["value"] == base[p["factor"]])
-        point["relative"] = point["summary"]["wall_s"] / base_point["summary"]["wall_s"]
+    for point in points:  # growth: relative to the smallest value of the same factor
+        first = next(p for p in points if p["factor"] == point["factor"])
+        point["relative"] = point["summary"]["wall_s"] / first["summary"]["wall_s"]
     return points
+
+
+def decode_floor_note(report: dict[str, Any]) -> str:
+    """How far each decode is from the bandwidth floor: every weight read once per decode step."""
+    bandwidth = report["settings"]["bandwidth_tbs"]
+    runs = next(iter(report["runs"].values()))
+    floor_ms = runs[0]["param_bytes"] / (bandwidth * 1e12) * 1e3
+    parts = []
+    for impl, s in report["summary"].items():
+        for phase, name in (("values", "stage 1"), ("train", "stage 2")):
+            ms = s["phases"].get(phase, {}).get("ms_per_step")
+            if ms:
+                parts.append(f"{impl} {name} {ms / floor_ms:.0f}x")
+    return (f"decode floor (all weights read once per step at {bandwidth} TB/s): {floor_ms:.3f} ms/step; "
+            f"decode time / floor: {', '.join(parts)}")
 
 
 def print_report(report: dict[str, Any], markdown: str | None) -> None:
@@ -661,6 +687,8 @@ def print_report(report: dict[str, Any], markdown: str | None) -> None:
         parts.append(comparison_table(report["summary"], as_markdown))
     if "scaling" in report:
         parts.append(scaling_table(report["scaling"], as_markdown))
+    if "summary" in report and machine["device"] == "cuda":
+        parts.append(decode_floor_note(report))
     parts += [f"note: {note}" for note in report["notes"]]
     text = "\n\n".join(parts)
     if markdown not in (None, "-"):
