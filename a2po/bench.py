@@ -596,6 +596,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log(f"building the {size} model (load average {load_average():.2f}) ...")
         model_dir = build_model(size, workdir, "bfloat16" if device == "cuda" else "float32")
         counter = iter(range(10**6))
+        completed: list[dict[str, Any]] = []
 
         def job(impl: str, **overrides: Any) -> Job:
             index = next(counter)
@@ -610,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             foreign = result["foreign_cpu"]
             log(f"  {result['wall_s']:.2f} s, peak RSS {result['peak_rss_gib']:.3f} GiB, load "
                 f"{result['load_average']:.2f}, others used {'?' if foreign is None else f'{foreign:.0%}'} of CPUs")
+            completed.append({"label": label, "job": asdict(j), **result})
+            if args.out:  # keep what is measured so far, should the benchmark be interrupted
+                Path(args.out).write_text(json.dumps({**report, "partial": True, "completed": completed}, indent=1))
             return result
 
         if args.scaling:
