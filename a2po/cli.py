@@ -19,6 +19,7 @@ from transformers import HfArgumentParser
 
 from a2po.config import A2POConfig
 from a2po.runspec import RunSpec
+from a2po.values import save_optimal_values, summarize
 
 COMMANDS = ("train", "values", "evaluate")
 
@@ -100,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         for split in ["train", *trainer.eval_sets()]:
             table = trainer.estimate_optimal_values(split=split)
             path = Path(output_dir) / f"optimal_values_{split}.jsonl"
-            from a2po.values import save_optimal_values, summarize
-
             save_optimal_values(table, path)
             print(json.dumps({"split": split, **summarize(table.to_list(), trainer.args.num_value_samples)}))
             print(f"V* table: {path}")

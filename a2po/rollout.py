@@ -17,6 +17,8 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from a2po.core import token_logprobs
+
 
 @contextmanager
 def eval_mode(model: torch.nn.Module):
@@ -140,8 +142,6 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax is gathered in
     chunks (`core.token_logprobs`), so the full-vocabulary float32 log-softmax never exists for the whole sequence.
     """
-    from a2po.core import token_logprobs
-
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     num_completion = completion_ids.shape[1]

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
+
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,16 +57,6 @@ def stop_app(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise TimeoutError(f"Timed out after {timeout} s waiting for {what}.")
 
 
 def tiny_spec(model: str, name: str, **config) -> dict:

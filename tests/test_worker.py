@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from app.jobs import JobManager
 from app.worker import run_output_dir
 from storage import Store
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -29,16 +28,6 @@ def make_spec(model: str, name: str, *, num_prompts: int = 8, eval_size: int = 4
             "dataset": {"source": "arithmetic", "num_prompts": num_prompts, "difficulty": 1, "operations": "+",
                         "seed": 0, "eval_size": eval_size},
             "rewards": [{"name": "exact_match", "weight": 1.0}], "config": settings, "peft": None}
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"Timed out after {timeout:.0f} s waiting for {what}.")
 
 
 def wait_status(store: Store, run_id: int, statuses: tuple[str, ...], timeout: float = 90.0) -> dict:
