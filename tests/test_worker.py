@@ -3,6 +3,7 @@ tiny random-init model (`tiny_model_dir` in conftest). Every run samples 8-16 ar
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections import Counter
@@ -13,9 +14,13 @@ import pytest
 from app.jobs import JobManager
 from app.worker import run_output_dir
 from storage import Store
-from tests.helpers import wait_for
+from tests import helpers
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+# Stop requests must land while a stage is still running: poll often.
+wait_for = functools.partial(helpers.wait_for, poll=0.1)
 
 
 def make_spec(model: str, name: str, *, num_prompts: int = 8, eval_size: int = 4, **config) -> dict:
