@@ -10,14 +10,14 @@ same tokens as `generate(do_sample=False)` (tested).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from a2po.core import token_logprobs
+from a2po.decoding import accepts, decoder_for, positions_from_mask
 
 
 @contextmanager
@@ -29,21 +29,6 @@ def eval_mode(model: torch.nn.Module):
         yield model
     finally:
         model.train(was_training)
-
-
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether the model's forward takes `name` (looking through a PEFT wrapper, whose forward hides it)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    forward = getattr(base, "forward", None)
-    try:
-        return name in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids for left-padded rows: 0 at each row's first real token."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -90,23 +75,9 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
     batch = input_ids.shape[0]
     device = input_ids.device
     eos = torch.tensor(list(eos_token_ids), device=device)
-    model_kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    # transformers 5.24 renamed `past_key_values` to `cache`; older 5.x releases only know the old name.
-    cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
     with eval_mode(model):
-        cache = DynamicCache(config=model.config)
-        model_kwargs[cache_kwarg] = cache
-        positions = positions_from_mask(attention_mask)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                    **model_kwargs)
-        logits = out.logits[:, -1]
-        next_position = positions[:, -1] + 1
-        if num_samples > 1:
-            cache.batch_repeat_interleave(num_samples)
-            logits = logits.repeat_interleave(num_samples, dim=0)
-            attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
-            next_position = next_position.repeat_interleave(num_samples, dim=0)
-
+        decoder = decoder_for(model, capacity=input_ids.shape[1] + max_new_tokens)
+        logits = decoder.prefill(input_ids, attention_mask, num_samples)
         total = batch * num_samples
         completions = torch.full((total, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         active = torch.arange(total, device=device)  # original row of each row still in the batch
@@ -124,14 +95,9 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
             if not alive.all():
                 # Drop finished rows so the rest of the decode only pays for live sequences.
                 keep = alive.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                decoder.select(keep)
                 active, tokens = active[keep], tokens[keep]
-                attention_mask, next_position = attention_mask[keep], next_position[keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
-            out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
-                        use_cache=True, **model_kwargs)
-            logits = out.logits[:, -1]
-            next_position = next_position + 1
+            logits = decoder.step(tokens)
     return completions[:, :length]
 
 
@@ -145,7 +111,7 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     num_completion = completion_ids.shape[1]
-    kwargs = {"logits_to_keep": num_completion + 1} if _accepts(model, "logits_to_keep") else {}
+    kwargs = {"logits_to_keep": num_completion + 1} if accepts(model, "logits_to_keep") else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=positions_from_mask(attention_mask), use_cache=False, **kwargs).logits
     logits = logits[:, -num_completion - 1:-1]
