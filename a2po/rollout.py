@@ -4,6 +4,8 @@ Why not `model.generate`: under gradient checkpointing in train mode `generate` 
 re-runs the whole sequence every step; `num_return_sequences` prefills the same prompt N times; and finished rows
 keep being computed until the longest one ends. Here the prompt batch is prefilled once, its cache is repeated
 N times, finished rows are dropped from the batch as they end, and the loop stops when every row has ended.
+The forward passes come from `a2po.decoding`: a lean KV-cached forward for Llama-family models, the model's own
+forward with a `DynamicCache` for the rest.
 Sampling uses the same processing as `generate` (temperature, then top-k, then top-p) and greedy decoding gives the
 same tokens as `generate(do_sample=False)` (tested).
 """

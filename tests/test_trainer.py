@@ -321,3 +321,26 @@ def test_set_optimal_values_reuses_rows_with_their_rewards(tmp_path, tiny_model_
     assert table["rewards"][:3] == [r["rewards"] for r in rows]
     assert table["v_star"][0] == pytest.approx(float(optimal_value(torch.tensor([rows[0]["rewards"]]), 1.0)[0]))
     assert recorder.of("end")[0]["summary"]["num_prompts"] == 4 and "pass_at_n" in recorder.of("end")[0]["summary"]
+
+
+def test_long_lived_objects_skip_the_gc_during_training_only(tmp_path, tiny_model_dir):
+    import gc
+
+    class FreezeProbe(A2POCallback):
+        seen = []
+
+        def on_values_batch(self, args, state, control, **kw):
+            self.seen.append(gc.get_freeze_count())
+
+        def on_step_end(self, args, state, control, **kw):
+            self.seen.append(gc.get_freeze_count())
+
+    probe = FreezeProbe()
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path), train_dataset=prompts(4),
+                          callbacks=[probe])
+    assert gc.get_freeze_count() == 0
+    trainer.train()
+    assert len(probe.seen) >= 3 and all(count > 0 for count in probe.seen)
+    assert gc.get_freeze_count() == 0
+    trainer.estimate_optimal_values(prompts(6), split="other")
+    assert gc.get_freeze_count() == 0
