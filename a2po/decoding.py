@@ -159,8 +159,13 @@ class LlamaDecoder:
         return logits
 
     def select(self, rows: torch.Tensor) -> None:
-        self.keys = [k[rows] for k in self.keys]
-        self.values = [v[rows] for v in self.values]
+        # Compacted in place and only up to the filled length: no new buffers, and early in a long rollout most of
+        # the capacity is still empty.
+        count, end = len(rows), self.length
+        for buffers in (self.keys, self.values):
+            for i, buffer in enumerate(buffers):
+                buffer[:count, :, :end] = buffer[rows, :, :end]
+                buffers[i] = buffer[:count]
         self.next_position = self.next_position[rows]
         if self.padded:
             self.key_mask = self.key_mask[rows]
