@@ -94,8 +94,9 @@ def test_train_end_to_end_and_value_set_reuse(env, tiny_model_dir):
 def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     store, manager = env
     max_steps = 8
-    spec = make_spec(tiny_model_dir, "stop-resume", num_prompts=16, eval_size=0, value_batch_size=2,
-                     max_steps=max_steps)
+    # One prompt per stage-1 batch and 32-token completions: stage 1 lasts long enough (~1 s) to be stopped in.
+    spec = make_spec(tiny_model_dir, "stop-resume", num_prompts=16, eval_size=0, value_batch_size=1,
+                     max_completion_length=32, max_steps=max_steps)
     run_id = manager.submit(spec)
     manager.start()
 
