@@ -112,3 +112,22 @@ def test_unsupported_architecture_still_samples_like_generate():
                               eos_token_id=1, pad_token_id=0)[:, 5:]
     width = ours.shape[1]
     assert torch.equal(ours, reference[:, :width])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 8, 32, 33])
+def test_project_is_the_linear_layer(bias, rows):
+    from a2po.decoding import project
+
+    linear = torch.nn.Linear(48, 80, bias=bias)
+    x = torch.randn(rows, 1, 48, generator=torch.Generator().manual_seed(rows))
+    out = project(linear, x)
+    assert out.shape == (rows, 1, 80)
+    torch.testing.assert_close(out, linear(x), atol=1e-5, rtol=1e-5)
+
+    class Wrapped(torch.nn.Linear):  # e.g. an adapter layer: called as it is
+        def forward(self, x):
+            return super().forward(x) + 1
+
+    wrapped = Wrapped(48, 80, bias=bias)
+    assert torch.equal(project(wrapped, x), wrapped(x))
