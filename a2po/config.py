@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
-STAGE1_SEQUENCES = 128  # default stage-1 batch width in sequences (prompts x N)
+STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
 
 
 def _bf16_available() -> bool:
@@ -39,7 +39,7 @@ class A2POConfig(TrainingArguments):
         beta1: KL temperature of the V* estimate.
         filter_all_incorrect: drop prompts none of whose N samples scored 1.
         value_batch_size (ours): prompts per stage-1 batch (each yields N sequences); default: enough prompts for
-            128 sequences (at least `per_device_train_batch_size`), since a decode step costs little more for a
+            256 sequences (at least `per_device_train_batch_size`), since a decode step costs little more for a
             wider batch. Raise it on a large GPU, lower it if stage 1 runs out of memory.
         values_path (ours): a V* table saved by `save_optimal_values` (or by an earlier run in `output_dir`) to reuse.
         save_values (ours): save the V* table to `<output_dir>/optimal_values.jsonl` as it is estimated, so a rerun
@@ -70,7 +70,7 @@ class A2POConfig(TrainingArguments):
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
 
     value_batch_size: int | None = field(
-        default=None, metadata={"help": "Prompts per stage-1 batch (default: 128 sequences' worth)."})
+        default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
     values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
     save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
 
@@ -110,7 +110,7 @@ class A2POConfig(TrainingArguments):
 
     @property
     def stage1_batch_size(self) -> int:
-        """Prompts per stage-1 batch: `value_batch_size`, else enough prompts for 128 sampled sequences."""
+        """Prompts per stage-1 batch: `value_batch_size`, else enough prompts for 256 sampled sequences."""
         if self.value_batch_size is not None:
             return self.value_batch_size
         return max(self.per_device_train_batch_size, STAGE1_SEQUENCES // self.num_value_samples)

@@ -110,12 +110,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class LlamaDecoder:
-    """KV-cached forward of a Llama-family decoder, keys and values in buffers sized for the whole rollout.
+    """KV-cached forward of a Llama-family decoder; a prompt's keys and values are stored once for its N samples.
 
     Per layer: h += o(attn(rope(q(norm(h))), rope(k(norm(h))), v(norm(h)))); h += down(act(gate(x)) * up(x)) with
-    x = norm(h); logits = lm_head(norm(h_last)). Grouped-query attention for one new token runs as two small
-    matmuls on the key/value heads (the query's heads grouped per key/value head), without repeating keys and
-    values. Linear layers go through `project`.
+    x = norm(h); logits = lm_head(norm(h_last)). Linear layers go through `project`.
+
+    The cache has two parts per layer: the prompts' keys and values, (prompts, kv_heads, prompt_len, d), written
+    once by the prefill, and the generated tokens', (rows, kv_heads, new_tokens, d), in a buffer sized for the
+    whole rollout. Row r is sample r % N of prompt r // N (its "slot"; rows that finished are dropped, and `slots`
+    remembers where the rest came from). A new token's query attends to both parts under one softmax: against
+    the prompt part the N samples' queries of a prompt are stacked into one (N * groups, d) matrix per key/value
+    head, so the prompt is read once for all of them; against the generated part each row has its own keys.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int):
@@ -152,24 +157,25 @@ class LlamaDecoder:
         return not any(hasattr(p, "ds_id") or type(p).__name__ == "DTensor" for p in base.parameters())
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int) -> torch.Tensor:
-        batch, length = input_ids.shape
-        rows = batch * repeats
+        prompts, length = input_ids.shape
         weight = self.base.model.embed_tokens.weight
         dtype = torch.get_autocast_dtype(weight.device.type) if torch.is_autocast_enabled(weight.device.type) \
             else weight.dtype
-        shape = (rows, self.num_kv_heads, self.capacity, self.head_dim)
+        shape = (prompts * repeats, self.num_kv_heads, max(1, self.capacity - length), self.head_dim)
         self.keys = [weight.new_empty(shape, dtype=dtype) for _ in self.layers]
         self.values = [weight.new_empty(shape, dtype=dtype) for _ in self.layers]
-        self.repeats = repeats
-        self.padded = not bool(attention_mask.all())
-        self.key_mask = attention_mask.new_ones(rows, self.capacity, dtype=torch.bool) if self.padded else None
-        if self.padded:
-            self.key_mask[:, :length] = attention_mask.bool().repeat_interleave(repeats, dim=0)
+        self.prompt_keys: list[torch.Tensor] = []
+        self.prompt_values: list[torch.Tensor] = []
+        self.repeats, self.prompts = repeats, prompts
+        self.slots = torch.arange(prompts * repeats, device=input_ids.device)
+        padded = not bool(attention_mask.all())
+        # Padding keys of each prompt, for the new tokens' attention; None when no prompt is padded.
+        self.prompt_padding = ~attention_mask.bool() if padded else None
         positions = positions_from_mask(attention_mask)
         self.next_position = (positions[:, -1] + 1).repeat_interleave(repeats, dim=0)
-        self.length = 0
+        self.generated = 0
         mask = None
-        if self.padded:
+        if padded:
             # Causal and not a padding key; a padding query also sees itself, so its row is not all -inf (NaN).
             causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
             mask = causal & attention_mask.bool()[:, None, None, :]
@@ -178,26 +184,23 @@ class LlamaDecoder:
         return logits.repeat_interleave(repeats, dim=0) if repeats > 1 else logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        mask = self.key_mask[:, None, None, :self.length + 1] if self.padded else None
-        logits = self._forward(tokens[:, None], self.next_position[:, None], mask)
+        logits = self._forward(tokens[:, None], self.next_position[:, None], None)
         self.next_position = self.next_position + 1
         return logits
 
     def select(self, rows: torch.Tensor) -> None:
         # Compacted in place and only up to the filled length: no new buffers, and early in a long rollout most of
-        # the capacity is still empty.
-        count, end = len(rows), self.length
+        # the capacity is still empty. The prompts' part stays as it is.
+        count, end = len(rows), self.generated
         for buffers in (self.keys, self.values):
             for i, buffer in enumerate(buffers):
                 buffer[:count, :, :end] = buffer[rows, :, :end]
                 buffers[i] = buffer[:count]
         self.next_position = self.next_position[rows]
-        if self.padded:
-            self.key_mask = self.key_mask[rows]
+        self.slots = self.slots[rows]
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, length = input_ids.shape
-        start, end = self.length, self.length + length
         model = self.base.model
         hidden = model.embed_tokens(input_ids)
         cos, sin = model.rotary_emb(hidden, positions)
@@ -211,16 +214,12 @@ class LlamaDecoder:
                         cos, sin)
             v = project(attention.v_proj, x).reshape(batch, length, -1, self.head_dim).transpose(1, 2)
             if length == 1:
-                self.keys[i][:, :, start] = k[:, :, 0]
-                self.values[i][:, :, start] = v[:, :, 0]
-                out = self._attend_one(q, self.keys[i][:, :, :end], self.values[i][:, :, :end], mask)
-            else:  # the prompt: written once per prompt, then repeated for its samples
-                if self.repeats > 1:
-                    self.keys[i][:, :, start:end] = k.repeat_interleave(self.repeats, dim=0)
-                    self.values[i][:, :, start:end] = v.repeat_interleave(self.repeats, dim=0)
-                else:
-                    self.keys[i][:, :, start:end] = k
-                    self.values[i][:, :, start:end] = v
+                self.keys[i][:, :, self.generated] = k[:, :, 0]
+                self.values[i][:, :, self.generated] = v[:, :, 0]
+                out = self._attend_one(q, i)
+            else:  # the prompts
+                self.prompt_keys.append(k.to(self.keys[i].dtype).contiguous())
+                self.prompt_values.append(v.to(self.values[i].dtype).contiguous())
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                      scale=self.scaling, enable_gqa=self.groups > 1)
                 out = out.transpose(1, 2).reshape(batch, length, -1)
@@ -228,19 +227,46 @@ class LlamaDecoder:
             x = layer.post_attention_layernorm(hidden)
             mlp = layer.mlp  # Llama/Qwen2 MLP: down(act(gate(x)) * up(x))
             hidden = hidden + project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
-        self.length = end
+        if length == 1:
+            self.generated += 1
         return project(self.base.lm_head, model.norm(hidden[:, -1]))
 
-    def _attend_one(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    mask: torch.Tensor | None) -> torch.Tensor:
-        """One query token against the cache: q (B, heads, 1, d) grouped as (B, kv_heads, groups, d)."""
-        batch = q.shape[0]
-        q = q.reshape(batch, self.num_kv_heads, self.groups, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scaling
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.matmul(scores.softmax(-1).to(values.dtype), values)
-        return out.reshape(batch, 1, -1)
+    def _by_prompt(self, per_row: torch.Tensor) -> torch.Tensor:
+        """(rows, kv_heads, groups, n) -> (prompts, kv_heads, N * groups, n): each prompt's samples stacked."""
+        rows, heads, groups, n = per_row.shape
+        if rows != self.prompts * self.repeats:  # some rows finished: put the rest back in their slots
+            grid = per_row.new_zeros(self.prompts * self.repeats, heads, groups, n)
+            grid[self.slots] = per_row
+            per_row = grid
+        return (per_row.view(self.prompts, self.repeats, heads, groups, n).transpose(1, 2)
+                .reshape(self.prompts, heads, self.repeats * groups, n))
+
+    def _by_row(self, per_prompt: torch.Tensor) -> torch.Tensor:
+        """The inverse of `_by_prompt`, for the rows still decoding."""
+        prompts, heads, _, n = per_prompt.shape
+        grid = (per_prompt.view(prompts, heads, self.repeats, self.groups, n).transpose(1, 2)
+                .reshape(prompts * self.repeats, heads, self.groups, n))
+        return grid if len(self.slots) == len(grid) else grid[self.slots]
+
+    def _attend_one(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """One new token's query (rows, heads, 1, d) against the prompt part and the generated part."""
+        rows = q.shape[0]
+        q = q.reshape(rows, self.num_kv_heads, self.groups, self.head_dim)
+        prompt_keys, prompt_values = self.prompt_keys[layer], self.prompt_values[layer]
+        new_keys = self.keys[layer][:, :, :self.generated + 1]
+        new_values = self.values[layer][:, :, :self.generated + 1]
+        prompt_scores = self._by_row(torch.matmul(self._by_prompt(q), prompt_keys.transpose(-1, -2)))
+        scores = torch.cat([prompt_scores, torch.matmul(q, new_keys.transpose(-1, -2))], dim=-1).float()
+        scores = scores * self.scaling
+        prompt_length = prompt_keys.shape[2]
+        if self.prompt_padding is not None:
+            padding = self.prompt_padding[self.slots // self.repeats][:, None, None, :]
+            scores[..., :prompt_length] = scores[..., :prompt_length].masked_fill(padding, float("-inf"))
+        probs = scores.softmax(-1).to(new_values.dtype)
+        out = torch.matmul(probs[..., prompt_length:], new_values)
+        out = out + self._by_row(torch.matmul(self._by_prompt(probs[..., :prompt_length].contiguous()),
+                                              prompt_values))
+        return out.reshape(rows, 1, -1)
 
 
 def decoder_for(model: torch.nn.Module, capacity: int) -> LlamaDecoder | TransformersDecoder:
