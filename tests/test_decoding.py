@@ -25,8 +25,8 @@ def step_logits(decoder, input_ids, attention_mask, repeats, tokens_per_step, dr
     out = [decoder.prefill(input_ids, attention_mask, repeats)]
     keep = None
     for step, tokens in enumerate(tokens_per_step):
-        if step == drop_at:
-            keep = torch.arange(0, len(tokens), 2)
+        if step == drop_at:  # rows 1, 4, 7, ... finish: prompts are left with different numbers of samples
+            keep = (torch.arange(len(tokens)) % 3 != 1).nonzero().squeeze(-1)
             decoder.select(keep)
         out.append(decoder.step(tokens if keep is None else tokens[keep]))
     return out
@@ -43,15 +43,18 @@ def test_llama_decoder_gives_the_model_forward_logits_every_step(arch, padded):
         ids, mask = ids[:, -5:], torch.ones_like(mask[:, -5:])
     assert LlamaDecoder.supports(model)
     repeats, steps = 2, 6
+    decoder = LlamaDecoder(model, ids.shape[1] + steps)
     tokens = [torch.randint(7, len(tokenizer), (len(ids) * repeats,), generator=torch.Generator().manual_seed(s))
               for s in range(steps)]
     with torch.no_grad():
-        fast = step_logits(LlamaDecoder(model, ids.shape[1] + steps), ids, mask, repeats, tokens, drop_at=3)
+        fast = step_logits(decoder, ids, mask, repeats, tokens, drop_at=3)
         plain = step_logits(TransformersDecoder(model), ids, mask, repeats, tokens, drop_at=3)
     assert [f.shape for f in fast] == [p.shape for p in plain]
-    assert fast[-1].shape[0] == len(ids) * repeats // 2
+    assert fast[-1].shape[0] == 4  # of 3 prompts x 2 samples
     for f, p in zip(fast, plain):
         torch.testing.assert_close(f, p, atol=2e-5, rtol=1e-4)
+    # Each prompt's keys and values are stored once, not once per sample.
+    assert decoder.prompt_keys[0].shape[0] == len(ids) and decoder.keys[0].shape[2] == steps
 
 
 def test_llama_decoder_follows_lora_adapters_on_and_off():
