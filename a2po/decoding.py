@@ -58,8 +58,9 @@ class TransformersDecoder:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int) -> torch.Tensor:
         self.cache = DynamicCache(config=base_model(self.model).config)
         self.attention_mask = attention_mask
-        self.next_position = positions_from_mask(attention_mask)[:, -1] + 1
-        logits = self._forward(input_ids, positions_from_mask(attention_mask))
+        positions = positions_from_mask(attention_mask)
+        self.next_position = positions[:, -1] + 1
+        logits = self._forward(input_ids, positions)
         if repeats > 1:
             self.cache.batch_repeat_interleave(repeats)
             logits = logits.repeat_interleave(repeats, dim=0)
@@ -186,7 +187,10 @@ class LlamaDecoder:
         return logits.repeat_interleave(repeats, dim=0) if repeats > 1 else logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self._forward(tokens[:, None], self.next_position[:, None], None)
+        # Each row's prompt padding, shared by every layer's attention this step.
+        padding = (None if self.prompt_padding is None
+                   else self.prompt_padding[self.slots // self.repeats][:, None, None, :])
+        logits = self._forward(tokens[:, None], self.next_position[:, None], padding)
         self.next_position = self.next_position + 1
         return logits
 
@@ -202,6 +206,8 @@ class LlamaDecoder:
         self.slots = self.slots[rows]
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Logits of the last position. `mask`: the prompts' attention mask (prefill) or, for one new token, the
+        rows' prompt padding (True = padding); None when nothing is padded."""
         batch, length = input_ids.shape
         model = self.base.model
         hidden = model.embed_tokens(input_ids)
@@ -218,7 +224,7 @@ class LlamaDecoder:
             if length == 1:
                 self.keys[i][:, :, self.generated] = k[:, :, 0]
                 self.values[i][:, :, self.generated] = v[:, :, 0]
-                out = self._attend_one(q, i)
+                out = self._attend_one(q, i, mask)
             else:  # the prompts
                 self.prompt_keys.append(k.to(self.keys[i].dtype).contiguous())
                 self.prompt_values.append(v.to(self.values[i].dtype).contiguous())
@@ -250,7 +256,7 @@ class LlamaDecoder:
                 .reshape(prompts * self.repeats, heads, self.groups, n))
         return grid if len(self.slots) == len(grid) else grid[self.slots]
 
-    def _attend_one(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+    def _attend_one(self, q: torch.Tensor, layer: int, padding: torch.Tensor | None) -> torch.Tensor:
         """One new token's query (rows, heads, 1, d) against the prompt part and the generated part."""
         rows = q.shape[0]
         q = q.reshape(rows, self.num_kv_heads, self.groups, self.head_dim)
@@ -261,9 +267,8 @@ class LlamaDecoder:
         scores = torch.cat([prompt_scores, torch.matmul(q, new_keys.transpose(-1, -2))], dim=-1).float()
         scores = scores * self.scaling
         prompt_length = prompt_keys.shape[2]
-        if self.prompt_padding is not None:
-            padding = self.prompt_padding[self.slots // self.repeats][:, None, None, :]
-            scores[..., :prompt_length] = scores[..., :prompt_length].masked_fill(padding, float("-inf"))
+        if padding is not None:
+            scores[..., :prompt_length].masked_fill_(padding, float("-inf"))
         probs = scores.softmax(-1).to(new_values.dtype)
         out = torch.matmul(probs[..., prompt_length:], new_values)
         out = out + self._by_row(torch.matmul(self._by_prompt(probs[..., :prompt_length].contiguous()),

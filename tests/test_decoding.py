@@ -21,7 +21,7 @@ def padded_batch(tokenizer):
 
 
 def step_logits(decoder, input_ids, attention_mask, repeats, tokens_per_step, drop_at):
-    """Prefill, then feed the given tokens; at step `drop_at` keep only the even rows. Logits of every call."""
+    """Prefill, then feed the given tokens; at step `drop_at` rows 1, 4, 7, ... finish. Logits of every call."""
     out = [decoder.prefill(input_ids, attention_mask, repeats)]
     keep = None
     for step, tokens in enumerate(tokens_per_step):
