@@ -29,6 +29,7 @@ A*-PO events (all arguments are keyword arguments; the library never imports a d
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -53,3 +54,25 @@ class A2POCallback(TrainerCallback):
 
     def on_samples(self, args, state, control, *, samples: list[dict[str, Any]], **kwargs):
         pass
+
+
+class TimedCheckpoints(TrainerCallback):
+    """Save a checkpoint whenever `seconds` of training passed since the last save (or the start), on top of
+    `save_steps`: a run killed at any moment loses at most that much work, however long its steps are.
+    `A2POTrainer` adds it when `A2POConfig.save_every_seconds` is set."""
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0, got {seconds}.")
+        self.seconds = seconds
+        self._last = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self._last >= self.seconds:
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._last = time.monotonic()

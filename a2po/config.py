@@ -44,6 +44,9 @@ class A2POConfig(TrainingArguments):
         values_path (ours): a V* table saved by `save_optimal_values` (or by an earlier run in `output_dir`) to reuse.
         save_values (ours): save the V* table to `<output_dir>/optimal_values.jsonl` as it is estimated, so a rerun
             or an interrupted run reuses it instead of sampling again.
+    Checkpoints:
+        save_every_seconds (ours): also save a checkpoint whenever this many seconds of training passed since the
+            last one (on top of `save_strategy`/`save_steps`), so a killed run loses at most that much work.
     Stage 2:
         beta2: KL temperature of the regression target.
         reward_weights: one weight per reward function (default 1.0 each).
@@ -73,6 +76,8 @@ class A2POConfig(TrainingArguments):
         default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
     values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
     save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
+    save_every_seconds: float | None = field(
+        default=None, metadata={"help": "Also checkpoint after this many seconds of training since the last save."})
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]
 
@@ -96,6 +101,8 @@ class A2POConfig(TrainingArguments):
             problems.append(f"max_completion_length must be >= 1 (got {self.max_completion_length})")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             problems.append(f"max_prompt_length must be >= 1 or None (got {self.max_prompt_length})")
+        if self.save_every_seconds is not None and not self.save_every_seconds > 0:
+            problems.append(f"save_every_seconds must be > 0 or None (got {self.save_every_seconds})")
         if self.value_batch_size is not None and self.value_batch_size < 1:
             problems.append(f"value_batch_size must be >= 1 or None (got {self.value_batch_size})")
         if self.reward_weights is not None and any(not isinstance(w, (int, float)) for w in self.reward_weights):

@@ -183,14 +183,14 @@ class LlamaDecoder:
             causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
             mask = causal & attention_mask.bool()[:, None, None, :]
             mask |= torch.eye(length, dtype=torch.bool, device=input_ids.device)
-        logits = self._forward(input_ids, positions, mask)
+        logits = self._forward(input_ids, positions, mask, prefill=True)
         return logits.repeat_interleave(repeats, dim=0) if repeats > 1 else logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         # Each row's prompt padding, shared by every layer's attention this step.
         padding = (None if self.prompt_padding is None
                    else self.prompt_padding[self.slots // self.repeats][:, None, None, :])
-        logits = self._forward(tokens[:, None], self.next_position[:, None], padding)
+        logits = self._forward(tokens[:, None], self.next_position[:, None], padding, prefill=False)
         self.next_position = self.next_position + 1
         return logits
 
@@ -205,9 +205,11 @@ class LlamaDecoder:
         self.next_position = self.next_position[rows]
         self.slots = self.slots[rows]
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                 prefill: bool) -> torch.Tensor:
         """Logits of the last position. `mask`: the prompts' attention mask (prefill) or, for one new token, the
-        rows' prompt padding (True = padding); None when nothing is padded."""
+        rows' prompt padding (True = padding); None when nothing is padded. `prefill` is explicit, not read from the
+        width: a one-token prompt (a one-character text prompt, `max_prompt_length=1`) is a prefill all the same."""
         batch, length = input_ids.shape
         model = self.base.model
         hidden = model.embed_tokens(input_ids)
@@ -221,7 +223,7 @@ class LlamaDecoder:
             k = _rotate(project(attention.k_proj, x).reshape(batch, length, -1, self.head_dim).transpose(1, 2),
                         cos, sin)
             v = project(attention.v_proj, x).reshape(batch, length, -1, self.head_dim).transpose(1, 2)
-            if length == 1:
+            if not prefill:
                 self.keys[i][:, :, self.generated] = k[:, :, 0]
                 self.values[i][:, :, self.generated] = v[:, :, 0]
                 out = self._attend_one(q, i, mask)
@@ -235,7 +237,7 @@ class LlamaDecoder:
             x = layer.post_attention_layernorm(hidden)
             mlp = layer.mlp  # Llama/Qwen2 MLP: down(act(gate(x)) * up(x))
             hidden = hidden + project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
-        if length == 1:
+        if not prefill:
             self.generated += 1
         return project(self.base.lm_head, model.norm(hidden[:, -1]))
 

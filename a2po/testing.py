@@ -37,16 +37,19 @@ def make_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tiny_model(path: str | Path | None = None, arch: str = "llama", hidden_size: int = 64,
-                    num_layers: int = 2, seed: int = 0):
+                    num_layers: int = 2, seed: int = 0, num_heads: int = 4, num_kv_heads: int = 2,
+                    tie_word_embeddings: bool = True):
     """Build a random-init causal LM (`arch` "llama" or "qwen2") and its tokenizer.
 
-    Returns `(model, tokenizer)`; with `path`, also saves both there so the path works as a model id.
+    `num_heads` / `num_kv_heads` set the grouped-query ratio and `tie_word_embeddings=False` gives the model its own
+    output matrix: the shapes the decoder must handle. Returns `(model, tokenizer)`; with `path`, also saves both
+    there so the path works as a model id.
     """
     tokenizer = make_char_tokenizer()
     config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     config = config_cls(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=1024, tie_word_embeddings=True, initializer_range=0.2,
+                        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                        max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings, initializer_range=0.2,
                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                         bos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)

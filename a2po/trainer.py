@@ -24,11 +24,19 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Trainer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    set_seed,
+)
 
-from a2po.callbacks import StageInterrupted
+from a2po.callbacks import StageInterrupted, TimedCheckpoints
 from a2po.config import A2POConfig
 from a2po.core import a2po_loss, completion_mask
+from a2po.faults import fault_point
 from a2po.rollout import sample_completions, sequence_logprobs
 from a2po.values import (
     CORRECT_THRESHOLD,
@@ -148,6 +156,8 @@ class A2POTrainer(Trainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self.loss_is_scaled_for_ga = False  # our loss is a per-batch mean: Trainer divides by the accumulation steps
+        if args.save_every_seconds:
+            self.add_callback(TimedCheckpoints(args.save_every_seconds))
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self._metrics: dict[str, list[float]] = defaultdict(list)
@@ -231,8 +241,16 @@ class A2POTrainer(Trainer):
         with model.disable_adapter():
             yield model
 
+    def _stream_keys(self, phase: str, rows: Sequence[dict[str, Any]], num_samples: int = 1) -> list[tuple]:
+        """One random-stream key per sampled sequence: a sequence's tokens depend on the run seed, the phase, the
+        prompt id, the sample index and (stage 2, evaluation) the step, and on nothing else, so batching, shards,
+        interruptions and what ran before change no sample (see `a2po.rollout`)."""
+        step = 0 if phase == "values" else self.state.global_step + (phase == "train")
+        return [(self.args.seed, phase, step, str(row["prompt_id"]), j) for row in rows for j in range(num_samples)]
+
     def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                num_samples: int = 1, greedy: bool = False, phase: str = "train") -> torch.Tensor:
+                num_samples: int = 1, greedy: bool = False, phase: str = "train",
+                row_keys: Sequence[tuple] | None = None) -> torch.Tensor:
         args = self.args
         autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
                     else nullcontext())
@@ -241,7 +259,7 @@ class A2POTrainer(Trainer):
             out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=args.max_completion_length,
                                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                      num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
-                                     top_k=args.top_k, top_p=args.top_p)
+                                     top_k=args.top_k, top_p=args.top_p, row_keys=None if greedy else row_keys)
         if out.is_cuda:
             torch.cuda.synchronize()
         stats = self.rollout_stats[phase]
@@ -266,6 +284,7 @@ class A2POTrainer(Trainer):
         """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
         a = self.args
         key = {"model": str(self.model_id), "rewards": self.reward_names, "weights": self.reward_weights.tolist(),
+               "seed": a.seed,
                "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                "max_prompt_length": a.max_prompt_length, "max_completion_length": a.max_completion_length}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -348,11 +367,13 @@ class A2POTrainer(Trainer):
                 batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
                 prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
                 completion_ids = self._sample(reference, prompt_ids, prompt_mask, num_samples=args.num_value_samples,
-                                              phase="values")
+                                              phase="values",
+                                              row_keys=self._stream_keys("values", batch_rows, args.num_value_samples))
                 completions, _ = self._decode(completion_ids)
                 n = args.num_value_samples
                 repeated = [row for row in batch_rows for _ in range(n)]
                 rewards, _ = self._score(repeated, completions)
+                fault_point("values_batch")
                 batch_records = [
                     value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
                                  completions[i * n:(i + 1) * n], args.beta1, args.filter_all_incorrect)
@@ -405,20 +426,29 @@ class A2POTrainer(Trainer):
     @frozen_gc
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None,
               **kwargs):
-        """Stage 1 (unless every prompt already has V*), then stage 2 through `Trainer.train`."""
+        """Stage 1 (unless every prompt already has V*), then stage 2 through `Trainer.train`.
+
+        After stage 1 `self.train_dataset` holds the kept prompts (with their `prompt_id` and `v_star` columns) and
+        keeps them after training, as TRL's trainer does: `len(trainer.train_dataset)` is the number of prompts stage 2
+        trained on in both. A second call (or a resume) finds them all in the V* table and trains on the same rows.
+        """
         if self.train_dataset is None:
             raise ValueError("A2POTrainer.train() needs a train_dataset with a 'prompt' column.")
-        original = self.train_dataset
-        trained_on = self._with_values(original, "train", drop_filtered=self.args.filter_all_incorrect)
+        trained_on = self._with_values(self.train_dataset, "train", drop_filtered=self.args.filter_all_incorrect)
         if len(trained_on) == 0:
             raise ValueError("Every training prompt was filtered out: no reference sample was correct. Use easier "
                              "prompts, more num_value_samples, a higher temperature, or filter_all_incorrect=False.")
         self.train_dataset = trained_on
-        try:
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
-        finally:
-            self.train_dataset = original
+        # Stage 2 starts from the run seed whether stage 1 sampled, resumed or was read from a store (a resumed run
+        # then takes the generator states of its checkpoint).
+        set_seed(self.args.seed)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if _internal_call:  # inside a checkpoint: its optimizer, scheduler, RNG and trainer state come next
+            fault_point("checkpoint")
 
     # ----------------------------------------------------------------------------------------------------------
     # Stage 2: on-policy regression
@@ -427,7 +457,8 @@ class A2POTrainer(Trainer):
                            phase: str = "train"):
         policy = self.accelerator.unwrap_model(model)
         prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in rows])
-        completion_ids = self._sample(policy, prompt_ids, prompt_mask, greedy=greedy, phase=phase)
+        completion_ids = self._sample(policy, prompt_ids, prompt_mask, greedy=greedy, phase=phase,
+                                      row_keys=None if greedy else self._stream_keys(phase, rows))
         completions, mask = self._decode(completion_ids)
         rewards, per_func = self._score(rows, completions)
         return prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards, per_func
@@ -445,6 +476,7 @@ class A2POTrainer(Trainer):
         rows = inputs
         (prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards,
          per_func) = self._rollout_and_score(model, rows)
+        fault_point("train_step")
         loss, stats = self._regression(model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards)
         lengths = mask.sum(-1).float()
         clipped = ~(torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))

@@ -103,3 +103,22 @@ def test_sequence_logprobs_matches_full_forward(model_and_batch):
         logps = model(input_ids=ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
         expected = logps.gather(-1, completion[:, None]).sum()
         assert ours[i].item() == pytest.approx(expected.item(), abs=1e-4)
+
+
+def test_row_keys_make_each_sequence_independent_of_its_batch(model_and_batch):
+    model, _, batch = model_and_batch
+    input_ids, attention_mask = batch.input_ids, batch.attention_mask
+    sampling = dict(max_new_tokens=6, eos_token_ids=[1], pad_token_id=0, num_samples=2)
+    keys = [("seed", i, j) for i in range(input_ids.shape[0]) for j in range(2)]
+    together = sample_completions(model, input_ids, attention_mask, row_keys=keys, **sampling)
+    torch.rand(100)  # the global stream moved
+    for i in range(input_ids.shape[0]):  # each prompt alone (no padding), with its own keys: the same tokens
+        ids = input_ids[i][attention_mask[i].bool()][None]
+        alone = sample_completions(model, ids, torch.ones_like(ids), row_keys=keys[2 * i:2 * i + 2], **sampling)
+        width = alone.shape[1]
+        assert torch.equal(alone, together[2 * i:2 * i + 2, :width])
+        assert (together[2 * i:2 * i + 2, width:] == 0).all()
+    other = sample_completions(model, input_ids, attention_mask, row_keys=[(*k, "x") for k in keys], **sampling)
+    assert not torch.equal(other, together)
+    with pytest.raises(ValueError, match="one key per sequence"):
+        sample_completions(model, input_ids, attention_mask, row_keys=keys[:3], **sampling)

@@ -344,3 +344,60 @@ def test_long_lived_objects_skip_the_gc_during_training_only(tmp_path, tiny_mode
     assert gc.get_freeze_count() == 0
     trainer.estimate_optimal_values(prompts(6), split="other")
     assert gc.get_freeze_count() == 0
+
+
+def test_train_dataset_holds_the_kept_prompts_after_stage_one(tmp_path, tiny_model_dir):
+    """As in TRL: after stage 1 `trainer.train_dataset` is the kept prompts, and stays so; training again (or
+    resuming from a checkpoint) samples no V* again and trains on the same rows."""
+    recorder = Recorder()
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=even_prompts_solved, train_dataset=prompts(8),
+                          args=config(tmp_path, save_strategy="steps", save_steps=2), callbacks=[recorder])
+    trainer.train()
+    kept = [r["prompt_id"] for r in trainer.value_tables["train"].to_list() if not r["filtered"]]
+    assert len(kept) == 4 and len(trainer.train_dataset) == len(kept)
+    assert sorted(trainer.train_dataset["prompt_id"]) == sorted(kept)
+    assert set(trainer.train_dataset["parity"]) == {"even"}  # the other columns stay for the reward functions
+
+    trainer.args.max_steps = 3
+    assert trainer.train(resume_from_checkpoint=True).global_step == 3
+    trainer.args.max_steps = 4
+    assert trainer.train().global_step == 4
+    assert len(recorder.of("begin")) == 1  # stage 1 ran once
+    assert sorted(trainer.train_dataset["prompt_id"]) == sorted(kept)
+    seen = {s["prompt_id"] for kw in recorder.of("samples") for s in kw["samples"]}
+    assert seen <= set(kept)
+
+
+def test_stage_one_samples_depend_on_the_seed_and_prompt_only(tmp_path, tiny_model_dir):
+    """A prompt's N reference samples are a function of (seed, prompt id, sample index): any batching, any subset
+    of pending prompts (a resumed or chunked stage 1) and anything sampled before give the same table."""
+    data = prompts(8)
+
+    def table(batch_size, subset=None, seed=0, warm_up=False):
+        trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, value_batch_size=batch_size, seed=seed,
+                                                                save_values=False), train_dataset=data)
+        if warm_up:  # the global random stream moved: it must not matter
+            torch.rand(1000)
+        if subset is not None:  # as after an interruption: some rows known, the rest sampled now
+            known = trainer.estimate_optimal_values(data.select(subset)).to_list()
+            trainer.set_optimal_values(known)
+        return {r["prompt_id"]: (r["completions"], r["rewards"]) for r in trainer.estimate_optimal_values().to_list()}
+
+    whole = table(batch_size=8)
+    assert table(batch_size=1) == whole and table(batch_size=3, warm_up=True) == whole
+    assert table(batch_size=2, subset=[1, 4, 6]) == whole
+    assert table(batch_size=8, seed=1) != whole
+
+
+def test_stage_two_starts_from_the_run_seed_whether_stage_one_sampled_or_not(tmp_path, tiny_model_dir):
+    def losses(known_values):
+        trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, max_steps=3, save_values=False),
+                              train_dataset=prompts(8))
+        if known_values is not None:
+            trainer.set_optimal_values(known_values)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer.value_tables["train"]
+
+    sampled, table = losses(None)
+    reused, _ = losses(table.to_list())
+    assert sampled == reused

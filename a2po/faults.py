@@ -1,0 +1,64 @@
+"""Fail points: named places in a run where a fault-injection test can kill, hang or break the process.
+
+Durability claims ("a worker killed mid-step resumes to the same losses") are only as good as the points they
+were tested at, and a test cannot SIGKILL a process at an exact line from outside. So the code marks a few such
+places with `fault_point(name)`, and the environment variable `A2PO_FAULTS` arms them:
+
+    A2PO_FAULTS="train_step@3=kill"               # SIGKILL itself the 3rd time it reaches train_step
+    A2PO_FAULTS="values_batch@2=kill,checkpoint@1=hang"
+
+Actions: `kill` (SIGKILL: no handler, no flush, no cleanup, like the OOM killer), `hang` (the calling thread
+sleeps forever while the others, such as a heartbeat, go on), `raise` (a `FaultInjected` exception).
+Unset (always, outside tests) the points cost one dictionary lookup.
+
+Points in the library: `values_batch` (a stage-1 batch sampled and scored, not yet handed to the callbacks),
+`train_step` (a stage-2 step's completions sampled, before its loss and backward pass), `checkpoint` (a
+checkpoint's weights written, its optimizer, scheduler, RNG and trainer state not yet). The studio's worker adds
+its own (`app.worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+ENV = "A2PO_FAULTS"
+ACTIONS = ("kill", "hang", "raise")
+
+
+class FaultInjected(RuntimeError):
+    """Raised at an armed fail point whose action is `raise`."""
+
+
+def parse(spec: str) -> dict[str, tuple[int, str]]:
+    """`"name@count=action,..."` -> `{name: (count, action)}` (count defaults to 1, action to kill)."""
+    armed: dict[str, tuple[int, str]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        target, _, action = item.partition("=")
+        name, _, count = target.partition("@")
+        action = action or "kill"
+        if action not in ACTIONS or (count and not count.isdigit()):
+            raise ValueError(f"Bad {ENV} entry {item!r}: write name@count=action with action one of {ACTIONS}.")
+        armed[name] = (int(count or 1), action)
+    return armed
+
+
+_armed = parse(os.environ.get(ENV, ""))
+_reached: Counter[str] = Counter()
+
+
+def fault_point(name: str) -> None:
+    """Count a pass through `name`; act when the count reaches the armed one (see the module docstring)."""
+    if not _armed or name not in _armed:
+        return
+    _reached[name] += 1
+    count, action = _armed[name]
+    if _reached[name] != count:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hang":
+        threading.Event().wait()
+    raise FaultInjected(f"Fault injected at {name} (pass {count}).")
