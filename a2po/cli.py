@@ -3,6 +3,8 @@
     python -m a2po train --model SmolLM2-135M-Instruct --dataset arithmetic --reward exact_match --max_steps 50
     python -m a2po values --dataset data.jsonl --reward math_equivalence      # stage 1 only, saves the V* table
     python -m a2po evaluate --model outputs/demo --dataset arithmetic         # greedy accuracy on held-out prompts
+    python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
+    python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
 
 Every `A2POConfig` field is a flag; `--config` reads a YAML file of the same names (flags override it).
 """
@@ -19,6 +21,7 @@ from transformers import HfArgumentParser
 
 from a2po.config import A2POConfig
 from a2po.runspec import RunSpec
+from a2po.tasks import TASK_REWARD, TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
 
 COMMANDS = ("train", "values", "evaluate")
@@ -30,8 +33,8 @@ class ScriptArguments:
 
     model: str = field(default="SmolLM2-135M-Instruct",
                        metadata={"help": "Hub id, local path, or SmolLM2-135M-Instruct (offline default)."})
-    dataset: str = field(default="arithmetic", metadata={"help": "'arithmetic', a .jsonl/.csv/.parquet file, or a "
-                                                                 "hub dataset id."})
+    dataset: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'reasoning-gym', a "
+                                                                 ".jsonl/.csv/.parquet file, or a hub dataset id."})
     dataset_split: str = field(default="train", metadata={"help": "Split of a file or hub dataset."})
     config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration (e.g. 'main')."})
     prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompts."})
@@ -41,8 +44,14 @@ class ScriptArguments:
     operations: str = field(default="+", metadata={"help": "Arithmetic: operations, e.g. '+-*'."})
     dataset_seed: int = field(default=0, metadata={"help": "Arithmetic generator / split seed."})
     eval_size: int = field(default=64, metadata={"help": "Prompts held out for evaluation (0: none)."})
-    reward: list[str] = field(default_factory=lambda: ["exact_match"],
-                              metadata={"help": "Reward functions: exact_match, math_equivalence."})
+    task: str | None = field(default=None, metadata={"help": "reasoning-gym: the task, e.g. chain_sum (a2po.tasks)."})
+    task_settings: str | None = field(default=None, metadata={"help": "reasoning-gym: the task's settings as JSON, "
+                                                                      "e.g. '{\"max_terms\": 3}'."})
+    tasks: str | None = field(default=None, metadata={"help": "reasoning-gym: a weighted mix as JSON, e.g. "
+                                                              "'[{\"task\": \"chain_sum\", \"weight\": 2}]'."})
+    reward: list[str] = field(default_factory=list, metadata={"help": "Reward functions: exact_match (the default), "
+                                                                      "math_equivalence; task_checker (reasoning-gym's "
+                                                                      "default and only reward)."})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
 
@@ -51,20 +60,40 @@ def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -
     if script.dataset == "arithmetic":
         dataset = {"source": "arithmetic", "num_prompts": script.num_prompts or 256, "difficulty": script.difficulty,
                    "operations": script.operations, "seed": script.dataset_seed, "eval_size": script.eval_size}
+    elif script.dataset == TASK_SOURCE:
+        if not (script.task or script.tasks):
+            raise SystemExit(f"--dataset {TASK_SOURCE} needs --task NAME (one of {', '.join(TASKS)}) or --tasks JSON.")
+        dataset = {"source": TASK_SOURCE, "num_prompts": script.num_prompts or 256, "eval_size": script.eval_size,
+                   "seed": script.dataset_seed}
+        if script.tasks:
+            dataset["tasks"] = _json_flag("--tasks", script.tasks)
+        else:
+            dataset.update(task=script.task, settings=_json_flag("--task_settings", script.task_settings) or {})
     else:
         is_file = Path(script.dataset).exists()
         dataset = {"source": "file" if is_file else "hub", ("path" if is_file else "name"): script.dataset,
                    "split": script.dataset_split, "config_name": script.config_name,
                    "prompt_column": script.prompt_column, "answer_column": script.answer_column,
                    "num_prompts": script.num_prompts, "eval_size": script.eval_size, "seed": script.dataset_seed}
-    weights = config_fields.pop("reward_weights", None) or [1.0] * len(script.reward)
-    if len(weights) != len(script.reward):
-        raise SystemExit(f"--reward_weights has {len(weights)} values for {len(script.reward)} rewards.")
-    rewards = [{"name": n, "weight": float(w)} for n, w in zip(script.reward, weights)]
+    names = script.reward or [TASK_REWARD if script.dataset == TASK_SOURCE else "exact_match"]
+    weights = config_fields.pop("reward_weights", None) or [1.0] * len(names)
+    if len(weights) != len(names):
+        raise SystemExit(f"--reward_weights has {len(weights)} values for {len(names)} rewards.")
+    rewards = [{"name": n, "weight": float(w)} for n, w in zip(names, weights)]
     peft = {"r": script.lora_r, "lora_alpha": script.lora_alpha} if script.lora_r else None
     name = config_fields.pop("run_name", None) or f"{command}-{Path(script.model).name}"
     return RunSpec.from_dict({"name": name, "action": command, "model": script.model, "dataset": dataset,
                               "rewards": rewards, "config": config_fields, "peft": peft})
+
+
+def _json_flag(flag: str, value: str | dict | list | None):
+    """A JSON flag's value (a YAML config may give it already parsed)."""
+    if value is None or isinstance(value, (dict, list)):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"{flag} must be JSON, e.g. '{{\"max_terms\": 3}}' (got {value!r}: {error}).") from None
 
 
 def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig, dict]:

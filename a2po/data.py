@@ -1,4 +1,6 @@
-"""Prompt datasets: an offline arithmetic task generator, and loaders that normalise math datasets.
+"""Prompt datasets: an offline arithmetic task generator, loaders that normalise math datasets, and reasoning-gym
+tasks (`task_dataset`, `mixed_task_dataset`, `preview_tasks`, from `a2po.tasks`; reasoning-gym is imported only
+when they run).
 
 Every dataset returned here has a `prompt` column (a conversational list of messages, or a plain string) and a
 `ground_truth` column (the final answer as a string), which is what the reward functions in `a2po.rewards` read.
@@ -16,6 +18,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
 from a2po.rewards import extract_final_answer
+from a2po.tasks import TASKS, mixed_task_dataset, preview_tasks, task_dataset  # noqa: F401  (re-exported)
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 MAX_DIFFICULTY = 4

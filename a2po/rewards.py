@@ -1,7 +1,8 @@
 """Reward functions for verifiable answers, in the TRL convention `f(completions, **kwargs) -> list[float]`.
 
-`kwargs` carries `prompts` and every dataset column; these functions read `ground_truth`. A completion is a plain
-string or a conversational list such as `[{"role": "assistant", "content": "..."}]` (the last message counts).
+`kwargs` carries `prompts` and every dataset column; these functions read `ground_truth` (`task_checker`: the
+reasoning-gym columns of `a2po.tasks`). A completion is a plain string or a conversational list such as
+`[{"role": "assistant", "content": "..."}]` (the last message counts).
 """
 
 from __future__ import annotations
@@ -151,9 +152,22 @@ def math_equivalence(completions: Sequence, ground_truth: Sequence, **kwargs: An
     return scores
 
 
+def task_checker(completions: Sequence, task: Sequence[str] | None = None, task_entry: Sequence | None = None,
+                 task_settings: Sequence | None = None, **kwargs: Any) -> list[float]:
+    """1.0 where the task's own answer checker (reasoning-gym) gives the last `<answer>...</answer>` of the completion
+    a full score, else 0.0. Reads the `task`, `task_entry` and `task_settings` columns of `a2po.tasks` datasets."""
+    if task is None or task_entry is None:
+        raise ValueError("task_checker needs the 'task' and 'task_entry' columns of a reasoning-gym dataset "
+                         "(a2po.tasks.task_dataset); use exact_match or math_equivalence for other datasets.")
+    from a2po.tasks import score_completions
+
+    return score_completions(completions, task, task_entry, task_settings)
+
+
 REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
     "exact_match": exact_match,
     "math_equivalence": math_equivalence,
+    "task_checker": task_checker,
 }
 
 

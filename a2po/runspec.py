@@ -5,6 +5,7 @@
      "dataset": {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                  "eval_size": 64},                 # or {"source": "file"|"hub", "path"/"name": ..., "split": ...,
                                                    #     "prompt_column": ..., "answer_column": ..., "eval_size": ...}
+                                                   # or {"source": "reasoning-gym", "task": ..., ...} (a2po.tasks)
      "rewards": [{"name": "exact_match", "weight": 1.0}],
      "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field
      "peft": None or {"r": 16, "lora_alpha": 32}}
@@ -27,6 +28,9 @@ SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_pr
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                     "eval_size": 64}
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(A2POConfig)}
+# What a studio or CLI run uses where its spec says nothing (A2POConfig itself keeps TRL's defaults).
+RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
+                                       "save_every_seconds": 300.0, "save_total_limit": 2}
 
 
 def _default_model() -> str:
@@ -44,6 +48,7 @@ class RunSpec:
     rewards: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
     config: dict[str, Any] = field(default_factory=dict)
     peft: dict[str, Any] | None = None
+    num_devices: int = 1  # GPUs the run takes (the studio's scheduler); on a CPU-only machine the machine
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
@@ -59,13 +64,23 @@ class RunSpec:
             problems.append(f"action must be one of {ACTIONS} (got {run.action!r})")
         if not str(run.model).strip():
             problems.append("model is empty: give a hub id, a local path or 'SmolLM2-135M-Instruct'")
-        if run.dataset.get("source") not in ("arithmetic", "file", "hub"):
-            problems.append(f"dataset.source must be 'arithmetic', 'file' or 'hub' (got {run.dataset.get('source')!r})")
+        from a2po.tasks import TASK_REWARD, TASK_SOURCE, reward_problems, validate_task_spec
+
+        source = run.dataset.get("source")
+        if source == TASK_SOURCE and "rewards" not in spec:  # a task is scored by its own checker
+            run.rewards = [{"name": TASK_REWARD, "weight": 1.0}]
+        if source not in ("arithmetic", "file", "hub", TASK_SOURCE):
+            problems.append(f"dataset.source must be 'arithmetic', 'file', 'hub' or {TASK_SOURCE!r} (got {source!r})")
+        elif source == TASK_SOURCE:
+            problems += validate_task_spec(run.dataset)
+        problems += reward_problems(source, run.rewards)
         if not run.rewards:
             problems.append(f"rewards is empty: choose at least one of {sorted(REWARD_FUNCTIONS)}")
         for reward in run.rewards:
             if reward.get("name") not in REWARD_FUNCTIONS:
                 problems.append(f"unknown reward {reward.get('name')!r}; known: {sorted(REWARD_FUNCTIONS)}")
+        if isinstance(run.num_devices, bool) or not isinstance(run.num_devices, int) or run.num_devices < 1:
+            problems.append(f"num_devices must be a whole number >= 1 (got {run.num_devices!r})")
         bad_fields = set(run.config) - CONFIG_FIELDS
         if bad_fields:
             problems.append(f"unknown A2POConfig fields {sorted(bad_fields)}")
@@ -80,7 +95,12 @@ class RunSpec:
     # -- building the pieces ---------------------------------------------------------------------------------
 
     def build_config(self, output_dir: str, **overrides: Any) -> A2POConfig:
-        values = {"report_to": "none", "save_strategy": "no", "logging_steps": 1, **self.config, **overrides}
+        """The `A2POConfig` of this run. Durable by default: a checkpoint (weights, optimizer, scheduler, RNG and
+        data position) every `save_steps` steps and every `save_every_seconds` (5 min) of training, the newest two
+        kept; `eval_steps` alone turns on periodic evaluation, as `save_steps` alone turns on step checkpoints."""
+        values = {**RUN_CONFIG_DEFAULTS, **self.config, **overrides}
+        if self.config.get("eval_steps") and "eval_strategy" not in self.config:
+            values["eval_strategy"] = "steps"
         values["output_dir"] = output_dir
         values["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
         values.setdefault("run_name", self.name)
@@ -91,6 +111,10 @@ class RunSpec:
         from a2po import data
 
         d = self.dataset
+        if d["source"] == "reasoning-gym":  # held out from its own seeds (a2po.tasks)
+            from a2po.tasks import datasets_from_spec
+
+            return datasets_from_spec(d)
         if d["source"] == "arithmetic":
             full = data.arithmetic_dataset(num_prompts=int(d["num_prompts"]) + int(d.get("eval_size") or 0),
                                            operations=d.get("operations", "+"), difficulty=int(d.get("difficulty", 1)),
@@ -135,9 +159,10 @@ class RunSpec:
     # -- identity and rendering -------------------------------------------------------------------------------
 
     def value_fingerprint(self) -> str:
-        """Identifies a V* set: same model, dataset, rewards and sampling settings give the same V* samples."""
+        """Identifies a V* set: the same model, dataset, rewards, sampling settings and seed give the same V*
+        samples (each is a function of the seed, the prompt and the sample index)."""
         defaults = A2POConfig.__dataclass_fields__
-        sampling = {k: self.config.get(k, defaults[k].default) for k in SAMPLING_FIELDS}
+        sampling = {k: self.config.get(k, defaults[k].default) for k in (*SAMPLING_FIELDS, "seed")}
         key = {"model": self.model, "dataset": self.dataset, "rewards": self.rewards, "sampling": sampling}
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -150,6 +175,16 @@ class RunSpec:
             args += ["--dataset", "arithmetic"]
             for key in ("num_prompts", "difficulty", "operations", "seed"):
                 if key in d:
+                    args += [f"--{'dataset_seed' if key == 'seed' else key}", str(d[key])]
+        elif d["source"] == "reasoning-gym":
+            args += ["--dataset", "reasoning-gym"]
+            if d.get("tasks"):
+                args += ["--tasks", json.dumps(d["tasks"])]
+            else:
+                args += ["--task", str(d.get("task"))] + (["--task_settings", json.dumps(d["settings"])]
+                                                          if d.get("settings") else [])
+            for key in ("num_prompts", "seed"):
+                if d.get(key) is not None:
                     args += [f"--{'dataset_seed' if key == 'seed' else key}", str(d[key])]
         else:
             args += ["--dataset", str(d.get("path") or d.get("name"))]

@@ -95,6 +95,6 @@ def test_registry_and_names():
     assert get_reward_function("exact_match") is exact_match
     assert get_reward_function(" Math_Equivalence ") is math_equivalence
     assert {name: f.__name__ for name, f in REWARD_FUNCTIONS.items()} == {
-        "exact_match": "exact_match", "math_equivalence": "math_equivalence"}
-    with pytest.raises(ValueError, match="known names: exact_match, math_equivalence"):
+        "exact_match": "exact_match", "math_equivalence": "math_equivalence", "task_checker": "task_checker"}
+    with pytest.raises(ValueError, match="known names: exact_match, math_equivalence, task_checker"):
         get_reward_function("accuracy")
