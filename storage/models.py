@@ -2,6 +2,11 @@
 
 Timestamps are Unix epoch seconds (floats): cheap to compare for staleness checks and easy to format in the UI.
 Child rows reference their run with ON DELETE CASCADE; value sets are shared between runs and outlive them.
+Run and value-set ids are AUTOINCREMENT: an id once used is never given to another run, so nothing that still
+names a deleted run (a bookmark, an export file, a log) can point at a new one.
+
+The schema has a version (SQLite's `user_version`); `storage.migrations` brings older files up to date. A change
+to these classes needs a migration step there (a test checks that a migrated file and a new one are the same).
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String,
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 RUN_KINDS = ("values", "train", "evaluate")
-RUN_STATUSES = ("queued", "running", "stopping", "stopped", "finished", "failed")
+# "paused": a chunked run on a ZeroGPU Space that no open page drives (`app.chunks`); its page resumes it.
+RUN_STATUSES = ("queued", "running", "stopping", "stopped", "interrupted", "finished", "failed", "paused")
+# Why a run stopped: asked by a user, by the deployment shutting down (resumable, resumed on the next start), by the
+# watchdog (no progress), or by a limit of the studio (e.g. a wall-clock limit).
+STOP_REASONS = ("user", "shutdown", "watchdog", "limit")
 RUN_STAGES = ("values", "train", "eval")
 
 def _run_fk() -> ForeignKey:
@@ -24,9 +33,10 @@ class Base(DeclarativeBase):
 
 
 class ValueSet(Base):
-    """A table of V* estimates for one (model, dataset, rewards, sampling settings) combination."""
+    """A table of V* estimates for one (model, dataset, rewards, sampling settings, seed) combination."""
 
     __tablename__ = "value_sets"
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
@@ -34,10 +44,13 @@ class ValueSet(Base):
     created_at: Mapped[float] = mapped_column(Float)
     complete: Mapped[bool] = mapped_column(Boolean, default=False)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Stored prompts per split ({"train": 128, "eval": 32}), kept up to date by each write: polls never count rows.
+    counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -60,13 +73,29 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     best_eval_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+    stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)  # one of STOP_REASONS
+    # Last real progress (a stage-1 batch, a training step, an evaluation, a checkpoint), unlike `heartbeat_at`,
+    # which a live process keeps writing even when its main thread is stuck: the watchdog reads this one.
+    progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    num_devices: Mapped[int] = mapped_column(Integer, default=1)  # GPUs the run asks for (CPU-only: the machine)
+    devices: Mapped[str | None] = mapped_column(String(64), nullable=True)  # assigned while running: "0,1" or "cpu"
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)  # who launched it (None: anonymous)
+    # Automatic resumes after interruptions, and worker starts that died before claiming the run: both bounded.
+    auto_resumes: Mapped[int] = mapped_column(Integer, default=0)
+    launch_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Chunked runs (`app.chunks`): chunks run so far, and the seconds they took (on ZeroGPU: GPU time charged).
+    chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    chunk_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class PromptValue(Base):
     """Stage-1 result for one prompt: its V* estimate and the sampled completions behind it."""
 
     __tablename__ = "prompt_values"
-    __table_args__ = (UniqueConstraint("value_set_id", "split", "prompt_id"),)
+    # The second index covers the V* histogram, the correct-count bars and the summary: they are computed from the
+    # index alone, never reading the wide rows (N completions each).
+    __table_args__ = (UniqueConstraint("value_set_id", "split", "prompt_id"),
+                      Index("ix_prompt_values_stats", "value_set_id", "split", "v_star", "num_correct", "filtered"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     value_set_id: Mapped[int] = mapped_column(ForeignKey("value_sets.id", ondelete="CASCADE"))
@@ -85,7 +114,9 @@ class Metric(Base):
     """One scalar at one step (long format, so new metric names need no schema change)."""
 
     __tablename__ = "metrics"
-    __table_args__ = (UniqueConstraint("run_id", "step", "name"), Index("ix_metrics_run_id_id", "run_id", "id"))
+    # The series index covers a metric's curve (Store.metric_series reads it without touching the rows).
+    __table_args__ = (UniqueConstraint("run_id", "step", "name"), Index("ix_metrics_run_id_id", "run_id", "id"),
+                      Index("ix_metrics_series", "run_id", "name", "step", "value"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(_run_fk())
@@ -93,6 +124,19 @@ class Metric(Base):
     name: Mapped[str] = mapped_column(String(200))
     value: Mapped[float | None] = mapped_column(Float, nullable=True)  # NULL: NaN (SQLite cannot store NaN)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class LatestMetric(Base):
+    """The newest value of each metric of a run (highest step), kept by every metric write: `/status` and the
+    Runs page read one row per name instead of scanning the run's whole history."""
+
+    __tablename__ = "metric_latest"
+
+    run_id: Mapped[int] = mapped_column(_run_fk(), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metric_id: Mapped[int] = mapped_column(Integer)
 
 
 class Sample(Base):

@@ -1,0 +1,158 @@
+"""Schema versions and migrations: a database written before versions existed (`tests/fixtures/studio-v0.db`,
+written by the code of commit 83b92c1, see `tests/fixtures/make_studio_v0.py`) opens, migrates without loss, and
+ends up with exactly the schema a new database gets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from storage import Store, migrations
+
+FIXTURE = Path(__file__).parent / "fixtures" / "studio-v0.db"
+
+
+@pytest.fixture
+def v0_db(tmp_path) -> Path:
+    path = tmp_path / "studio.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+def table_rows(path: Path) -> dict[str, list[dict]]:
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                        "AND name NOT LIKE 'sqlite%'")]
+    rows = {t: [dict(r) for r in con.execute(f"SELECT * FROM {t} ORDER BY rowid")] for t in tables}
+    con.close()
+    return rows
+
+
+def schema(path: Path) -> dict[str, object]:
+    """Tables with their columns (name, type, not null, primary key), indexes with their columns, AUTOINCREMENT."""
+    con = sqlite3.connect(path)
+    out: dict[str, object] = {}
+    for (table, sql) in con.execute("SELECT name, sql FROM sqlite_master WHERE type='table' AND name NOT LIKE "
+                                    "'sqlite%' ORDER BY name"):
+        columns = sorted((c[1], c[2], c[3], c[5]) for c in con.execute(f"PRAGMA table_info({table})"))
+        indexes = sorted((i[1], i[2], tuple(c[2] for c in con.execute(f"PRAGMA index_info('{i[1]}')")))
+                         for i in con.execute(f"PRAGMA index_list({table})"))
+        foreign = sorted(tuple(f[2:6]) + (f[6],) for f in con.execute(f"PRAGMA foreign_key_list({table})"))
+        out[table] = {"columns": columns, "indexes": indexes, "foreign": foreign,
+                      "autoincrement": "AUTOINCREMENT" in sql.upper()}
+    con.close()
+    return out
+
+
+def test_fixture_is_the_old_schema():
+    con = sqlite3.connect(FIXTURE)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert "stop_reason" not in {c[1] for c in con.execute("PRAGMA table_info(runs)")}
+    con.close()
+
+
+def test_migrates_the_old_database_without_loss(v0_db):
+    before = table_rows(v0_db)
+    store = Store(v0_db)
+    after = table_rows(v0_db)
+    con = sqlite3.connect(v0_db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == migrations.LATEST
+    con.close()
+
+    # Every stored row and value is still there (only the credential in a spec is gone), new columns filled in.
+    for table, rows in before.items():
+        assert len(after[table]) == len(rows), table
+        for old, new in zip(rows, after[table]):
+            for column, value in old.items():
+                if table == "runs" and column == "config":
+                    spec = json.loads(value)
+                    assert "hub_token" in spec["config"]
+                    del spec["config"]["hub_token"]
+                    assert json.loads(new[column]) == spec
+                else:
+                    assert new[column] == value, (table, column)
+    assert [r["id"] for r in after["runs"]] == [1, 3]
+    assert all(r["num_devices"] == 1 and r["auto_resumes"] == 0 and r["launch_failures"] == 0 for r in after["runs"])
+    # The derived tables agree with the rows they summarise.
+    assert store.list_value_sets()[0]["counts"] == {"train": 4, "eval": 1}
+    assert store.count_values(1, "train") == 4 and store.count_values(1, None) == 5
+    assert store.latest_metrics(1) == {"loss": {"step": 2, "value": 0.25}, "reward": {"step": 2, "value": 0.5},
+                                       "learning_rate": {"step": 2, "value": 2e-5}}
+    assert [v["prompt_id"] for v in store.get_values(1, "train")] == ["p0", "p1", "p2", "p3"]
+    assert store.get_evaluations(1)[0]["metrics"] == {"eval_accuracy": 0.5, "eval_loss": 0.1}
+
+    # A copy of the old file was kept, untouched.
+    backup = v0_db.with_name("studio.db.v0.bak")
+    assert table_rows(backup) == before
+    # Ids are never reused any more: the newest run deleted, the next one still gets a new id.
+    newest = store.create_run("after-migration", "train", {})
+    assert newest == 4
+    assert store.delete_run(newest)
+    assert store.create_run("next", "train", {}) == 5
+    store.close()
+    # Opening again changes nothing.
+    assert migrations.upgrade(v0_db) == (migrations.LATEST, migrations.LATEST)
+
+
+def test_migrated_schema_is_the_new_schema(v0_db, tmp_path):
+    Store(v0_db).close()
+    fresh = tmp_path / "fresh.db"
+    Store(fresh).close()
+    assert schema(v0_db) == schema(fresh)
+    assert schema(fresh)["runs"]["autoincrement"] and schema(fresh)["value_sets"]["autoincrement"]
+
+
+def test_a_newer_database_is_refused_untouched(tmp_path):
+    path = tmp_path / "studio.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version = {migrations.LATEST + 1}")
+    con.close()
+    before = path.read_bytes()
+    with pytest.raises(migrations.SchemaTooNew, match="newer studio"):
+        Store(path)
+    assert path.read_bytes() == before
+
+
+def test_a_failed_step_leaves_the_old_version(v0_db, monkeypatch):
+    def broken(con):
+        migrations._v1(con)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(migrations.STEPS, 1, broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        Store(v0_db)
+    con = sqlite3.connect(v0_db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert "stop_reason" not in {c[1] for c in con.execute("PRAGMA table_info(runs)")}
+    con.close()
+    monkeypatch.undo()
+    assert [r["id"] for r in Store(v0_db).list_runs()] == [3, 1]
+
+
+def _open(path: str) -> int:
+    return len(Store(path).list_runs())
+
+
+def test_two_processes_migrate_one_file_at_once(v0_db):
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        assert pool.map(_open, [str(v0_db)] * 2) == [2, 2]
+    assert migrations.upgrade(v0_db) == (migrations.LATEST, migrations.LATEST)
+
+
+def test_secrets_are_never_stored(tmp_path):
+    store = Store(tmp_path / "studio.db")
+    spec = {"config": {"hub_token": "hf_x", "learning_rate": 1e-5, "nested": {"api_key": "k", "keep": 1}},
+            "password": "p", "tokenizer": "kept"}
+    run_id = store.create_run("r", "train", spec)
+    assert store.get_run(run_id)["config"] == {"config": {"learning_rate": 1e-5, "nested": {"keep": 1}},
+                                               "tokenizer": "kept"}
+    store.update_run(run_id, config={"config": {"hf_token": "x"}})
+    assert store.get_run(run_id)["config"] == {"config": {}}
