@@ -12,18 +12,23 @@
 - Setting `control.should_training_stop = True` from any event stops stage 2 after the current step, and
   stage 1 after the current batch (then `estimate_optimal_values` raises `StageInterrupted`; the values
   estimated so far were already delivered through `on_values_batch`).
+- Under several processes (`accelerate launch`) every process has its callbacks and they see the same events
+  and data: `on_values_batch` and `on_samples` carry the rows of every process (gathered), and a stop (or a
+  checkpoint, a log, an evaluation) asked by the callbacks of any one process happens on all of them at the same
+  batch or step. A recorder that writes somewhere should write from the main process only.
 
 A*-PO events (all arguments are keyword arguments; the library never imports a database or UI):
 
 - `on_values_begin(split, num_prompts, num_pending)`: stage 1 starts for `split` ("train", "eval", or the
   name of an eval set); `num_pending` prompts still need sampling (the others carried a V* already).
-- `on_values_batch(split, records, done, total)`: one stage-1 batch finished; `records` holds one dict per
-  prompt with the keys of `VALUE_COLUMNS` (see `a2po.values`): `prompt_id`, `prompt`, `prompt_text`,
+- `on_values_batch(split, records, done, total)`: one stage-1 batch finished (of every process); `records` holds
+  one dict per prompt with the keys of `VALUE_COLUMNS` (see `a2po.values`): `prompt_id`, `prompt`, `prompt_text`,
   `v_star`, `rewards` (N floats), `completions` (N strings), `num_correct`, `filtered`.
 - `on_values_end(split, values, summary)`: `values` is the full table (`datasets.Dataset`) for the split;
   `summary` holds `num_prompts`, `num_filtered`, `mean_v_star`, `pass_at_1`, `pass_at_n`, `num_value_samples`.
 - `on_samples(samples)`: the stage-2 completions of one training step, one dict per prompt with `step`,
-  `prompt_id`, `prompt_text`, `completion`, `reward`, `v_star`, `advantage`, `implicit_reward`,
+  `prompt_id`, `prompt_text` (what the model saw), `question` (what the user asked: the last user message),
+  `completion`, `reward`, `v_star`, `advantage`, `implicit_reward`,
   `completion_length`, and `split` ("train" or "eval").
 """
 

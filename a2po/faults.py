@@ -49,6 +49,14 @@ _armed = parse(os.environ.get(ENV, ""))
 _reached: Counter[str] = Counter()
 
 
+def rearm() -> None:
+    """Arm the points from `A2PO_FAULTS` as it is now, with fresh counts: for a process that did not start with
+    this environment, such as a chunk forked from the studio (`app.chunks`)."""
+    global _armed
+    _armed = parse(os.environ.get(ENV, ""))
+    _reached.clear()
+
+
 def fault_point(name: str) -> None:
     """Count a pass through `name`; act when the count reaches the armed one (see the module docstring)."""
     if not _armed or name not in _armed:

@@ -2,12 +2,24 @@
 
 The data folder (`--data-dir`, else `$A2PO_STUDIO_DATA`, else ~/.local/share/a2po-studio) holds the database
 (studio.db), run outputs and checkpoints, exports, and the caches (converted default model, Gradio uploads).
+One studio serves a data folder at a time: a second one on the same folder says so and exits.
+
+Signals: SIGTERM (`docker stop`, a Space restart, systemd) stops the deployment: every worker saves a checkpoint
+and stops, its run becomes "interrupted", and the next start resumes it (unless `--no-resume`). Give it time:
+`docker stop --time 60`. SIGINT (Ctrl-C) closes only the dashboard: workers go on, and the next start adopts them.
+
+Database location (`--db-dir`, `--db-snapshot-every`; `app.snapshot`, docs/spaces.md): SQLite in WAL mode needs a
+local disk, so where the data folder is a network or FUSE mount (a Space's storage bucket) the database lives on
+local disk and is copied into `<data-dir>/db-snapshots/` periodically and at shutdown, and restored from there when
+a fresh container starts without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from pathlib import Path
 
 from app import DATA_ENV, default_data_dir
@@ -19,7 +31,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=7860, help="Port (default 7860).")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help=f"Data folder (default ${DATA_ENV} or ~/.local/share/a2po-studio).")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="Do not resume runs interrupted by a shutdown or restart (they wait for Resume).")
+    parser.add_argument("--gpus", default=None,
+                        help="GPUs runs may use: a count, ids like 0,2, or none (default: every visible GPU).")
+    parser.add_argument("--watchdog-minutes", type=float, default=30.0,
+                        help="Kill a worker that made no progress for this long (0: never; default 30).")
+    parser.add_argument("--shutdown-grace", type=float, default=25.0,
+                        help="Seconds SIGTERM waits for workers to checkpoint and stop (default 25).")
+    parser.add_argument("--chunk-seconds", type=float, default=None, metavar="SECONDS",
+                        help="Work budget of one chunk of a chunked run (\"runner\": \"chunked\"; every run on a "
+                             "ZeroGPU Space, where a GPU call lasts this plus a margin; default 40).")
+    parser.add_argument("--pause-after", type=float, default=None, metavar="SECONDS",
+                        help="ZeroGPU: seconds a queued run waits for its page to run a chunk before it becomes "
+                             "paused (default 20).")
+    sharing = parser.add_argument_group("sharing (see docs/security.md)")
+    sharing.add_argument("--public", action="store_true",
+                         help="Strict limits for a public deployment (per-run time, uploads, queue, disk, no hub "
+                              "downloads), and read-only for visitors unless a login is configured.")
+    sharing.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD[:admin]",
+                         help="A user who may launch runs (repeatable). Viewers need no login.")
+    sharing.add_argument("--auth-file", type=Path, help="A file of USER:PASSWORD[:admin] lines.")
+    sharing.add_argument("--hf-oauth", action="store_true", default=bool(os.environ.get("OAUTH_CLIENT_ID")),
+                         help="Sign in with Hugging Face (on by itself on a Space with hf_oauth: true).")
+    sharing.add_argument("--admin", action="append", default=[], metavar="NAME",
+                         help="A Hugging Face user name (or password user) who may stop or delete any run.")
+    sharing.add_argument("--allow-remote-code", action="store_true",
+                         help="Accept trust_remote_code / model_init_kwargs: a model repository's Python runs.")
+    sharing.add_argument("--allow-hub-push", action="store_true",
+                         help="Accept push_to_hub / hub_*: runs may write to the hub with this server's token.")
+    sharing.add_argument("--allow-hub", action=argparse.BooleanOptionalAction, default=None,
+                         help="Hub models and datasets (downloads); default on, off with --public.")
+    sharing.add_argument("--model-root", action="append", type=Path, default=[], metavar="DIR",
+                         help="A folder local models may come from, besides <data-dir>/models (repeatable).")
+    sharing.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                         help="Set one limit (repeatable), e.g. run_minutes=30, max_prompts=5000, "
+                              "queued_per_user=1, disk_quota_gb=50, upload_mb=20; 'none' removes it.")
+    # --- database location and snapshots (app/snapshot.py) ---
+    database = parser.add_argument_group("database (see docs/spaces.md)")
+    database.add_argument("--db-dir", type=Path, default=os.environ.get("A2PO_STUDIO_DB_DIR") or None,
+                          help="Folder of the database studio.db (default $A2PO_STUDIO_DB_DIR, else the data folder). "
+                               "Keep it on local disk: SQLite's WAL mode is unsafe on network and FUSE mounts.")
+    database.add_argument("--db-snapshot-every", type=float, metavar="SECONDS",
+                          default=os.environ.get("A2PO_STUDIO_DB_SNAPSHOT_EVERY") or "0",
+                          help="Copy the database into <data-dir>/db-snapshots every SECONDS and at shutdown, and "
+                               "restore the newest copy when the database is missing at start (default "
+                               "$A2PO_STUDIO_DB_SNAPSHOT_EVERY, else 0: off).")
+    # --- end database ---
     return parser.parse_args(argv)
+
+
+def build_policy(args: argparse.Namespace, data_dir: Path):
+    """The operator's policy from the flags (`app.policy`); a bad --limit is a clear error."""
+    import dataclasses
+
+    from app.policy import PUBLIC_LIMITS, ZEROGPU_MAX_MODEL_PARAMS, Limits, Policy
+    from app.zerogpu import enabled as zerogpu_enabled
+
+    limits = PUBLIC_LIMITS if args.public else Limits()
+    if zerogpu_enabled():
+        limits = dataclasses.replace(limits, max_model_params=ZEROGPU_MAX_MODEL_PARAMS)
+    types = {f.name: f.type for f in dataclasses.fields(Limits)}
+    for item in args.limit:
+        name, _, value = item.partition("=")
+        if name not in types or not value:
+            raise SystemExit(f"--limit {item!r}: write NAME=VALUE with NAME one of {', '.join(types)}.")
+        try:
+            number = None if value.lower() == "none" else (float(value) if "float" in str(types[name]) else
+                                                           int(value))
+        except ValueError:
+            raise SystemExit(f"--limit {item!r}: {value!r} is not a number.") from None
+        limits = dataclasses.replace(limits, **{name: number})
+    allow_hub = (not args.public) if args.allow_hub is None else args.allow_hub
+    return Policy(data_dir, limits=limits, public=args.public, allow_remote_code=args.allow_remote_code,
+                  allow_hub_push=args.allow_hub_push, allow_hub=allow_hub, model_roots=tuple(args.model_root),
+                  zerogpu=zerogpu_enabled())
 
 
 def prepare_environment(data_dir: Path) -> None:
@@ -37,25 +123,83 @@ def main(argv: list[str] | None = None) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     prepare_environment(data_dir)
 
-    from app.jobs import JobManager
-    from app.ui import Services, build_demo, launch_options
+    from app.auth import Auth
+    from app.jobs import AlreadyServing, Devices, JobManager
     from storage import Store
 
-    store = Store(data_dir / "studio.db")
-    jobs = JobManager(store, data_dir)
-    jobs.reconcile()
-    services = Services(store=store, jobs=jobs, data_dir=data_dir)
+    policy = build_policy(args, data_dir)
+    try:
+        auth = Auth.from_options(args.auth, args.auth_file, data_dir=data_dir, oauth=args.hf_oauth,
+                                 admins=args.admin, public=args.public)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"A*-PO Studio: {error}") from None
+    # --- database location and snapshots (app/snapshot.py) ---
+    from app.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+
+    db_path = (args.db_dir.expanduser().resolve() if args.db_dir else data_dir) / "studio.db"
+    snapshots = DatabaseSnapshots(db_path, data_dir, every=args.db_snapshot_every)
+    if snapshots.enabled:
+        try:
+            restored = snapshots.restore()
+        except (SnapshotError, OSError) as error:
+            raise SystemExit(f"A*-PO Studio: {error}") from None
+        if restored is not None:
+            print(f"A*-PO Studio: restored the database {db_path} from the snapshot {restored}.", flush=True)
+    fs_type = network_filesystem(db_path.parent)
+    if fs_type:
+        print(f"A*-PO Studio: WARNING: the database {db_path} is on a {fs_type} filesystem, where SQLite's WAL mode "
+              "is unsafe (corruption, 'database is locked'). Keep it on local disk with --db-dir and copy it into the "
+              "data folder with --db-snapshot-every (docs/spaces.md).", file=sys.stderr, flush=True)
+    store = Store(db_path)
+    # --- end database ---
+    # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
+    # (app.zerogpu); no process of the studio itself ever gets one.
+    from app.chunks import DEFAULT_BUDGET
+    from app.zerogpu import enabled as zerogpu_enabled
+
+    jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume,
+                      watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
+                      worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
+                      chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
+                      **({"pause_after": args.pause_after} if args.pause_after is not None else {}))
+    try:
+        jobs.start(address=f"http://{args.host}:{args.port}")
+    except AlreadyServing as error:
+        print(f"A*-PO Studio: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    snapshots.start()  # after the lock: only the serving studio writes snapshots
+
+    def stop_deployment(signum: int, _frame) -> None:
+        print(f"A*-PO Studio: {signal.Signals(signum).name}: stopping the workers (checkpoint, then stop; their "
+              f"runs resume at the next start) for up to {args.shutdown_grace:.0f} s.", flush=True)
+        jobs.shutdown(grace=args.shutdown_grace)
+        final = snapshots.stop()  # the database after the workers' last writes
+        if final is not None:
+            print(f"A*-PO Studio: database snapshot {final}.", flush=True)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop_deployment)
+    from app.ui import Services, build_demo, launch_options  # Gradio: seconds to import, so after the lock
+    from app.ui.live import calm_queue
+
+    services = Services(store=store, jobs=jobs, data_dir=data_dir, policy=policy, auth=auth)
     demo = build_demo(services)
-    demo.queue(default_concurrency_limit=4)
-    print(f"A*-PO Studio: data in {data_dir}", flush=True)
+    # A bounded queue: a flood of requests is refused instead of piling up in memory.
+    demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
+    calm_queue(demo)  # its idle loop used 9% of a core with no page open (see app.ui.live)
+    devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
+    print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
+          f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "
+          f"limits: {policy.limits.text()}", flush=True)
+    upload = f"{policy.limits.upload_mb:g}mb" if policy.limits.upload_mb is not None else None
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=False, show_error=True,
                     allowed_paths=[str(services.exports_dir)], run_history=False, mcp_server=False,
-                    enable_monitoring=False, footer_links=["api", "settings"], **launch_options())
+                    enable_monitoring=False, footer_links=["api", "settings"], max_file_size=upload,
+                    **launch_options())
     finally:
-        close = getattr(jobs, "close", None) or getattr(jobs, "shutdown", None)
-        if close is not None:
-            close()
+        jobs.close()
+        snapshots.stop()  # a final snapshot unless the SIGTERM handler took it
 
 
 if __name__ == "__main__":

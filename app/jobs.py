@@ -1,35 +1,89 @@
-"""`JobManager`: the dashboard's job queue. Runs queued jobs one at a time, each in its own worker process.
+"""`JobManager`: the dashboard's scheduler. Runs queued jobs in worker processes, as the machine's devices allow.
 
-The queue is the `runs` table, so it survives an app restart: `start()` first reconciles the table with the
-processes that really exist (a "running" run whose worker died is marked failed; a live worker is re-attached),
-then a scheduler thread starts the oldest queued run whenever no job is running.
+The queue is the `runs` table, so it survives an app restart, and the database is the one truth about what runs:
 
-Workers run in their own session (`start_new_session=True`): closing the dashboard does not kill a training
-run, and the next dashboard re-attaches to it. Each worker writes its stdout/stderr to `<data_dir>/logs/`.
+- **One scheduler per database.** `start()` takes an exclusive `flock` on `scheduler.lock` next to the database
+  (in the data folder unless `--db-dir` moved the database to local disk, see `app.snapshot`) (the
+  kernel drops it when the process dies, however it dies); a second app on the same folder is refused with the
+  first one's pid and address (`AlreadyServing`). Workers never inherit the lock.
+- **Devices.** A run of `num_processes` processes (default 1) takes as many GPUs (`runs.num_devices`); it starts
+  only when that many are free, counting every run the database says is running with a live worker, whoever
+  started it. On a CPU-only machine the machine is one device: one run at a time, of 1 process or of several
+  gloo processes (at most one per core). The queue is served strictly in order (the head waits for its
+  devices; nothing overtakes it, so nothing starves). The worker sees only its GPUs (`CUDA_VISIBLE_DEVICES`).
+- **Several processes.** Such a run's worker runs under `accelerate launch` (`worker_command`); the launcher is
+  the process the scheduler starts and watches, and the run's pid. A stop signals its processes, a kill reaches
+  them all, and the launcher exits (failing the run) when any of them dies.
+- **Supervision**, every `poll_interval` seconds, of every active run: a worker that is gone fails its run; a
+  worker whose heartbeat stopped is killed and fails; a worker that is alive and heartbeating but made no
+  progress (no stage-1 batch, training step, evaluation or checkpoint) for `watchdog_after` seconds, such as a
+  hung main thread, is killed and fails with its last log lines. A run is forgotten only once its final state is
+  written.
+- **Launch failures.** A worker that exits before claiming its run (database locked, out of memory at start-up)
+  is started again after a back-off (`launch_backoff`), and after the last one the run fails with the reason and
+  the tail of the worker's output: never a relaunch loop.
+- **Restarts and shutdowns.** Workers run in their own session: an app that exits (or crashes, or is restarted
+  by hand) leaves them running, and the next app adopts them. A stop of the whole deployment is different:
+  `shutdown()` (the app calls it on SIGTERM, which is what `docker stop` and a Space restart send) asks every
+  worker to save a checkpoint and stop; their runs end "interrupted". On start the manager resumes interrupted
+  runs, and runs whose worker vanished while no app was watching, at the head of the queue (`auto_resume`, at
+  most `MAX_AUTO_RESUMES` times in a row per run). A worker that dies while the app watches fails its run
+  instead: it would likely die again.
+- **Chunked runs** (`"runner": "chunked"`, `app.chunks`). The scheduler runs them chunk after chunk, each in a
+  freshly forked copy of this process (`chunk_seconds` of work each); after a chunk the run is queued again at
+  its old place, so it goes on next. A chunk process that dies (killed, out of memory) loses only the work since
+  the last stage-1 batch or checkpoint: the run is queued again and the next chunk continues, at most
+  `MAX_AUTO_RESUMES` times in a row (then it fails). A chunk is supervised as a worker is (pid, heartbeat,
+  watchdog); its process is recognised by its thread's name. The per-run time limit counts the seconds of all its
+  chunks. In **ZeroGPU mode** (`zerogpu`, a ZeroGPU Space: no process of this studio ever gets a GPU) the
+  scheduler starts no chunk: the Run page of the visitor who launched a run calls them (`app.zerogpu`), every
+  run is chunked, and a queued run that no page drove for `pause_after` seconds becomes "paused" (as does one
+  whose chunk process died); opening its page goes on with it. Start-up reconciliation leaves paused runs alone.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.chunks import DEFAULT_BUDGET, ForkedChunk, fork_chunk, is_chunk_of, is_chunked
 from app.worker import HEARTBEAT_INTERVAL, run_log_path, run_output_dir
 from storage import Store
 
-# A worker whose heartbeat is older than this is considered hung (heartbeats come every HEARTBEAT_INTERVAL).
+# A worker whose heartbeat is older than this is considered dead (heartbeats come every HEARTBEAT_INTERVAL).
 STALE_AFTER = max(60.0, 20 * HEARTBEAT_INTERVAL)
+# A live worker with no progress for this long is considered hung. Long enough for a slow first model download or
+# a long CPU step; `python -m app --watchdog-minutes` changes it.
+WATCHDOG_AFTER = 30 * 60.0
+LAUNCH_BACKOFF = (2.0, 8.0, 30.0)  # seconds before the 2nd, 3rd and 4th start; then the run fails
+MAX_AUTO_RESUMES = 3
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ACTIVE = ("running", "stopping")
+RESUMABLE = ("stopped", "failed", "interrupted")
+WAITING = ("queued", "paused")  # not started: a stop ends it at once
+PAUSE_AFTER = 20.0  # ZeroGPU mode: seconds a queued run waits for a page to drive it before it is paused
+LOG_TAIL_LINES = 20
+LAUNCHER_SHUTDOWN_TIMEOUT = 120  # seconds an `accelerate launch` asked to stop gives its processes to checkpoint
 
 logger = logging.getLogger("app.jobs")
+
+
+class AlreadyServing(RuntimeError):
+    """Another studio process holds this data folder's scheduler lock."""
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -59,6 +113,35 @@ def is_worker_of(pid: int, run_id: int) -> bool:
     return "app.worker" in argv and str(run_id) in argv
 
 
+def launched_processes(pid: int) -> list[int]:
+    """The processes of a multi-process run when `pid` is its launcher (`accelerate launch`, see
+    `JobManager.worker_command`): its children, each in a session of its own. [] for anything else, and where there
+    is no /proc."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if "accelerate.commands.launch" not in f.read().decode(errors="replace").split("\0"):
+                return []
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    children = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: the parent
+                    children.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+def processes_of(spec: dict[str, Any]) -> int:
+    """The processes a stored run spec asks for (`num_devices`: its name in specs stored before the rename)."""
+    return int(spec.get("num_processes", spec.get("num_devices", 1)) or 1)
+
+
 def describe_spec(spec: dict[str, Any]) -> tuple[str, str]:
     """Display strings (model, dataset) for the runs table."""
     dataset = spec.get("dataset") or {}
@@ -67,37 +150,166 @@ def describe_spec(spec: dict[str, Any]) -> tuple[str, str]:
         text = (f"arithmetic ({dataset.get('num_prompts', '?')} prompts, '{dataset.get('operations', '+')}', "
                 f"difficulty {dataset.get('difficulty', 1)})")
     else:
-        text = str(dataset.get("path") or dataset.get("name") or source)
+        text = str(dataset.get("path") or dataset.get("name") or dataset.get("task") or source)
     return str(spec.get("model", "")), text
 
 
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a text file ("" if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class SchedulerLock:
+    """An exclusive `flock` on `<folder>/scheduler.lock` (the database's folder), holding who took it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "scheduler.lock"
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, **owner: Any) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise AlreadyServing(f"Another A*-PO Studio is already serving {self.path.parent} ({holder}). Stop it "
+                                 "first, or start this one with another --data-dir (or --db-dir).") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), **owner}).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The GPUs runs may use (ids as CUDA numbers them), or none: then the machine is one device, and a run of
+    several processes (gloo, on the CPU) takes it whole, with at most `cpu_processes` processes."""
+
+    gpus: tuple[str, ...] = ()
+    cpu_processes: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+
+    @classmethod
+    def detect(cls) -> Devices:
+        """`CUDA_VISIBLE_DEVICES` when set, else the NVIDIA device files (no torch import, no CUDA context)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return cls(tuple(d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"))
+        found = sorted(int(m.group(1)) for p in Path("/dev").glob("nvidia*") if (m := re.fullmatch(r"nvidia(\d+)",
+                                                                                                     p.name)))
+        return cls(tuple(str(i) for i in found))
+
+    @classmethod
+    def parse(cls, text: str | int | None) -> Devices:
+        """From the `--gpus` option: a count ("2"), a list ("0,2"), "none"/"0", or None (detect)."""
+        if text is None or text == "":
+            return cls.detect()
+        text = str(text).strip()
+        if text.lower() in ("none", "cpu", "0"):
+            return cls()
+        if text.isdigit():
+            return cls(tuple(str(i) for i in range(int(text))))
+        return cls(tuple(d.strip() for d in text.split(",") if d.strip()))
+
+    def describe(self) -> str:
+        return f"{len(self.gpus)} GPU(s) ({','.join(self.gpus)})" if self.gpus else "CPU only (one run at a time)"
+
+    def check(self, wanted: int, fsdp: bool = False) -> str | None:
+        """Why a run of `wanted` processes (one per GPU; on the CPU, gloo processes) can never start here, or None."""
+        if wanted < 1:
+            return f"A run needs at least one process (got {wanted})."
+        if self.gpus and wanted > len(self.gpus):
+            return (f"This machine has {len(self.gpus)} GPU(s); the run asks for {wanted} processes, one per GPU "
+                    f"(use at most {len(self.gpus)}).")
+        if not self.gpus and fsdp:
+            return "FSDP shards the model across GPUs, and this machine has none: use DDP (fsdp null)."
+        if not self.gpus and wanted > self.cpu_processes:
+            return (f"This machine has no GPU; a run of {wanted} processes would run them on its "
+                    f"{self.cpu_processes} CPU core(s): use at most {self.cpu_processes}.")
+        return None
+
+    def allocate(self, wanted: int, busy: set[str]) -> list[str] | None:
+        """Free devices for a run, or None while they are taken. Without GPUs a run takes the machine ("cpu")."""
+        if not self.gpus:
+            return None if busy else ["cpu"]
+        if "*" in busy:  # a run whose devices are unknown (started by an older studio) may use any
+            return None
+        free = [g for g in self.gpus if g not in busy]
+        return free[:wanted] if len(free) >= wanted else None
+
+
 class JobManager:
-    """Submit, stop, resume and delete runs; start queued runs one at a time in worker processes.
+    """Submit, stop, resume and delete runs; start queued runs in worker processes (see the module docstring).
 
     Args:
         store: the studio database.
         data_dir: where run outputs (`runs/run-<id>`) and worker logs (`logs/run-<id>.log`) go.
         poll_interval: seconds between two scheduler passes.
-        stale_after: seconds without heartbeat after which a running run's worker counts as dead.
+        stale_after: seconds without heartbeat after which a worker counts as dead.
+        watchdog_after: seconds without progress after which a live worker counts as hung (None: never).
+        devices: the GPUs to schedule (default: detected).
+        auto_resume: on start, queue interrupted runs again.
+        launch_backoff: seconds to wait before each new start of a worker that died before claiming its run.
+        worker_env: environment of the workers (default: this process's).
+        run_minutes: wall-clock limit of one run (from its start or resume): past it, it checkpoints and stops.
+            A chunked run is limited by the seconds of its chunks, all together.
+        chunk_seconds: work budget of one chunk of a chunked run.
+        zerogpu: ZeroGPU mode (see the module docstring): every run is chunked, and pages, not the scheduler, run
+            the chunks.
+        pause_after: ZeroGPU mode: seconds without a page driving a queued run before it becomes "paused".
     """
 
     def __init__(self, store: Store, data_dir: str | os.PathLike[str], *, poll_interval: float = 1.0,
-                 stale_after: float = STALE_AFTER) -> None:
+                 stale_after: float = STALE_AFTER, watchdog_after: float | None = WATCHDOG_AFTER,
+                 devices: Devices | None = None, auto_resume: bool = True,
+                 launch_backoff: Iterable[float] = LAUNCH_BACKOFF, worker_env: dict[str, str] | None = None,
+                 run_minutes: float | None = None, chunk_seconds: float = DEFAULT_BUDGET, zerogpu: bool = False,
+                 pause_after: float = PAUSE_AFTER) -> None:
         self.store = store
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.poll_interval = poll_interval
         self.stale_after = stale_after
+        self.watchdog_after = watchdog_after
+        self.devices = devices if devices is not None else Devices.detect()
+        self.auto_resume = auto_resume
+        self.launch_backoff = tuple(launch_backoff)
+        self.worker_env = worker_env
+        self.run_minutes = run_minutes
+        self.chunk_seconds = float(chunk_seconds)
+        self.zerogpu = zerogpu
+        self.pause_after = pause_after
+        self.lock = SchedulerLock(self.store.path.parent)  # beside the database, on local disk (docs/spaces.md)
         self._lock = threading.RLock()
-        self._procs: dict[int, subprocess.Popen] = {}  # run id -> worker started by this manager
-        self._attached: dict[int, int] = {}  # run id -> pid of a worker started by an earlier app process
+        self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
+        self._devices: dict[int, list[str]] = {}  # run id -> devices given to a worker that has not claimed yet
+        self._retry_at: dict[int, float] = {}  # run id -> earliest next start after a launch failure
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Reconcile with the processes that exist, then schedule in a background thread (idempotent)."""
-        self.reconcile(schedule=True)
+    def start(self, **owner: Any) -> None:
+        """Take the data folder's scheduler lock (`AlreadyServing` if another app has it), reconcile the runs
+        table with the processes that exist, resume interrupted runs, then schedule in a background thread."""
+        self.reconcile(schedule=True, **owner)
 
     def _start_scheduler(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -106,11 +318,36 @@ class JobManager:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop scheduling. Running workers keep running; a later `start()` re-attaches to them."""
+        """Stop scheduling and release the lock. Running workers keep running; a later `start()` adopts them."""
         self._halt.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.lock.release()
+
+    def shutdown(self, grace: float = 25.0) -> list[int]:
+        """Stop the deployment: no new starts, every worker asked to checkpoint and stop (its run ends
+        "interrupted" and is resumed on the next start), then wait up to `grace` seconds for them to exit.
+        Returns the runs that were asked to stop."""
+        self._halt.set()
+        stopping = []
+        with self._lock:
+            for run in self.store.list_runs(status=ACTIVE):
+                pid = self._pid_of(run["id"], run)
+                if pid is None:
+                    continue
+                self.store.transition(run["id"], "running", status="stopping", stop_reason="shutdown")
+                self.store.add_log(run["id"], "The studio is shutting down: checkpoint and stop; the run resumes "
+                                              "when the studio starts again.")
+                self._signal_stop(run, pid)
+                stopping.append(run["id"])
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(self._worker_alive(i) for i in stopping):
+            time.sleep(0.2)
+        with self._lock:
+            self._reap()
+        self.close()
+        return stopping
 
     def _loop(self) -> None:
         while not self._halt.wait(self.poll_interval):
@@ -121,151 +358,374 @@ class JobManager:
 
     # ------------------------------------------------------------------ queue
 
-    def submit(self, spec: dict[str, Any]) -> int:
+    def submit(self, spec: dict[str, Any], owner: str | None = None) -> int:
         """Validate a run spec (see `a2po.runspec`) and queue it; returns the run id. Raises ValueError on a bad
         spec, and nothing is stored then."""
         from a2po.runspec import RunSpec
 
+        if self.zerogpu:
+            spec = {**spec, "runner": "chunked"}  # no process of this studio gets a GPU: only short GPU calls do
         run = RunSpec.from_dict(spec)
         clean = run.to_dict()
+        problem = self.devices.check(run.num_processes, fsdp=bool(run.fsdp))
+        if problem:
+            raise ValueError(problem)
         model, dataset = describe_spec(clean)
-        run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset)
+        # `num_devices`: the GPUs the run takes, one per process (on a CPU-only machine it takes the machine).
+        run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset, owner=owner,
+                                       num_devices=run.num_processes)
         self.store.add_log(run_id, f"Queued: {run.action} {model} on {dataset}.")
         return run_id
 
-    def tick(self) -> int | None:
-        """One scheduler pass: reap finished workers, then start the oldest queued run if none is running.
-        Returns the id of the run started, if any."""
+    def tick(self) -> list[int]:
+        """One scheduler pass: reap exited workers, supervise live ones, start what the devices allow.
+        Returns the ids of the runs started."""
         with self._lock:
             self._reap()
-            if self.active_run_ids():
-                return None
-            run = self.store.next_queued_run()
-            if run is None:
-                return None
-            self._launch(run["id"])
-            return run["id"]
+            self._supervise()
+            if self.zerogpu:
+                self._pause_idle()
+            return self._admit()
 
     def active_run_ids(self) -> list[int]:
-        """Runs whose worker process is alive (started here or re-attached)."""
+        """Runs with a live worker: started here, or running in the database with their worker alive."""
         with self._lock:
-            alive = [rid for rid, proc in self._procs.items() if proc.poll() is None]
-            return alive + [rid for rid, pid in self._attached.items() if pid_alive(pid)]
+            ids = [rid for rid, proc in self._procs.items() if proc.poll() is None]
+            ids += [r["id"] for r in self.store.list_runs(status=ACTIVE)
+                    if r["id"] not in self._procs and pid_alive(r["pid"]) and self._is_process_of(r["pid"], r)]
+            return ids
 
-    def _launch(self, run_id: int) -> None:
-        log_path = run_log_path(self.data_dir, run_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    def _busy_devices(self) -> set[str]:
+        busy = {d for devices in self._devices.values() for d in devices}
+        for run in self.store.list_runs(status=ACTIVE):
+            if self._worker_alive(run["id"], run):
+                busy.update((run.get("devices") or "*").split(","))
+        return busy
+
+    def _admit(self) -> list[int]:
+        started = []
+        busy = self._busy_devices()
+        queue = sorted(self.store.list_runs(status="queued"), key=lambda r: (r["queued_at"], r["id"]))
+        for run in queue:
+            if run["id"] in self._procs:  # started, not claimed yet
+                continue
+            if self.zerogpu and is_chunked(run):
+                continue  # its page runs its chunks (`app.zerogpu`); it takes none of this machine's devices
+            if self._retry_at.get(run["id"], 0.0) > time.time():
+                break  # the head waits out its back-off; nothing overtakes it
+            devices = self.devices.allocate(int(run.get("num_devices") or 1), busy)
+            if devices is None:
+                break
+            if is_chunked(run):
+                self._launch_chunk(run, devices)
+            else:
+                self._launch(run["id"], devices, run.get("config") or {})
+            busy.update(devices)
+            started.append(run["id"])
+        return started
+
+    def _worker_env(self, devices: list[str]) -> dict[str, str]:
+        env = dict(self.worker_env if self.worker_env is not None else os.environ, PYTHONUNBUFFERED="1")
         # The worker imports `app` and `storage` from this checkout, whatever the current directory is.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", "app.worker", "--db", str(self.store.path), "--run-id", str(run_id),
-                   "--data-dir", str(self.data_dir)]
+        if self.devices.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        # A launcher asked to stop (SIGTERM) passes the signal on to its processes and kills them after this many
+        # seconds: time for a step and a checkpoint. (The studio's own stops signal the processes directly.)
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(LAUNCHER_SHUTDOWN_TIMEOUT))
+        return env
+
+    def worker_command(self, run_id: int, spec: dict[str, Any]) -> list[str]:
+        """The command that runs a run: `python -m app.worker ...`, or for `num_processes` > 1 the same module
+        under `accelerate launch` (DDP, or FSDP when the spec asks for it; gloo processes on a CPU-only machine),
+        whose process is then the run's (its pid is the run's pid, see `app.worker`)."""
+        worker = ["--db", str(self.store.path), "--run-id", str(run_id), "--data-dir", str(self.data_dir)]
+        processes = processes_of(spec)
+        if processes <= 1:
+            return [sys.executable, "-m", "app.worker", *worker]
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
+                   "--num_machines", "1"]
+        if spec.get("fsdp") and self.devices.gpus:
+            # Untested here (no GPU). Full state dicts: checkpoints hold plain weights, as `checkpoint_complete`
+            # and a resume with another process count expect.
+            command += ["--use_fsdp", "--fsdp_sharding_strategy", str(spec["fsdp"]), "--fsdp_auto_wrap_policy",
+                        "TRANSFORMER_BASED_WRAP", "--fsdp_state_dict_type", "FULL_STATE_DICT",
+                        "--fsdp_use_orig_params", "true"]
+        else:
+            command += ["--multi_gpu"]  # without a GPU: gloo processes on the CPU
+        # Every setting explicit, so an accelerate config file of the machine's user changes nothing; port 0: the
+        # launcher picks a free port itself.
+        return [*command, "--gpu_ids", "all", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "0", "--module", "app.worker", *worker]
+
+    def _launch(self, run_id: int, devices: list[str], spec: dict[str, Any] | None = None) -> None:
+        log_path = run_log_path(self.data_dir, run_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self.worker_command(run_id, spec or {})
+        # An empty working directory: a hub id such as "org/name" must never name a local folder by accident.
+        cwd = self.data_dir / "cache" / "worker-cwd"
+        cwd.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             log.flush()
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+                                    env=self._worker_env(devices), start_new_session=True, close_fds=True, cwd=cwd)
         self._procs[run_id] = proc
-        self.store.add_log(run_id, f"Worker started (pid {proc.pid}); its output is in {log_path}.")
+        self._devices[run_id] = devices
+        self.store.update_run(run_id, devices=",".join(devices))
+        processes = processes_of(spec or {})
+        launcher = f"; accelerate launch of {processes} processes" if processes > 1 else ""
+        self.store.add_log(run_id, f"Worker started (pid {proc.pid}, devices {','.join(devices)}{launcher}); its "
+                                   f"output is in {log_path}.")
+
+    def _launch_chunk(self, run: dict[str, Any], devices: list[str]) -> None:
+        """Start the next chunk of a chunked run in a freshly forked copy of this process (`app.chunks`)."""
+        run_id = run["id"]
+        log_path = run_log_path(self.data_dir, run_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} chunk {run['chunks_done'] + 1} of run {run_id} "
+                      f"(forked, {self.chunk_seconds:g} s)\n".encode())
+        pid = fork_chunk(self.store.path, self.data_dir, run_id, self.chunk_seconds, self._worker_env(devices),
+                         log_path)
+        self._procs[run_id] = ForkedChunk(pid)
+        self._devices[run_id] = devices
+        self.store.update_run(run_id, devices=",".join(devices))
+        self.store.add_log(run_id, f"Chunk {run['chunks_done'] + 1} started (forked process {pid}, devices "
+                                   f"{','.join(devices)}, {self.chunk_seconds:g} s of work); its output is in "
+                                   f"{log_path}.")
+
+    def _chunk_died(self, run: dict[str, Any], how: str) -> None:
+        """A chunk's process died without recording an end: what it committed stays (V* rows, checkpoints), and
+        the run waits for its next chunk (queued here, paused in ZeroGPU mode), at most `MAX_AUTO_RESUMES` times
+        in a row."""
+        run_id, now = run["id"], time.time()
+        self.store.add_chunk(run_id, max(0.0, now - (run["started_at"] or now)))
+        output = tail(run_log_path(self.data_dir, run_id))
+        if run["status"] == "stopping":
+            self._end(run_id, "stopped", f"Stopped: its chunk process {how}.")
+            return
+        failures = run["auto_resumes"] + 1
+        if failures > MAX_AUTO_RESUMES:
+            self._end(run_id, "failed", f"Chunk processes of this run died {failures} times in a row (the last "
+                                        f"{how}); giving up. Last lines of its output:\n{output}")
+            return
+        waiting = "paused" if self.zerogpu else "queued"
+        # Back at its old place in the queue (queued_at unchanged).
+        if self.store.transition(run_id, ACTIVE, status=waiting, pid=None, devices=None, auto_resumes=failures,
+                                 heartbeat_at=now):
+            self.store.add_log(run_id, f"Its chunk process {how} ({failures} of {MAX_AUTO_RESUMES} in a row): the "
+                                       "next chunk continues from the last checkpoint and the stored V* values.",
+                               level="WARNING")
+
+    def _pause_idle(self) -> None:
+        """ZeroGPU mode: queued chunked runs that no page drove for `pause_after` seconds become "paused"."""
+        now = time.time()
+        for run in self.store.list_runs(status="queued"):
+            last = max(run["queued_at"] or 0.0, run["heartbeat_at"] or 0.0)
+            if is_chunked(run) and now - last > self.pause_after and self.store.transition(
+                    run["id"], "queued", status="paused"):
+                self.store.add_log(run["id"], "Paused: no open page of the run drives its chunks. Open the run's "
+                                              "page to go on.")
+
+    # ------------------------------------------------------------------ supervision
 
     def _reap(self) -> None:
-        """Forget workers that exited; a run its worker left "running" (a crash before the last write) fails."""
+        """Settle workers started here that exited. Each is forgotten only once its run's state is final."""
         for run_id, proc in list(self._procs.items()):
             code = proc.poll()
             if code is None:
                 continue
+            run = self.store.get_run(run_id)
+            if isinstance(proc, ForkedChunk) and run is not None:
+                if run["status"] in ACTIVE and run["pid"] == proc.pid:
+                    self._chunk_died(run, f"exited with code {code} without recording an end")
+                elif run["status"] == "queued" and code != 0:
+                    self._launch_failed(run, code)
+            elif run is not None and run["status"] == "queued" and run["pid"] in (None, proc.pid):
+                self._launch_failed(run, code)
+            elif run is not None and run["status"] in ACTIVE and run["pid"] == proc.pid:
+                self._end(run_id, "failed", f"Worker exited with code {code} without recording an end; last lines "
+                                            f"of its output:\n{tail(run_log_path(self.data_dir, run_id))}")
             del self._procs[run_id]
-            self._fail_if_owned(run_id, proc.pid, f"Worker exited with code {code} without recording an end; "
-                                                  f"see {run_log_path(self.data_dir, run_id)}.")
-        for run_id, pid in list(self._attached.items()):
-            if not pid_alive(pid):
-                del self._attached[run_id]
-                self._fail_if_owned(run_id, pid, "Worker died (process gone).")
+            self._devices.pop(run_id, None)
 
-    def _fail_if_owned(self, run_id: int, pid: int, message: str) -> None:
-        run = self.store.get_run(run_id)
-        if run is not None and run["status"] in ACTIVE and run["pid"] == pid:
-            self.store.transition(run_id, ACTIVE, status="failed", error=message, finished_at=time.time())
+    def _launch_failed(self, run: dict[str, Any], code: int) -> None:
+        failures = run["launch_failures"] + 1
+        output = tail(run_log_path(self.data_dir, run["id"]))
+        if failures > len(self.launch_backoff):
+            self._retry_at.pop(run["id"], None)
+            message = (f"The worker exited {failures} times before it could start the run (last exit code {code}); "
+                       f"giving up. Last lines of its output:\n{output}")
+            if self.store.transition(run["id"], "queued", status="failed", error=message, finished_at=time.time(),
+                                     launch_failures=failures, devices=None):
+                self.store.add_log(run["id"], message, level="ERROR")
+            return
+        wait = self.launch_backoff[failures - 1]
+        self._retry_at[run["id"]] = time.time() + wait
+        self.store.update_run(run["id"], launch_failures=failures, devices=None)
+        self.store.add_log(run["id"], f"The worker exited with code {code} before starting the run; trying again in "
+                                      f"{wait:.0f} s ({failures} of {len(self.launch_backoff)} retries).",
+                           level="WARNING")
+
+    def _supervise(self) -> None:
+        """Fail runs whose worker is gone, silent (no heartbeat) or hung (no progress); see the module docstring."""
+        now = time.time()
+        for run in self.store.list_runs(status=ACTIVE):
+            run_id = run["id"]
+            proc = self._procs.get(run_id)
+            if proc is not None and proc.poll() is not None:
+                continue  # exited just now: `_reap` settles it on the next pass
+            if not self._worker_alive(run_id, run):
+                if is_chunked(run):
+                    self._chunk_died(run, f"(pid {run['pid']}) is gone")
+                    continue
+                self._end(run_id, "failed", f"Worker died: process {run['pid']} is gone (killed, for example out of "
+                                            "memory, or crashed); last lines of its output:\n"
+                                            f"{tail(run_log_path(self.data_dir, run_id))}")
+                continue
+            beat = run["heartbeat_at"] or run["started_at"] or now
+            progress = run["progress_at"] or run["started_at"] or now
+            if now - beat > self.stale_after:
+                self._kill_worker(run_id, run)
+                self._end(run_id, "failed", f"Worker died: no heartbeat for {now - beat:.0f} s (pid {run['pid']} "
+                                            "killed).")
+            elif (self.run_minutes is not None and run["status"] == "running" and run["started_at"]
+                  and now - run["started_at"] + (run["chunk_seconds"] if is_chunked(run) else 0.0)
+                  > self.run_minutes * 60):
+                self.store.add_log(run_id, f"The studio's limit of {self.run_minutes:g} minutes per run is reached: "
+                                           "checkpoint and stop (Resume continues it).", level="WARNING")
+                self.stop(run_id, reason="limit")
+            elif self.watchdog_after is not None and now - progress > self.watchdog_after:
+                self._kill_worker(run_id, run)
+                logs = "\n".join(f"{x['level']} {x['message']}" for x in self._last_logs(run_id))
+                self._end(run_id, "failed", f"Watchdog: the worker (pid {run['pid']}) was alive but made no progress "
+                                            f"for {now - progress:.0f} s (no stage-1 batch, training step, evaluation "
+                                            f"or checkpoint; limit {self.watchdog_after:.0f} s), so it was killed. "
+                                            f"Its last log lines:\n{logs}", stop_reason="watchdog")
+
+    def _last_logs(self, run_id: int) -> list[dict[str, Any]]:
+        last = self.store.last_ids(run_id)["logs"]
+        return self.store.get_logs(run_id, after_id=max(0, last - LOG_TAIL_LINES))
+
+    def _end(self, run_id: int, status: str, message: str, **fields: Any) -> bool:
+        """Move an active run to its final `status` with `message` as its error (ERROR log line too)."""
+        if self.store.transition(run_id, ACTIVE, status=status, error=message, finished_at=time.time(),
+                                 devices=None, **fields):
             self.store.add_log(run_id, message, level="ERROR")
+            return True
+        return False
 
-    def reconcile(self, schedule: bool = True) -> list[int]:
-        """Check every running run against its process: dead or hung workers -> failed ("worker died"), live ones
-        re-attached; then (with `schedule`) start the scheduler thread, which starts the next queued run.
-        Call at app start. Returns the ids of the runs marked failed."""
-        failed = []
+    def reconcile(self, schedule: bool = True, **owner: Any) -> list[int]:
+        """Take the scheduler lock and check every active run against its process, as at app start: a live
+        worker is adopted (it goes on; supervision covers it); a run whose worker is gone was interrupted while no
+        studio watched it. Interrupted runs are queued again (with `auto_resume`), files of deleted runs removed.
+        With `schedule`, start the scheduler thread. Returns the runs found interrupted."""
+        self.lock.acquire(**owner)
+        interrupted = []
         now = time.time()
         with self._lock:
             self._reap()
             for run in self.store.list_runs(status=ACTIVE):
-                run_id, pid = run["id"], run["pid"]
-                if run_id in self._procs:
+                run_id = run["id"]
+                if run_id in self._procs or self._worker_alive(run_id, run):
                     continue
-                alive = pid_alive(pid) and is_worker_of(pid, run_id)
-                last_beat = run["heartbeat_at"] or run["started_at"] or 0
-                if alive and now - last_beat <= self.stale_after:
-                    self._attached[run_id] = pid
+                user_stop = run["status"] == "stopping" and run.get("stop_reason") in (None, "user")
+                message = ("The worker was gone when the studio started (the machine or container was stopped, "
+                           f"or the worker was killed while no studio was running; pid {run['pid']}).")
+                if self.zerogpu and is_chunked(run) and not user_stop:
+                    # Its page goes on with it (a paused run is left alone, here and by `_resume_interrupted`).
+                    if self.store.transition(run_id, ACTIVE, status="paused", pid=None, devices=None,
+                                             heartbeat_at=now):
+                        self.store.add_log(run_id, message.replace("worker", "chunk's process") + " Paused: open "
+                                           "its page to go on.", level="WARNING")
                     continue
-                if alive:  # hung: make sure it cannot write after being declared dead
-                    self._kill(pid, signal.SIGKILL)
-                    reason = f"Worker died: no heartbeat for {now - last_beat:.0f} s (pid {pid} killed)."
-                else:
-                    reason = f"Worker died: process {pid} is gone (killed, crashed, or the machine restarted)."
-                if self.store.transition(run_id, ACTIVE, status="failed", error=reason, finished_at=now):
-                    self.store.add_log(run_id, reason, level="ERROR")
-                    failed.append(run_id)
+                if self.store.transition(run_id, ACTIVE, status="stopped" if user_stop else "interrupted",
+                                         error=None if user_stop else message, finished_at=now, devices=None,
+                                         stop_reason="user" if user_stop else "shutdown"):
+                    self.store.add_log(run_id, message, level="WARNING")
+                    interrupted.append(run_id)
+            if self.auto_resume:
+                self._resume_interrupted()
+            self._remove_orphan_files()
         if schedule:
             self._start_scheduler()
-        return failed
+        return interrupted
+
+    def _resume_interrupted(self) -> None:
+        for run in self.store.list_runs(status="interrupted"):
+            if run["auto_resumes"] >= MAX_AUTO_RESUMES:
+                self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row: not resumed "
+                                              "automatically again; press Resume to continue it.", level="WARNING")
+                continue
+            # Back at its old place in the queue: ahead of the runs queued after it.
+            if self.store.requeue_run(run["id"], "interrupted", queued_at=run["queued_at"],
+                                      auto_resumes=run["auto_resumes"] + 1):
+                self.store.add_log(run["id"], "Resumed automatically after the interruption (from its latest "
+                                              "checkpoint and stored V* values).")
+
+    def _remove_orphan_files(self) -> None:
+        """Outputs, logs and exports of runs that no longer exist (deleted while files were busy, or by an older
+        studio that left them behind): a run's files go with it."""
+        known = {r["id"] for r in self.store.list_runs()}
+        patterns = [(self.data_dir / "runs", re.compile(r"run-(\d+)")),
+                    (self.data_dir / "logs", re.compile(r"run-(\d+)\.log")),
+                    (self.data_dir / "exports", re.compile(r"run-(\d+)-.*"))]
+        for folder, pattern in patterns:
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                match = pattern.fullmatch(path.name)
+                if match and int(match.group(1)) not in known:
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ user actions
 
-    def stop(self, run_id: int) -> bool:
+    def stop(self, run_id: int, reason: str = "user") -> bool:
         """Ask a run to stop: a queued run is stopped at once; a running one stops after its current step (stage 2)
         or batch (stage 1), saving a checkpoint. Returns False if the run was not queued or running."""
         with self._lock:
-            if self.store.transition(run_id, "queued", status="stopped", finished_at=time.time()):
+            if self.store.transition(run_id, WAITING, status="stopped", finished_at=time.time(), stop_reason=reason):
                 self.store.add_log(run_id, "Stopped before it started.")
+                self._retry_at.pop(run_id, None)
                 return True
             run = self.store.get_run(run_id)
             if run is None or run["status"] not in ACTIVE:
                 return False
-            self.store.transition(run_id, "running", status="stopping")
-            self.store.add_log(run_id, "Stop requested.")
             pid = self._pid_of(run_id, run)
-            if pid:
-                self._kill(pid, signal.SIGTERM)
+            if pid is None:  # nobody left to stop: record it now instead of waiting forever in "stopping"
+                self._end(run_id, "stopped", "Stopped; its worker was already gone.", stop_reason=reason)
+                return True
+            self.store.transition(run_id, "running", status="stopping", stop_reason=reason)
+            self.store.add_log(run_id, "Stop requested.")
+            self._signal_stop(run, pid)
             return True
 
     def resume(self, run_id: int) -> int:
-        """Queue a stopped or failed run again; it continues from its latest checkpoint and stored V* values.
-        Returns the run id. Raises ValueError when the run cannot be resumed."""
+        """Queue a stopped, interrupted or failed run again; it continues from its latest checkpoint and stored V*
+        values. Returns the run id. Raises ValueError when the run cannot be resumed."""
         run = self.store.get_run(run_id)
         if run is None:
             raise ValueError(f"Run {run_id} does not exist (it may have been deleted).")
-        if not self.store.requeue_run(run_id, ("stopped", "failed")):
-            raise ValueError(f"Run {run_id} is {run['status']}: only stopped or failed runs can be resumed; "
-                             "submit a new run to train again.")
+        if not self.store.requeue_run(run_id, (*RESUMABLE, "paused"), auto_resumes=0, launch_failures=0):
+            raise ValueError(f"Run {run_id} is {run['status']}: only stopped, interrupted or failed runs can be "
+                             "resumed (and paused chunked runs); submit a new run to train again.")
+        self._retry_at.pop(run_id, None)
         self.store.add_log(run_id, "Queued again to resume.")
         return run_id
 
     def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool:
-        """Delete a run: kill its worker if it runs, remove its rows, log and output directory (the shared value
-        set stays). Returns False if the run did not exist."""
+        """Delete a run: kill its worker if it runs, remove its rows, log, exports and output directory (the shared
+        value set stays). Returns False if the run did not exist."""
         with self._lock:
             run = self.store.get_run(run_id)
             if run is None:
                 return False
-            pid = self._pid_of(run_id, run)
-            if pid and pid_alive(pid):
-                self._kill(pid, signal.SIGKILL)  # no checkpoint needed, and no write after the rows are gone
-                deadline = time.monotonic() + kill_timeout
-                while pid_alive(pid) and time.monotonic() < deadline:
-                    proc = self._procs.get(run_id)
-                    if proc is not None:
-                        proc.poll()
-                    time.sleep(0.05)
+            if self._pid_of(run_id, run):
+                self._kill_worker(run_id, run, timeout=kill_timeout)  # no checkpoint needed, no write after
             self._procs.pop(run_id, None)
-            self._attached.pop(run_id, None)
+            self._devices.pop(run_id, None)
+            self._retry_at.pop(run_id, None)
             self.store.delete_run(run_id)
         runs_dir = self.data_dir / "runs"
         for path in {run_output_dir(self.data_dir, run_id), *([Path(run["output_dir"])] if run["output_dir"] else [])}:
@@ -273,24 +733,68 @@ class JobManager:
             if path.is_dir() and path.resolve() != runs_dir and path.resolve().is_relative_to(runs_dir):
                 shutil.rmtree(path, ignore_errors=True)
         run_log_path(self.data_dir, run_id).unlink(missing_ok=True)
+        for export in (self.data_dir / "exports").glob(f"run-{run_id}-*"):
+            shutil.rmtree(export, ignore_errors=True) if export.is_dir() else export.unlink(missing_ok=True)
         return True
 
     # ------------------------------------------------------------------ helpers
 
+    @staticmethod
+    def _is_process_of(pid: int, run: dict[str, Any]) -> bool:
+        """Is `pid` the run's worker, or (a chunked run) a process running one of its chunks?"""
+        return is_chunk_of(pid, run["id"]) if is_chunked(run) else is_worker_of(pid, run["id"])
+
+    def _worker_alive(self, run_id: int, run: dict[str, Any] | None = None) -> bool:
+        proc = self._procs.get(run_id)
+        if proc is not None:
+            return proc.poll() is None
+        run = run if run is not None else self.store.get_run(run_id)
+        return bool(run and pid_alive(run["pid"]) and self._is_process_of(run["pid"], run))
+
     def _pid_of(self, run_id: int, run: dict[str, Any]) -> int | None:
         proc = self._procs.get(run_id)
-        if proc is not None and proc.poll() is None:
-            return proc.pid
-        pid = self._attached.get(run_id) or run.get("pid")
-        return pid if pid and pid_alive(pid) and is_worker_of(pid, run_id) else None
+        if proc is not None:
+            return proc.pid if proc.poll() is None else None
+        pid = run.get("pid")
+        return pid if pid and pid_alive(pid) and self._is_process_of(pid, run) else None
+
+    def _signal_stop(self, run: dict[str, Any], pid: int) -> None:
+        """SIGTERM to a run's worker (which then stops), except a chunk running in a process this studio did not
+        start (a ZeroGPU worker, which must go on serving): the recorder reads the run's "stopping" status."""
+        if not is_chunked(run) or run["id"] in self._procs:
+            self._kill(pid, signal.SIGTERM)
+
+    def _kill_worker(self, run_id: int, run: dict[str, Any], timeout: float = 10.0) -> None:
+        """SIGKILL the worker (and its process group) and wait until it is gone, so it cannot write afterwards."""
+        pid = self._pid_of(run_id, run)
+        if pid is None:
+            return
+        processes = launched_processes(pid)
+        self._kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while (pid_alive(pid) or any(map(pid_alive, processes))) and time.monotonic() < deadline:
+            proc = self._procs.get(run_id)
+            if proc is not None:
+                proc.poll()
+            time.sleep(0.05)
 
     @staticmethod
     def _kill(pid: int, sig: int) -> None:
-        """Signal the worker; SIGKILL goes to its whole process group (its own session, see `_launch`)."""
-        try:
-            if sig == signal.SIGKILL and os.getpgid(pid) == pid:
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        """Signal the worker; SIGKILL goes to its whole process group (its own session, see `_launch`).
+
+        A launcher of several processes (`accelerate launch`) would pass a SIGTERM on to them, then kill them after
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds and exit with an error: a stop goes to its processes directly (each
+        asks for the stop; the trainer makes them agree), and a SIGKILL to their process groups as well (each
+        process has a session of its own; they also die with the launcher, see `app.worker.die_with_parent`)."""
+        processes = launched_processes(pid)
+        targets = processes if sig == signal.SIGTERM and processes else [pid]
+        if sig == signal.SIGKILL:
+            targets = [pid, *processes]
+        for target in targets:
+            try:
+                if sig == signal.SIGKILL and os.getpgid(target) == target:
+                    os.killpg(target, sig)
+                else:
+                    os.kill(target, sig)
+            except ProcessLookupError:
+                pass

@@ -33,11 +33,14 @@ class StoreRecorder(A2POCallback):
         stop_event: an in-process stop request (e.g. set by the worker's SIGTERM handler), checked with the status.
         progress_interval: least seconds between two progress/heartbeat writes (stage changes always write).
         stop_poll_interval: least seconds between two reads of the run's status.
+        deadline: a `time.monotonic()` time by which the run should stop (a chunk's budget, `app.chunks`), or
+            None. It stops as a stop request does, at the last batch or step that still ends before it (judged
+            from the duration of the previous one); `deadline_reached` then tells it apart from a user's stop.
     """
 
     def __init__(self, store: Store, run_id: int, value_set_id: int | None = None, *,
                  stop_event: threading.Event | None = None, progress_interval: float = 1.0,
-                 stop_poll_interval: float = 0.5) -> None:
+                 stop_poll_interval: float = 0.5, deadline: float | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.value_set_id = value_set_id
@@ -49,6 +52,10 @@ class StoreRecorder(A2POCallback):
         self._stage_before_values: str | None = None
         self._last_progress_write = 0.0
         self._last_stop_poll = 0.0
+        self.deadline = deadline
+        self.deadline_reached = False
+        self._unit_started: float | None = None  # when the current stage-1 batch or training step began
+        self._unit_seconds = 0.0  # how long the last one took
 
     # ------------------------------------------------------------------ helpers
 
@@ -58,10 +65,17 @@ class StoreRecorder(A2POCallback):
         self._write_progress(progress, force=True)
 
     def _write_progress(self, progress: float, force: bool = False) -> None:
+        """Progress of the current stage, and the time of this real progress (`progress_at`, which the scheduler's
+        watchdog reads: unlike the heartbeat, it stops moving when the main thread is stuck)."""
         now = time.monotonic()
         if force or now - self._last_progress_write >= self.progress_interval:
             self._last_progress_write = now
-            self.store.heartbeat(self.run_id, stage=self.stage, progress=max(0.0, min(1.0, float(progress))))
+            self.store.heartbeat(self.run_id, stage=self.stage, progress=max(0.0, min(1.0, float(progress))),
+                                 progress_at=time.time())
+
+    def touch(self) -> None:
+        """Record progress without a stage change (e.g. the model is loaded)."""
+        self.store.heartbeat(self.run_id, progress_at=time.time())
 
     def stop_requested(self) -> bool:
         """True when the worker got a stop signal or the run's status says "stopping" (read at most every
@@ -76,8 +90,19 @@ class StoreRecorder(A2POCallback):
                 self.stop_event.set()
         return self.stop_event.is_set()
 
+    def _deadline_near(self) -> bool:
+        """True when the next batch or step would end past the deadline (the previous one's duration as the
+        guess); measures that duration as a side effect, so call it once per batch or step."""
+        now = time.monotonic()
+        if self._unit_started is not None:
+            self._unit_seconds = now - self._unit_started
+        self._unit_started = now
+        if self.deadline is not None and now + self._unit_seconds >= self.deadline:
+            self.deadline_reached = True
+        return self.deadline_reached
+
     def _maybe_stop(self, control, save: bool) -> None:
-        if self.stop_requested():
+        if self._deadline_near() | self.stop_requested():
             self.stopped = True
             control.should_training_stop = True
             if save:
@@ -91,6 +116,7 @@ class StoreRecorder(A2POCallback):
     def on_values_begin(self, args, state, control, *, split: str, num_prompts: int, num_pending: int, **kwargs):
         self._stage_before_values = self.stage if self.stage != "values" else self._stage_before_values
         self.stage = "values"
+        self._unit_started = time.monotonic()
         done = num_prompts - num_pending
         self._write_progress(done / num_prompts if num_prompts else 1.0, force=True)
         self.store.add_log(self.run_id, f"Stage 1 ({split}): {num_pending} of {num_prompts} prompts to sample "
@@ -113,10 +139,13 @@ class StoreRecorder(A2POCallback):
     # ------------------------------------------------------------------ stage 2
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self._unit_started = time.monotonic()  # the first step's duration is measured from here
         self.set_stage("train", state.global_step / state.max_steps if state.max_steps else 0.0)
 
     def on_step_end(self, args, state, control, **kwargs):
         self._write_progress(state.global_step / state.max_steps if state.max_steps else 0.0)
+        if state.max_steps and state.global_step >= state.max_steps:
+            return  # the last step: training ends here anyway (stopped here, a resume would train one step more)
         self._maybe_stop(control, save=True)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -127,24 +156,33 @@ class StoreRecorder(A2POCallback):
             self.store.add_metrics(self.run_id, state.global_step, logs)
 
     def on_samples(self, args, state, control, *, samples: list[dict[str, Any]], **kwargs):
-        self.store.add_samples(self.run_id, samples)
+        # Tables show what the user asked, not the chat template around it (the V* detail keeps the template).
+        self.store.add_samples(self.run_id, [{**x, "prompt_text": x.get("question") or x.get("prompt_text")}
+                                             for x in samples])
 
     def on_evaluate(self, args, state, control, metrics: dict[str, Any] | None = None, **kwargs):
         if metrics:
             self.store.add_evaluation(self.run_id, state.global_step, metrics)
+            self.touch()
 
     def on_save(self, args, state, control, **kwargs):
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         if os.path.isdir(path):
             self.store.add_checkpoint(self.run_id, state.global_step, path)
             self.store.add_log(self.run_id, f"Checkpoint saved: {path}")
+            # The Trainer's rotation may have removed older folders: keep the table in step with the disk.
+            for row in self.store.list_checkpoints(self.run_id):
+                if not os.path.isdir(row["path"]):
+                    self.store.remove_checkpoint(self.run_id, row["path"])
+            self.touch()
 
 
 class StoreLogHandler(logging.Handler):
     """A logging handler that appends records to a run's log lines in the store.
 
-    Lines are buffered and written in one transaction every `flush_interval` seconds (or on WARNING and above),
-    so chatty libraries cost few writes. Call `flush()` before the process exits.
+    Lines are buffered and written in one transaction every `flush_interval` seconds (or on WARNING and above, or
+    a record logged with `extra={"flush_now": True}`: a line that must survive a kill right after it), so chatty
+    libraries cost few writes. Call `flush()` before the process exits.
     """
 
     def __init__(self, store: Store, run_id: int, flush_interval: float = 1.0) -> None:
@@ -170,7 +208,8 @@ class StoreLogHandler(logging.Handler):
             return
         with self.lock:
             self._buffer.append((record.levelname, message))
-        if record.levelno >= logging.WARNING or time.monotonic() - self._last_flush >= self.flush_interval:
+        if (record.levelno >= logging.WARNING or getattr(record, "flush_now", False)
+                or time.monotonic() - self._last_flush >= self.flush_interval):
             self.flush()
 
     def flush(self) -> None:

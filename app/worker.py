@@ -9,15 +9,30 @@ Stage-1 values live in a value set shared by every run with the same V* settings
 the rows already stored are handed to the trainer (`A2POTrainer.set_optimal_values`), so stage 1 samples only the
 prompts still missing (none when the set is complete). SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops
 stage 1 after the current batch or stage 2 after the current step, the Trainer writes a full checkpoint, and the
-run ends "stopped". Queuing the same run again resumes it: stage 1 continues with the prompts not yet done, and
-stage 2 continues from the latest checkpoint.
+run ends "stopped" (or "interrupted" when the studio itself is shutting down, see `app.jobs`). Queuing the same
+run again resumes it: stage 1 continues with the prompts not yet done, and stage 2 continues from the latest
+complete checkpoint. Stage 2 also checkpoints every few minutes (`RunSpec.build_config`), so a SIGKILL or a power
+cut loses at most that much training; samples are functions of the seed (`a2po.rollout`), so the resumed run
+continues the same trajectory.
+
+The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
+scheduler sees the worker exit and writes it. Fail points (`a2po.faults`) mark where the tests kill or hang it.
+
+A run with `num_processes` > 1 runs under `accelerate launch` (see `app.jobs`), one worker per process: stage 1 is
+sharded across them and every process gets the whole V* table; stage 2 is DDP. Only the main process (rank 0)
+writes to the database (claim, heartbeat, log lines, values, metrics, samples of every process, checkpoints, the
+end), and it claims the run with the pid of the launcher, its parent. A stop reaches every process at the same
+stage-1 batch or training step (`A2POTrainer` combines their wishes), so all write the checkpoint together. Each
+process dies with the launcher (`die_with_parent`), and the launcher exits when any of them fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -26,9 +41,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from a2po.faults import fault_point
 from storage import Store
 
 HEARTBEAT_INTERVAL = 2.0  # seconds between heartbeats; `app.jobs` calls a worker dead after many missed ones
+END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
+CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 logger = logging.getLogger("app.worker")
 
@@ -99,40 +118,113 @@ def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], n
         store.update_value_set_summary(value_set_id, summary)
 
 
+def process_rank() -> tuple[int, int]:
+    """(rank, number of processes) of this worker: (0, 1) alone, else as `accelerate launch` set them."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _from_main(trainer, value: Any) -> Any:
+    """`value` as the main process has it, on every process (one broadcast when there are several)."""
+    if trainer.accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value], from_process=0)[0]
+
+
+def _any_process(trainer, flag: bool) -> bool:
+    """True on every process when `flag` is true on any."""
+    if trainer.accelerator.num_processes == 1:
+        return flag
+    from accelerate.utils import gather_object
+
+    return any(gather_object([bool(flag)]))
+
+
+def stop_on_signal(stop_event: threading.Event):
+    """A callback for a process other than the main one: a stop signal (SIGTERM) it got itself asks for a stop as
+    the main process's recorder does, and `A2POTrainer` stops every process at the same batch or step.
+    (Built here: `a2po` imports transformers, which `app.jobs`, importing this module, must not pay for.)"""
+    from a2po.callbacks import A2POCallback
+
+    class StopOnSignal(A2POCallback):
+        stopped = False
+
+        def on_values_batch(self, args, state, control, **kwargs):
+            if stop_event.is_set():
+                self.stopped = control.should_training_stop = True
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop_event.is_set():
+                self.stopped = control.should_training_stop = control.should_save = control.should_log = True
+
+    return StopOnSignal()
+
+
 def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
-            stop_event: threading.Event) -> str:
+            stop_event: threading.Event, deadline: float | None = None) -> str:
     """Run a claimed run to its end; returns "finished". Raises on failure, `StopRequested` /
-    `a2po.StageInterrupted` when stopped."""
+    `a2po.StageInterrupted` when stopped.
+
+    `deadline` (a `time.monotonic()` time; a chunk of `app.chunks`) stops the run as a stop request does, after
+    the last stage-1 batch or training step that ends before it (with a full checkpoint in stage 2), without
+    setting `stop_event`: a caller tells the two apart by it.
+
+    Under `accelerate launch` every process runs this: the main one (rank 0) records the run (recorder, value set,
+    checkpoints); the others only compute and read the database, and every decision they must share (the value
+    set, which V* rows are known, the checkpoint to resume, a stop) comes from the main process or from all."""
     from a2po.runspec import RunSpec
     from app.recorder import StoreRecorder
 
     run_id = run["id"]
+    main = process_rank()[0] == 0
     spec = RunSpec.from_dict(run["config"])
     output_dir = run_output_dir(data_dir, run_id)
     output_dir.mkdir(parents=True, exist_ok=True)
-    store.update_run(run_id, output_dir=str(output_dir))
-    recorder = StoreRecorder(store, run_id, stop_event=stop_event)
+    recorder = None
+    if main:
+        store.update_run(run_id, output_dir=str(output_dir))
+        recorder = StoreRecorder(store, run_id, stop_event=stop_event, deadline=deadline)
+    stopper = recorder if recorder is not None else stop_on_signal(stop_event)
 
     def check_stop() -> None:
-        if recorder.stop_requested():
+        wanted = recorder.stop_requested() if recorder is not None else stop_event.is_set()
+        if _any_process(trainer, wanted):
             raise StopRequested(f"Run {run_id} was asked to stop.")
 
-    logger.info("Run %s: %s %s on %s (output in %s).", run_id, spec.action, spec.model, run["dataset"], output_dir)
+    if main:
+        logger.info("Run %s: %s %s on %s (output in %s).", run_id, spec.action, spec.model, run["dataset"],
+                    output_dir)
     # The store is the one source of truth for V*: the trainer's own jsonl cache would let it skip prompts whose
     # values never reached the database (e.g. a worker killed between the two writes).
-    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[recorder], save_values=False)
+    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], save_values=False)
+    if recorder is not None:
+        recorder.touch()  # loading the model counts as progress for the watchdog
     if spec.action == "evaluate" and trainer.eval_dataset is None:
         raise ValueError("An 'evaluate' run needs an eval set: set dataset.eval_size > 0 in the run spec.")
     args = trainer.args
-    value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec, args))
-    recorder.value_set_id = value_set_id
-    store.update_run(run_id, value_set_id=value_set_id)
+    value_set_id = None
+    if main:
+        value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec, args))
+        recorder.value_set_id = value_set_id
+        store.update_run(run_id, value_set_id=value_set_id)
+    value_set_id = _from_main(trainer, value_set_id)
 
     # Hand the stored V* rows to the trainer, so stage 1 samples only what is missing.
     splits = {"train": trainer.train_dataset, **trainer.eval_sets()} if trainer.train_dataset is not None \
         else trainer.eval_sets()
-    for name in splits:
-        trainer.set_optimal_values([row for row in store.get_values(value_set_id, name) if row["rewards"]], name)
+    known = {name: [row for row in store.get_values(value_set_id, name) if row["rewards"]] for name in splits}
+    if trainer.accelerator.num_processes > 1:
+        # The rows the main process read, on every process (another run may add rows to a shared value set
+        # meanwhile): the processes must agree on what is pending, or their shards would overlap.
+        ids = _from_main(trainer, {name: sorted(row["prompt_id"] for row in rows) for name, rows in known.items()})
+        for name, rows in known.items():
+            by_id = {row["prompt_id"]: row for row in rows}
+            if not set(ids[name]) <= set(by_id):
+                raise RuntimeError(f"Stage 1 ({name}): V* rows the main process read are missing here.")
+            known[name] = [by_id[pid] for pid in ids[name]]
+    for name, rows in known.items():
+        trainer.set_optimal_values(rows, name)
     check_stop()
 
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
@@ -141,46 +233,154 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
         for split in needed:
             trainer.estimate_optimal_values(splits[split], split=split)
     finally:
-        _update_value_set(store, value_set_id, splits, args.num_value_samples)
+        if main:
+            _update_value_set(store, value_set_id, splits, args.num_value_samples)
     check_stop()
 
     if spec.action == "train":
-        checkpoint = _latest_checkpoint(store, run_id)
-        if checkpoint:
-            logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint)
+        checkpoint = resume_checkpoint(store, run_id, output_dir) if main else None
+        checkpoint = _from_main(trainer, checkpoint)
+        if checkpoint and main:
+            logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint, extra={"flush_now": True})
         trainer.train(resume_from_checkpoint=checkpoint)
-        if recorder.stopped:
+        if _any_process(trainer, stopper.stopped):
             raise StopRequested(f"Run {run_id} stopped at step {trainer.state.global_step}.")
-        evaluated = {e["step"] for e in store.get_evaluations(run_id)}
-        if trainer.eval_dataset is not None and trainer.state.global_step not in evaluated:
-            recorder.set_stage("eval")
+        evaluated = {e["step"] for e in store.get_evaluations(run_id)} if main else set()
+        if _from_main(trainer, trainer.eval_dataset is not None and trainer.state.global_step not in evaluated):
+            if recorder is not None:
+                recorder.set_stage("eval")
             trainer.evaluate()
         trainer.save_model()
-        logger.info("Run %s: final model saved in %s.", run_id, output_dir)
+        if main:
+            logger.info("Run %s: final model saved in %s.", run_id, output_dir)
+            # The final model replaces the checkpoints (optimizer states are twice the model): free the disk.
+            for row in store.list_checkpoints(run_id):
+                shutil.rmtree(row["path"], ignore_errors=True)
+                store.remove_checkpoint(run_id, row["path"])
     elif spec.action == "evaluate":
-        recorder.set_stage("eval")
+        if recorder is not None:
+            recorder.set_stage("eval")
         trainer.evaluate()
     return "finished"
 
 
-def _latest_checkpoint(store: Store, run_id: int) -> str | None:
-    """The newest recorded checkpoint that still exists on disk (rotation may have removed some)."""
-    for row in sorted(store.list_checkpoints(run_id), key=lambda r: (r["step"], r["id"]), reverse=True):
-        if Path(row["path"], "trainer_state.json").is_file():
-            return row["path"]
-    return None
+def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
+    """True when a checkpoint folder holds everything a resume needs. The Trainer writes `trainer_state.json`
+    last, so a folder without a readable one was cut short (a kill or a full disk mid-save)."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    weights = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+    return "global_step" in state and any((path / name).is_file() for name in weights)
+
+
+def resume_checkpoint(store: Store, run_id: int, output_dir: Path) -> str | None:
+    """The newest complete checkpoint of the run, or None (train from the start).
+
+    Checkpoint folders after it (cut short by a kill mid-save, or never recorded because the kill came between
+    the save and the database write) are removed first: the Trainer's rotation keeps the highest step numbers,
+    so a torn newer folder would otherwise survive while a complete older one is deleted.
+    """
+    recorded = {Path(row["path"]).name for row in store.list_checkpoints(run_id)}
+    folders = sorted((p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+                     key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+    chosen = next((p for p in folders if checkpoint_complete(p)), None)
+    for folder in folders:
+        if chosen is None or int(folder.name.split("-")[-1]) > int(chosen.name.split("-")[-1]):
+            logger.warning("Run %s: removing incomplete checkpoint %s.", run_id, folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            store.remove_checkpoint(run_id, str(folder))
+    if chosen is not None and chosen.name not in recorded:
+        step = json.loads((chosen / "trainer_state.json").read_text())["global_step"]
+        store.add_checkpoint(run_id, step, str(chosen))  # saved, but the worker died before recording it
+    return None if chosen is None else str(chosen)
+
+
+def record_end(store: Store, run_id: int, status: str, error: str | None) -> bool:
+    """Write how the run ended, retrying while the database is busy; False if it could not be written (then
+    `app.jobs` writes it when it sees this process exit). A stop asked by the studio's own shutdown ends
+    "interrupted": it is resumed when the studio starts again."""
+    fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "error": error, "devices": None}
+    if status == "finished":
+        fields.update(progress=1.0, stage=None)
+    for attempt in range(END_WRITE_ATTEMPTS):
+        try:
+            fault_point("record_end")
+            if status == "stopped":
+                run = store.get_run(run_id)
+                if run is not None and run.get("stop_reason") == "shutdown":
+                    fields["status"] = "interrupted"
+            # Only a run this worker still owns: a run deleted or failed by the scheduler meanwhile stays so.
+            store.transition(run_id, ("running", "stopping"), **fields)
+            return True
+        except Exception as failure:  # noqa: BLE001 - a locked or full disk: wait and try again
+            logger.warning("Could not record the end of run %s (attempt %d): %s", run_id, attempt + 1, failure)
+            time.sleep(min(10.0, 0.5 * 2**attempt))
+    return False
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent (the launcher) dies, however it dies (`accelerate
+    launch` starts each process in a session of its own, out of reach of a signal to the launcher's group)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux: the scheduler kills the launcher's children itself
+        return
+    if os.getppid() != parent:  # it died before prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def follow(store: Store, run_id: int, data_dir: str, owner: int, stop_event: threading.Event) -> int:
+    """A process other than the main one: wait until the main process claimed the run for this launch (`owner`),
+    then compute its share. It writes nothing to the database; its output goes to the run's log file."""
+    from a2po.callbacks import StageInterrupted
+
+    deadline = time.monotonic() + CLAIM_WAIT
+    while True:
+        run = store.get_run(run_id)
+        if run is not None and run["pid"] == owner and run["status"] in ("running", "stopping"):
+            break
+        if run is None or run["status"] != "queued" or stop_event.is_set() or time.monotonic() > deadline:
+            print(f"Run {run_id} is not running for this launch (pid {owner}); nothing to do.", flush=True)
+            return 0
+        time.sleep(0.1)
+    try:
+        run_job(store, run, data_dir, stop_event)
+    except (StopRequested, StageInterrupted):
+        pass
+    except Exception:  # noqa: BLE001 - printed to the run's log; the launcher then ends the other processes
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Claim run `--run-id`, run it, and record its end. Exit code 0: finished, stopped or nothing to do."""
+    """Claim run `--run-id`, run it, and record its end. Exit code 0: finished, stopped or nothing to do.
+
+    Under `accelerate launch` every process runs this: the main one (rank 0) claims the run with the launcher's
+    pid, beats the heartbeat, records everything and how the run ended; the others wait for its claim (`follow`)."""
     parser = argparse.ArgumentParser(prog="python -m app.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="the studio database file")
     parser.add_argument("--run-id", type=int, required=True, help="the queued run to execute")
     parser.add_argument("--data-dir", required=True, help="where run outputs go (<data-dir>/runs/run-<id>)")
     options = parser.parse_args(argv)
 
+    rank, world = process_rank()
+    # Under `accelerate launch` (several processes) the run belongs to the launcher, this process's parent: its pid
+    # is the run's pid (the scheduler started it; it exits when any process of the run fails), and no process of
+    # the run outlives it.
+    owner = os.getppid() if world > 1 else os.getpid()
+    if world > 1:
+        die_with_parent(owner)
+    where = f" [process {rank} of {world}]" if world > 1 else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
     store = Store(options.db)
     run_id = options.run_id
     stop_event = threading.Event()
@@ -188,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: stop_event.set())
 
-    if not store.claim_run(run_id, os.getpid()):
+    fault_point("worker_start")
+    if rank > 0:
+        return follow(store, run_id, options.data_dir, owner, stop_event)
+    if not store.claim_run(run_id, owner):
         run = store.get_run(run_id)
         state = "does not exist" if run is None else f"is {run['status']}, not queued"
         print(f"Run {run_id} {state} in {options.db}; nothing to do (queue it again to run it).", flush=True)
@@ -214,18 +417,17 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("Run %s: %s", run_id, failure)
         else:
             error = traceback.format_exc()
+            if world > 1:  # often a collective that failed because another process died: its traceback is there
+                error += (f"\n(One of the run's {world} processes; the output of every process is in "
+                          f"{run_log_path(options.data_dir, run_id)}.)")
             logger.error("Run %s failed:\n%s", run_id, error)
     finally:
         heartbeat.stop()
-        fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "error": error}
-        if status == "finished":
-            fields.update(progress=1.0, stage=None)
-        # Only a run this worker still owns: a run deleted meanwhile stays deleted.
-        store.transition(run_id, ("running", "stopping"), **fields)
         logger.info("Run %s %s.", run_id, status)
         log_handler.flush()
         logging.getLogger().removeHandler(log_handler)
-    return 1 if status == "failed" else 0
+        recorded = record_end(store, run_id, status, error)
+    return 1 if status == "failed" or not recorded else 0
 
 
 if __name__ == "__main__":

@@ -77,8 +77,11 @@ def test_train_end_to_end_and_value_set_reuse(env, tiny_model_dir):
     assert any(n.startswith("values/train/") for n in names)
     assert sorted({m["step"] for m in store.get_metrics(first, names=["loss"])}) == [1, 2]
     samples = store.get_samples(first, limit=None)
-    assert Counter((s["split"], s["step"]) for s in samples) == {("train", 1): 4, ("train", 2): 4, ("eval", 2): 4}
-    assert [e["step"] for e in store.get_evaluations(first)] == [2]
+    assert Counter((s["split"], s["step"]) for s in samples) == {("eval", 0): 4, ("train", 1): 4, ("train", 2): 4,
+                                                                  ("eval", 2): 4}
+    # Held-out accuracy before training (step 0) and after.
+    assert [e["step"] for e in store.get_evaluations(first)] == [0, 2]
+    assert [m["step"] for m in store.get_metrics(first, names=["eval_accuracy"])] == [0, 2]
     assert (Path(run["output_dir"]) / "model.safetensors").is_file()
 
     run2 = wait_status(store, second, ("finished", "failed"))
@@ -136,27 +139,27 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     assert any("resuming stage 2 from" in r["message"] for r in store.get_logs(run_id))
 
 
-def test_killed_worker_is_failed_by_reconcile_and_live_one_reattached(env, tiny_model_dir, tmp_path):
+def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_model_dir, tmp_path):
     store, manager = env
     run_id = manager.submit(make_spec(tiny_model_dir, "doomed", max_steps=1000, eval_size=0))
     manager.start()
     wait_for(lambda: store.max_metric_id(run_id), what="the worker to train")
     run = store.get_run(run_id)
     assert run["status"] == "running"
-    manager.close()  # like an app that exits: the worker keeps running
+    manager.close()  # like an app that exits (Ctrl-C): the worker keeps running
 
-    # A new app process re-attaches to the live worker instead of failing it, and starts nothing else.
+    # A new app process adopts the live worker instead of failing it, and starts nothing else meanwhile.
     queued = manager.submit(make_spec(tiny_model_dir, "waits"))
     restarted = JobManager(store, tmp_path / "data", poll_interval=0.2)
     try:
         assert restarted.reconcile(schedule=False) == []
         assert restarted.active_run_ids() == [run_id]
-        assert restarted.tick() is None and store.get_run(queued)["status"] == "queued"
+        assert restarted.tick() == [] and store.get_run(queued)["status"] == "queued"
 
+        # A worker that dies while the studio watches fails its run (no automatic resume: it may die again).
         os.kill(run["pid"], signal.SIGKILL)
         wait_for(lambda: not restarted.active_run_ids(), what="the worker to die")
-        again = JobManager(store, tmp_path / "data", poll_interval=0.2)
-        assert again.reconcile(schedule=False) == [run_id]
+        restarted.tick()
         failed = store.get_run(run_id)
         assert failed["status"] == "failed" and "worker died" in failed["error"].lower()
         assert restarted.stop(queued) and store.get_run(queued)["status"] == "stopped"
@@ -177,7 +180,7 @@ def test_queue_actions_without_workers(env, tiny_model_dir):
     assert store.list_runs() == []
 
     run_id = manager.submit(make_spec(tiny_model_dir, "queued"))
-    with pytest.raises(ValueError, match="only stopped or failed runs can be resumed"):
+    with pytest.raises(ValueError, match="only stopped, interrupted or failed runs can be resumed"):
         manager.resume(run_id)
     assert manager.stop(run_id) and store.get_run(run_id)["status"] == "stopped"
     assert not manager.stop(run_id)
