@@ -1,0 +1,165 @@
+"""The Run page's polling (`app.ui.run.refresh`) against a real Store wrapped to count its reads: a finished run
+stops the timer and costs nothing, an unchanged active run costs at most the shared snapshot, only the views on
+screen are sent, and many sessions on one run share one computation per new data version."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from app.ui import live, run
+from app.ui.common import Services
+from storage import Store
+
+SPEC = {"name": "poll", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 4}}
+INPUTS = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
+
+
+class CountingStore:
+    """A Store whose every method call is counted (reads and writes alike)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+@pytest.fixture
+def page(tmp_path, monkeypatch):
+    """(services with a counting store, the run id, the underlying store); a clean shared cache."""
+    monkeypatch.setattr(live, "SHARED", live.Shared())
+    store = Store(tmp_path / "studio.db")
+    run_id = store.create_run("poll", "train", SPEC)
+    vs = store.get_or_create_value_set("fp", {})
+    store.add_values(vs, "train", [{"prompt_id": f"p{i}", "prompt": f"What is {i}?", "v_star": i / 4,
+                                    "rewards": [1.0] * i + [0.0] * (4 - i), "completions": ["x"] * 4,
+                                    "num_correct": i, "filtered": i == 0} for i in range(5)])
+    store.update_run(run_id, value_set_id=vs, status="running", stage="train", started_at=1.0)
+    store.add_metrics(run_id, 1, {"loss": 1.0})
+    counting = CountingStore(store)
+    return Services(store=counting, jobs=None, data_dir=Path(tmp_path)), run_id, store
+
+
+def outputs(result: list) -> dict:
+    """The non-skipped outputs of one refresh, by name."""
+    skip = gr.skip()
+    return {name: value for name, value in zip(run.OUTPUTS, result, strict=True)
+            if not (isinstance(value, dict) and value == skip)}
+
+
+def timer_active(result: list) -> bool | None:
+    timer = outputs(result).get("timer")
+    return None if timer is None else timer.active
+
+
+def test_a_finished_run_switches_the_timer_off_and_a_late_poll_reads_nothing(page, monkeypatch):
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 3600.0)  # no new snapshot second during the test
+    store.update_run(run_id, status="finished", progress=1.0)
+    first = run.refresh(services, run_id, None, *INPUTS)
+    assert timer_active(first) is False
+    assert "header" in outputs(first) and "finished" in outputs(first)["header"]
+    state = first[0]
+    services.store.calls.clear()
+    version = run.run_version(services.store, run_id)  # a poll already on its way when the timer stopped
+    assert version["status"] == "finished" and run.run_version(services.store, run_id) == version
+    again = run.refresh(services, run_id, state, *INPUTS)  # and a redraw that finds nothing new
+    assert set(outputs(again)) == {"state"}
+    assert services.store.calls == {}  # no store work at all
+
+
+def test_an_active_run_switches_the_timer_on_and_an_unchanged_poll_reads_only_the_snapshot(page, monkeypatch):
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 3600.0)
+    first = run.refresh(services, run_id, None, *INPUTS)
+    assert timer_active(first) is True
+    assert {"header", "histogram", "table", "summary"} <= set(outputs(first))
+    assert f'data-run="{run_id}"' in outputs(first)["progress"]  # what the page's poller asks about
+    state = first[0]
+    services.store.calls.clear()
+    version = run.run_version(services.store, run_id)
+    assert services.store.calls == {}  # within the snapshot's second: the shared snapshot, no read
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 1e-9)  # every poll reads a fresh snapshot
+    assert run.run_version(services.store, run_id) == version
+    assert set(services.store.calls) <= {"get_run", "last_ids", "get_value_set"}  # the snapshot only
+    store.add_metrics(run_id, 2, {"loss": 0.5})
+    moved = run.run_version(services.store, run_id)
+    assert [g for g in moved if moved[g] != version[g]] == ["training"]  # only that group is redrawn
+
+    store.update_run(run_id, status="finished")
+    assert run.run_version(services.store, run_id)["status"] == "finished"
+    last = run.refresh(services, run_id, state, *INPUTS)
+    assert timer_active(last) is False and "finished" in outputs(last)["header"]
+
+
+def test_only_the_visible_tab_is_sent_and_a_tab_catches_up_when_opened(page, monkeypatch):
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 1e-9)
+    state = run.refresh(services, run_id, None, *INPUTS)[0]  # the V* tab is open
+    store.add_metrics(run_id, 2, {"loss": 0.5})
+    store.add_log(run_id, "step 2")
+    moved = outputs(run.refresh(services, run_id, state, *INPUTS))
+    assert "plot" not in moved and "logs" not in moved  # their tabs are hidden
+    training = outputs(run.refresh(services, run_id, state, *INPUTS, tab="training"))
+    assert "plot" in training and "evaluations" in training and "table" not in training
+    assert "Loss" in training["plot"].plot
+    logs = outputs(run.refresh(services, run_id, state, *INPUTS, tab="logs"))
+    assert "step 2" in logs["logs"]
+
+
+def test_many_sessions_share_one_computation_per_stage1_batch(page, monkeypatch):
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 1e-9)
+    states = [run.refresh(services, run_id, None, *INPUTS)[0] for _ in range(30)]
+    assert services.store.calls["value_stats"] == 1 and services.store.calls["get_values"] == 0
+    services.store.calls.clear()
+    store.add_values(store.get_run(run_id)["value_set_id"], "train",
+                     [{"prompt_id": "new", "prompt": "What is new?", "v_star": 1.0, "rewards": [1.0] * 4,
+                       "completions": ["y"] * 4, "num_correct": 4}])
+    for state in states:
+        moved = outputs(run.refresh(services, run_id, state, *INPUTS))
+        assert "**6 prompts**" in moved["summary"] and "kept (5)" in moved["histogram"].plot and "table" in moved
+    assert services.store.calls["value_stats"] == 1
+    # The first page in stage-1 order was not full: only the rows stored since were read, once.
+    assert services.store.calls["values_after"] == 1 and services.store.calls["values_page"] == 0
+    assert services.store.calls["get_values"] == 0
+
+
+def test_picking_another_run_sets_the_timer_for_it(page):
+    services, run_id, store = page
+    other = store.create_run("done", "train", SPEC)
+    store.update_run(other, status="failed", error="boom")
+    state = run.refresh(services, run_id, None, *INPUTS)[0]
+    assert state["polling"] is True
+    switched = run.refresh(services, other, run.new_state(other, state["tab"]), *INPUTS)
+    assert timer_active(switched) is False and "boom" in outputs(switched)["error"].value
+    nothing = run.refresh(services, None, None, *INPUTS)
+    assert timer_active(nothing) is False and "Pick a run" in outputs(nothing)["header"]
+    assert run.run_version(services.store, 999) == {"status": "gone"}
+
+
+def test_the_poller_redraws_a_group_with_its_outputs_only(page, monkeypatch):
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 1e-9)
+    run.refresh(services, run_id, None, *INPUTS)
+    store.add_metrics(run_id, 2, {"loss": 0.25})
+    header, progress, plot, evaluations = run.draw_group(services, "training", run_id, *INPUTS)
+    assert "Loss" in plot.plot and list(evaluations.columns) == ["step", "split"] and "poll" in header
+    header, progress = run.draw_group(services, "head", run_id, *INPUTS)
+    assert "poll" in header and f'data-run="{run_id}"' in progress
+    store.update_run(run_id, status="finished")
+    controls = dict(zip(run.GROUPS["controls"][1], run.draw_group(services, "controls", run_id, *INPUTS), strict=True))
+    assert controls["timer"].active is False and controls["resume"].interactive is False
+    assert run.draw_group(services, "logs", 999, *INPUTS) == [gr.skip()] * 3
