@@ -28,13 +28,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_app(data_dir: Path, port: int) -> subprocess.Popen:
-    """`python -m app` on `port`, offline, logging to data_dir/app.log; returns once it answers HTTP."""
+def start_app(data_dir: Path, port: int, *args: str) -> subprocess.Popen:
+    """`python -m app` on `port` (with more `args`), offline, logging to data_dir/app.log; returns once it answers
+    HTTP."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir), *args],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -73,7 +74,8 @@ def tiny_spec(model: str, name: str, **config) -> dict:
 def client(tmp_path_factory, tiny_model_dir) -> Iterator[Client]:
     data_dir = tmp_path_factory.mktemp("studio")
     port = free_port()
-    proc = start_app(data_dir, port)
+    # Tiny test models live in temporary folders: a model root of this studio.
+    proc = start_app(data_dir, port, "--model-root", tiny_model_dir)
     try:
         yield Client(f"http://127.0.0.1:{port}/", verbose=False)
     finally:
@@ -129,14 +131,14 @@ def test_stop_resume_and_delete(client, tiny_model_dir):
 def test_bad_requests_are_errors(client, tmp_path):
     from gradio_client.exceptions import AppError
 
-    with pytest.raises(AppError, match="No model folder"):
+    with pytest.raises(AppError, match="not under a model folder of this studio"):
         client.predict(spec=tiny_spec(str(tmp_path / "missing"), "bad"), api_name="/launch")
-    with pytest.raises(AppError, match="beta1 must be > 0"):
+    with pytest.raises(AppError, match=r"config.beta1: β₁ \(V\* temperature\) must be > 0"):
         client.predict(spec={**tiny_spec(str(tmp_path), "bad"), "model": "SmolLM2-135M-Instruct",
                              "config": {"beta1": 0}}, api_name="/launch")
     with pytest.raises(AppError, match="No run #999"):
         client.predict(run_id=999, api_name="/status")
     finished = [r for r in client.predict(api_name="/list_runs") if r["status"] == "finished"]
     if finished:  # left by test_launch_status_list_and_metrics
-        with pytest.raises(AppError, match="only stopped or failed runs"):
+        with pytest.raises(AppError, match="only stopped, interrupted or failed runs"):
             client.predict(run_id=finished[0]["id"], api_name="/resume")

@@ -1,4 +1,5 @@
-"""Launch-form validation: one message per bad input, next to the right field; a valid spec for good input."""
+"""The allow-list and the launch form: one message per bad input, next to the right field; a valid spec for good
+input; the API's specs through the same checks."""
 
 from __future__ import annotations
 
@@ -6,16 +7,26 @@ from pathlib import Path
 
 import pytest
 
+from a2po.presets import PRESETS, preset_spec
 from a2po.runspec import RunSpec
 from a2po.testing import make_tiny_model
 from app import forms
+from app.policy import PUBLIC_LIMITS, Policy
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("models") / "tiny"  # named "tiny": the generated run name uses it
-    make_tiny_model(path)
-    return str(path)
+def studio(tmp_path_factory) -> Path:
+    """A data folder with a tiny model under its models/ root and a data file under datasets/."""
+    data_dir = tmp_path_factory.mktemp("studio")
+    make_tiny_model(data_dir / "models" / "tiny")  # named "tiny": the generated run name uses it
+    (data_dir / "datasets").mkdir()
+    (data_dir / "datasets" / "qa.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    return data_dir
+
+
+@pytest.fixture
+def policy(studio) -> Policy:
+    return Policy(studio)
 
 
 def form(**changes) -> dict:
@@ -24,35 +35,39 @@ def form(**changes) -> dict:
     return values
 
 
-def errors_of(**changes) -> dict[str, str]:
-    result = forms.validate_form(form(**changes))
+def errors_of(policy: Policy, **changes) -> dict[str, str]:
+    result = forms.validate_form(form(**changes), policy)
     assert result.spec is None
     return result.errors
 
 
-def test_default_form_gives_a_valid_spec():
-    result = forms.validate_form(form())
+def test_default_form_gives_the_teaching_preset(policy):
+    result = forms.validate_form(form(), policy)
     assert result.ok, result.errors
     spec = result.spec
-    assert spec["action"] == "train"
-    assert spec["model"] == "SmolLM2-135M-Instruct"
-    assert spec["dataset"] == {"source": "arithmetic", "num_prompts": 128, "difficulty": 2, "operations": "+",
-                               "seed": 0, "eval_size": 32}
-    assert spec["rewards"] == [{"name": "exact_match", "weight": 1.0}]
-    assert spec["config"]["beta1"] == 0.5 and spec["config"]["num_value_samples"] == 8
-    assert None not in spec["config"].values()  # "0 means off" fields are left to the library default
-    assert "top_k" not in spec["config"]
+    assert spec["action"] == "train" and spec["model"] == "SmolLM2-135M-Instruct"
+    preset = preset_spec()
+    assert spec["dataset"] == preset["dataset"] and spec["rewards"] == preset["rewards"]
+    assert {k: spec["config"][k] for k in preset["config"]} == preset["config"]
+    assert None not in spec["config"].values()
+    assert "top_k" not in spec["config"]  # "0 means off" fields are left to the library default
     assert spec["peft"] is None
     RunSpec.from_dict(spec)  # the library accepts what the form builds
+    # The form, the API's empty spec and every preset agree.
+    assert forms.check_spec({}, policy).spec == spec
+    for name in PRESETS:
+        assert forms.validate_form(forms.default_form(name), policy).spec == forms.check_spec({"preset": name},
+                                                                                              policy).spec
 
 
-def test_spec_for_tiny_model_with_lora_and_two_rewards(tiny_model):
-    result = forms.validate_form(form(model=tiny_model, action="values", lora=True, lora_r=4, lora_alpha=8,
+def test_spec_for_tiny_model_with_lora_and_two_rewards(policy, studio):
+    tiny = str(studio / "models" / "tiny")
+    result = forms.validate_form(form(model=tiny, action="values", lora=True, lora_r=4, lora_alpha=8,
                                       rewards={"exact_match": 1.0, "math_equivalence": 0.5}, top_k=20,
-                                      operations="+-", name=""))
+                                      operations="+-", name=""), policy)
     assert result.ok, result.errors
     spec = result.spec
-    assert spec["model"] == tiny_model and spec["action"] == "values"
+    assert spec["model"] == tiny and spec["action"] == "values"
     assert spec["peft"] == {"r": 4, "lora_alpha": 8}
     assert spec["rewards"][1] == {"name": "math_equivalence", "weight": 0.5}
     assert spec["config"]["top_k"] == 20
@@ -62,20 +77,33 @@ def test_spec_for_tiny_model_with_lora_and_two_rewards(tiny_model):
 
 @pytest.mark.parametrize(("model", "message"), [
     ("", "Choose a model"),
-    ("/nonexistent/model/dir", "No model folder at /nonexistent/model/dir"),
+    ("/nonexistent/model/dir", "is not under a model folder of this studio"),
     ("not a model!", "Unknown model"),
+    ("../../etc", "is not under a model folder"),
 ])
-def test_bad_models(model, message):
-    assert message in errors_of(model=model)["model"]
+def test_bad_models(policy, model, message):
+    assert message in errors_of(policy, model=model)["model"]
 
 
-def test_folder_without_config_is_not_a_model(tmp_path):
-    assert "no config.json" in errors_of(model=str(tmp_path))["model"]
+def test_model_folders_must_be_inside_a_root(policy, studio, tmp_path):
+    (studio / "models" / "empty").mkdir(exist_ok=True)
+    assert "no config.json" in errors_of(policy, model=str(studio / "models" / "empty"))["model"]
+    outside = tmp_path / "elsewhere"
+    make_tiny_model(outside)
+    assert "not under a model folder" in errors_of(policy, model=str(outside))["model"]
+    # A symlink inside the root that points outside is followed, and refused.
+    (studio / "models" / "link").symlink_to(outside, target_is_directory=True)
+    assert "not under a model folder" in errors_of(policy, model=str(studio / "models" / "link"))["model"]
+    assert forms.validate_form(form(model=str(outside)), Policy(studio, model_roots=(tmp_path,))).ok
 
 
-def test_hub_model_must_be_cached_when_offline():
-    assert forms.check_model("some-org/not-cached-model", offline=False) is None
-    assert "not in the local Hugging Face cache" in forms.check_model("some-org/not-cached-model", offline=True)
+def test_hub_models_need_the_cache_offline_and_the_hub_allowed(studio):
+    policy = Policy(studio)
+    assert forms.check_model("some-org/not-cached-model", policy, offline=False) is None
+    assert "not in the local Hugging Face cache" in forms.check_model("some-org/not-cached-model", policy,
+                                                                      offline=True)
+    assert "Hub models are off" in forms.check_model("some-org/model", Policy(studio, allow_hub=False))
+    assert "Unknown model" in forms.check_model("org/../x", policy)
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -89,86 +117,168 @@ def test_hub_model_must_be_cached_when_offline():
     ("top_p", 1.5, "must be in (0, 1]"),
     ("temperature", 0, "must be > 0"),
     ("top_k", -1, "must be 0 or more"),
+    ("num_value_samples", 1000, "must be at most 256 on this studio (got 1000)"),
+    ("lr_scheduler_type", "sawtooth", "one of constant"),
+    ("warmup_steps", -1, "must be 0 or more"),
 ])
-def test_impossible_hyper_parameters(field, value, message):
-    errors = errors_of(**{field: value})
+def test_impossible_hyper_parameters(policy, field, value, message):
+    errors = errors_of(policy, **{field: value})
     assert list(errors) == [field]
     assert message in errors[field]
 
 
-def test_arithmetic_dataset_errors():
-    assert "0 or more" in errors_of(eval_size=-1)["eval_size"]
-    assert "at least 1" in errors_of(num_prompts=0)["num_prompts"]
-    assert "Pick at least one operation" in errors_of(operations="")["operations"]
-    assert "1 to 4" in errors_of(difficulty=9)["difficulty"]
+def test_limits_bound_the_form_and_are_named(studio):
+    public = Policy(studio, limits=PUBLIC_LIMITS)
+    errors = errors_of(public, num_value_samples=32, max_completion_length=4096, num_prompts=5000)
+    assert errors["num_value_samples"].endswith("must be at most 16 on this studio (got 32).")
+    assert "at most 512" in errors["max_completion_length"]
+    assert "from 1 to 2000" in errors["num_prompts"]
+    # The teaching demo stays within the public limits.
+    assert forms.validate_form(form(), public).ok
 
 
-def test_file_dataset_errors(tmp_path):
-    assert "Upload" in errors_of(dataset_source="file", file_path="")["file_path"]
-    assert "No file at" in errors_of(dataset_source="file", file_path=str(tmp_path / "x.jsonl"))["file_path"]
-    bad = tmp_path / "data.txt"
+def test_arithmetic_dataset_errors(policy):
+    assert "from 0 to" in errors_of(policy, eval_size=-1)["eval_size"]
+    assert "from 1 to" in errors_of(policy, num_prompts=0)["num_prompts"]
+    assert "from 1 to 100000" in errors_of(policy, num_prompts=10**12)["num_prompts"]
+    assert "Pick at least one operation" in errors_of(policy, operations="")["operations"]
+    assert "1 to 4" in errors_of(policy, difficulty=99)["difficulty"]
+
+
+def test_file_datasets_only_from_the_studio(policy, studio, tmp_path):
+    assert "Upload" in errors_of(policy, dataset_source="file", file_path="")["file_path"]
+    assert "No file at" in errors_of(policy, dataset_source="file",
+                                     file_path=str(studio / "datasets" / "x.jsonl"))["file_path"]
+    bad = studio / "datasets" / "data.txt"
     bad.write_text("hello")
-    assert "Unsupported file type '.txt'" in errors_of(dataset_source="file", file_path=str(bad))["file_path"]
+    assert "Unsupported file type '.txt'" in errors_of(policy, dataset_source="file", file_path=str(bad))["file_path"]
+    for path in ("/etc/passwd", str(tmp_path / "x.csv"), str(studio / "datasets" / ".." / "studio.db"),
+                 "../studio.db"):
+        assert "not an uploaded file or a file in" in errors_of(policy, dataset_source="file",
+                                                                 file_path=path)["file_path"]
+    result = forms.validate_form(form(dataset_source="file", file_path="qa.jsonl"), policy)  # relative to datasets/
+    assert result.ok, result.errors
+    assert result.spec["dataset"]["path"] == str(studio / "datasets" / "qa.jsonl")
+    assert result.spec["dataset"]["num_prompts"] == policy.limits.max_prompts  # never more than the limit
 
 
-def test_hub_dataset_needs_an_id():
-    assert "hub dataset id" in errors_of(dataset_source="hub", hub_name="bad id with spaces")["hub_name"]
-    result = forms.validate_form(form(dataset_source="hub", hub_name="openai/gsm8k", answer_column="answer"))
+def test_hub_dataset_ids(policy, studio):
+    for name in ("bad id with spaces", "../x", "/abs/path", "./local", "a/b/c"):
+        assert "hub dataset id" in errors_of(policy, dataset_source="hub", hub_name=name)["hub_name"]
+    result = forms.validate_form(form(dataset_source="hub", hub_name="openai/gsm8k", answer_column="answer"), policy)
     assert result.ok, result.errors
     assert result.spec["dataset"] == {"source": "hub", "name": "openai/gsm8k", "config_name": "main",
                                       "split": "train", "prompt_column": None, "answer_column": "answer",
-                                      "eval_size": 32}
+                                      "eval_size": 64, "seed": 0, "num_prompts": 100_000}
+    assert "Hub datasets are off" in errors_of(Policy(studio, allow_hub=False), dataset_source="hub",
+                                               hub_name="openai/gsm8k")["hub_name"]
 
 
-def test_column_checks(tmp_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text('{"text": "1+1?", "label": "2"}\n')
-    values = form(dataset_source="file", file_path=str(data))
-    errors = forms.validate_form(values, columns=["text", "label"]).errors
+def test_column_checks(policy, studio):
+    data = str(studio / "datasets" / "qa.jsonl")
+    values = form(dataset_source="file", file_path=data)
+    errors = forms.validate_form(values, policy, columns=["text", "label"]).errors
     assert "No `prompt` column" in errors["prompt_column"]
     assert "Reward exact_match needs a `ground_truth` column" in errors["answer_column"]
-
     values.update(prompt_column="text", answer_column="label")
-    assert forms.validate_form(values, columns=["text", "label"]).ok
-
+    assert forms.validate_form(values, policy, columns=["text", "label"]).ok
     values.update(answer_column="solution")
-    assert "No `solution` column" in forms.validate_form(values, columns=["text", "label"]).errors["answer_column"]
+    assert "No `solution` column" in forms.validate_form(values, policy, columns=["text", "label"]).errors[
+        "answer_column"]
     # The library's usual names (GSM8K's question/answer) need no mapping.
-    assert forms.validate_form(form(dataset_source="file", file_path=str(data)), columns=["question", "answer"]).ok
+    assert forms.validate_form(form(dataset_source="file", file_path=data), policy,
+                               columns=["question", "answer"]).ok
 
 
-def test_reward_errors():
-    assert "Pick at least one reward" in errors_of(rewards={})["rewards"]
-    assert "Weight of exact_match must be a number > 0" in errors_of(rewards={"exact_match": 0})["rewards"]
-
-
-def test_lora_errors():
-    errors = errors_of(lora=True, lora_r=0, lora_alpha=-1)
+def test_reward_and_lora_errors(policy):
+    assert "Pick at least one reward" in errors_of(policy, rewards={})["rewards"]
+    assert "Weight of exact_match must be a number > 0" in errors_of(policy, rewards={"exact_match": 0})["rewards"]
+    errors = errors_of(policy, lora=True, lora_r=0, lora_alpha=-1)
     assert set(errors) == {"lora_r", "lora_alpha"}
-    assert forms.validate_form(form(lora=False, lora_r=0)).ok  # ignored while LoRA is off
+    assert forms.validate_form(form(lora=False, lora_r=0), policy).ok  # ignored while LoRA is off
 
 
 def test_reward_columns_come_from_the_reward_signature():
     assert forms.reward_columns("exact_match") == ["ground_truth"]
 
 
-def test_command_line_renders_the_spec():
-    spec = forms.validate_form(form(max_steps=7)).spec
+def test_command_line_renders_the_spec(policy):
+    spec = forms.validate_form(form(max_steps=7), policy).spec
     command = forms.command_line(spec)
     assert command.startswith("python -m a2po train ")
     assert "--model SmolLM2-135M-Instruct" in command
     assert "--max_steps 7" in command and "--beta1 0.5" in command
 
 
-def test_validate_spec_for_the_api(tmp_path):
-    assert forms.validate_spec({"model": str(tmp_path / "missing")}).startswith("model: No model folder")
-    assert "dataset.path" in forms.validate_spec({"dataset": {"source": "file", "path": str(tmp_path / "x.csv")}})
-    assert "beta1 must be > 0" in forms.validate_spec({"config": {"beta1": 0}})
-    assert "unknown spec keys" in forms.validate_spec({"colour": "red"})
-    assert forms.validate_spec({"action": "values"}) is None
-    assert forms.validate_spec([1, 2]) == "The spec must be a JSON object."
+def test_api_specs_go_through_the_same_allow_list(policy, studio):
+    tiny = str(studio / "models" / "tiny")
+    assert forms.validate_spec({"model": tiny, "config": {"max_steps": 3}}, policy) is None
+    message = forms.validate_spec({"model": "/etc", "colour": "red", "config": {"beta1": 0, "values_path": "/etc/x",
+                                   "trust_remote_code": True, "report_to": "wandb", "dataloader_num_workers": 512,
+                                   "output_dir": "/tmp/x", "logging_dir": "/tmp/y", "hub_token": "hf_x",
+                                   "push_to_hub": True, "nonsense": 1},
+                                   "dataset": {"source": "file", "path": "/etc/passwd"},
+                                   "peft": {"r": 4, "bogus": 1}, "name": "x" * 1_000_000}, policy)
+    # Every problem, each named by its field, in one message.
+    for part in ("colour: unknown spec key", "model: /etc is not under a model folder", "config.beta1:",
+                 "config.values_path: not allowed in a run spec: it reads a file of the server",
+                 "config.trust_remote_code: reaches outside the run (a model repository's own Python code",
+                 "--allow-remote-code", "config.report_to: not allowed", "config.dataloader_num_workers: not allowed",
+                 "config.output_dir: not allowed", "config.logging_dir: not allowed",
+                 "config.hub_token: not allowed in a run spec: it is a credential",
+                 "config.push_to_hub: reaches outside the run (the run would write to the Hugging Face hub",
+                 "--allow-hub-push", "config.nonsense: unknown setting", "dataset.path: /etc/passwd is not an "
+                 "uploaded file", "peft: null, or an object", "name: Run name: text of 1 to 200 characters"):
+        assert part in message, part
+    assert len(message) < 4000  # the 1 MB name is not echoed
+    assert forms.validate_spec([1, 2], policy) == "Invalid run spec: spec: The spec must be a JSON object."
+    assert "Unknown preset" in forms.validate_spec({"preset": "nope"}, policy)
+    # The operator's flags open exactly their fields.
+    opened = Policy(studio, allow_remote_code=True, allow_hub_push=True)
+    assert forms.validate_spec({"config": {"trust_remote_code": True, "push_to_hub": True,
+                                           "hub_model_id": "me/model"}}, opened) is None
+    assert "config.hub_token" in forms.validate_spec({"config": {"hub_token": "x"}}, opened)
+    assert "model_init_kwargs" in forms.validate_spec({"config": {"model_init_kwargs": {"token": "x"}}}, opened)
+
+
+def test_task_datasets_through_the_allow_list(policy):
+    spec = {"dataset": {"source": "reasoning-gym", "task": "chain_sum", "num_prompts": 16, "eval_size": 4}}
+    result = forms.check_spec(spec, policy)
+    assert result.ok, result.errors
+    assert result.spec["rewards"] == [{"name": "task_checker", "weight": 1.0}]
+    wrong = forms.validate_spec({**spec, "rewards": [{"name": "exact_match"}]}, policy)
+    assert "scored by its task's own answer checker" in wrong
+    assert "dataset.task" in forms.validate_spec({"dataset": {"source": "reasoning-gym", "task": "nope"}}, policy)
+
+
+def test_spec_to_form_round_trip(policy, studio):
+    spec = forms.check_spec({"model": str(studio / "models" / "tiny"), "peft": {"r": 4, "lora_alpha": 8},
+                             "config": {"max_steps": 9}}, policy).spec
+    assert forms.validate_form(forms.spec_to_form(spec), policy).spec == spec
 
 
 def test_default_run_name():
     assert forms.default_run_name("org/Model-1", {"source": "hub", "name": "openai/gsm8k"}) == "Model-1-gsm8k"
     assert forms.default_run_name(str(Path("/x/tiny/")), {"source": "file", "path": "/d/my.jsonl"}) == "tiny-my"
+
+
+def test_model_size_limit_counts_parameters_from_the_config(studio):
+    from dataclasses import replace
+
+    from app.forms import model_parameters
+
+    tiny = studio / "models" / "tiny"
+    count = model_parameters(tiny / "config.json")
+    assert 10_000 < count < 1_000_000  # built on the meta device, no weights read
+    small = Policy(studio, limits=replace(Policy(studio).limits, max_model_params=count - 1))
+    assert f"allows at most {(count - 1) / 1e9:.2f}B per model" in forms.check_model(str(tiny), small)
+    assert forms.check_model(str(tiny), Policy(studio, limits=replace(small.limits, max_model_params=count))) is None
+    assert "cannot be checked" in forms.check_model("someone/not-downloaded", small)
+
+
+def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
+    from app.ui.common import Services
+
+    services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
+    assert services.check({})["peft"] == {"r": 16, "lora_alpha": 32}
+    assert services.check({"peft": None})["peft"] is None

@@ -1,9 +1,13 @@
 """Named API endpoints, so a script can drive the dashboard with `gradio_client` (documented in docs/api.md).
 
-    from gradio_client import Client
+    from gradio_client import Client, handle_file
     client = Client("http://127.0.0.1:7860/")
-    run = client.predict(spec={"action": "train", "model": "SmolLM2-135M-Instruct"}, api_name="/launch")
+    run = client.predict(spec={"config": {"max_steps": 20}}, api_name="/launch")   # {} is the teaching demo
     client.predict(run_id=run["run_id"], api_name="/status")
+
+On a studio with logins, get a token from `/login` and send it in a header:
+`Client(url, headers={"x-a2po-token": token})`. Reading (status, lists, metrics, limits) needs no login.
+Every endpoint goes through `Services`, like the pages: the same allow-list, limits and permissions.
 """
 
 from __future__ import annotations
@@ -13,21 +17,35 @@ from typing import Any
 import gradio as gr
 
 from app import forms
-from app.ui.common import ACTIVE, Services
-from app.ui.launch import offline
+from app.ui.common import ACTIVE, Refused, Services, store_upload
 
 RUN_KEYS = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
-            "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir")
+            "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
+            "stop_reason", "chunks_done", "chunk_seconds")
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """The public fields of a run row (no process id, no spec) plus whether it is still active."""
+    """The public fields of a run row (no process id) plus whether it is still active."""
     return {**{k: run.get(k) for k in RUN_KEYS}, "active": run["status"] in ACTIVE}
 
 
+def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
+    """A stored spec as the API shows it (and accepts it back): a file dataset names its file under "file",
+    relative to the studio's datasets folder when it lies there, since gradio_client would try to download any
+    object with a "path" key."""
+    dataset = dict(spec.get("dataset") or {})
+    if dataset.get("source") == "file" and "path" in dataset:
+        from pathlib import Path
+
+        path = Path(dataset.pop("path"))
+        dataset["file"] = str(path.relative_to(datasets_dir)) if path.is_relative_to(datasets_dir) else str(path)
+    return {**spec, "dataset": dataset}
+
+
 def register_api(services: Services) -> None:
-    """Add the endpoints /launch, /stop, /resume, /delete, /status, /list_runs and /metrics (inside gr.Blocks)."""
-    store, jobs = services.store, services.jobs
+    """Add the named endpoints (inside gr.Blocks): /launch, /stop, /resume, /delete, /status, /list_runs, /metrics,
+    /limits, /login, /upload_dataset, /playground."""
+    store, auth = services.store, services.auth
 
     def get(run_id: int) -> dict[str, Any]:
         run = store.get_run(int(run_id))
@@ -35,50 +53,45 @@ def register_api(services: Services) -> None:
             raise gr.Error(f"No run #{run_id}.")
         return run
 
-    def launch(spec: dict) -> dict:
-        """Validate a run spec (see docs/api.md) and queue it. Returns {"run_id", "name", "command"}."""
-        problem = forms.validate_spec(spec, offline=offline())
-        if problem:
-            raise gr.Error(problem)
-        run_id = jobs.submit(dict(spec))
-        return {"run_id": run_id, "name": store.get_run(run_id)["name"], "command": forms.command_line(spec)}
+    def refused(call):
+        try:
+            return call()
+        except Refused as exc:
+            raise gr.Error(str(exc)) from None
 
-    def stop(run_id: int) -> dict:
+    def launch(spec: dict, request: gr.Request) -> dict:
+        """Check a run spec (see docs/api.md; missing keys take the teaching demo's values, `preset` picks another
+        preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once."""
+        user = auth.identify(request=request)
+        run_id = refused(lambda: services.launch(spec, user))
+        run = store.get_run(run_id)
+        return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"])}
+
+    def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
-        get(run_id)
-        jobs.stop(int(run_id))
+        refused(lambda: services.act("stop", run_id, auth.identify(request=request)))
         return run_summary(get(run_id))
 
-    def resume(run_id: int) -> dict:
-        """Queue a stopped or failed run again; it continues from its last checkpoint and stored V* values."""
-        get(run_id)
-        try:
-            jobs.resume(int(run_id))
-        except (ValueError, RuntimeError) as exc:
-            raise gr.Error(str(exc)) from exc
+    def resume(run_id: int, request: gr.Request) -> dict:
+        """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*."""
+        refused(lambda: services.act("resume", run_id, auth.identify(request=request)))
         return run_summary(get(run_id))
 
-    def delete(run_id: int) -> dict:
-        """Delete a run that is not running, with its metrics, samples and files."""
-        get(run_id)
-        try:
-            jobs.delete(int(run_id))
-        except (ValueError, RuntimeError) as exc:
-            raise gr.Error(str(exc)) from exc
+    def delete(run_id: int, request: gr.Request) -> dict:
+        """Delete a run with its metrics, samples and files (its worker is killed if it runs)."""
+        refused(lambda: services.act("delete", run_id, auth.identify(request=request)))
         return {"deleted": int(run_id)}
 
     def status(run_id: int) -> dict:
         """A run's status, stage, progress, error and best eval accuracy, plus its latest value of each metric."""
         run = get(run_id)
-        latest: dict[str, Any] = {}
-        for row in store.get_metrics(run["id"]):
-            latest[row["name"]] = {"step": row["step"], "value": row["value"]}
         value_set = store.get_value_set(run["value_set_id"]) if run.get("value_set_id") else None
         values = None
         if value_set:
             values = {"num_prompts": value_set["num_values"], "complete": bool(value_set["complete"]),
                       "summary": value_set.get("summary")}
-        return {**run_summary(run), "spec": run.get("config"), "latest_metrics": latest, "values": values}
+        return {**run_summary(run), "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
+                "latest_metrics": store.latest_metrics(run["id"]), "values": values}
 
     def list_runs() -> list:
         """Every run, newest first (the fields of /status without metrics)."""
@@ -90,5 +103,54 @@ def register_api(services: Services) -> None:
         return [{k: r[k] for k in ("id", "step", "name", "value")}
                 for r in store.get_metrics(int(run_id), after_id=int(after_id))]
 
-    for fn in (launch, stop, resume, delete, status, list_runs, metrics):
-        gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn in (status, list_runs, metrics) else 1)
+    def limits() -> dict:
+        """This studio's limits (None: no limit), whether launching needs a login, and what the operator allowed."""
+        policy = services.policy
+        return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
+                "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
+                "allow_hub": policy.allow_hub, "settable": [p.key for p in forms.PARAMS]}
+
+    def login(username: str, password: str) -> dict:
+        """A token for a studio user: send it as the `x-a2po-token` header. Wrong credentials are an error."""
+        token = auth.login(str(username), str(password)) if auth.passwords else None
+        if token is None:
+            raise gr.Error("Wrong user name or password." if auth.passwords else "This studio has no password users.")
+        return {"token": token, "user": username}
+
+    for fn in (launch, stop, resume, delete, status, list_runs, metrics, limits, login):
+        reads = fn in (status, list_runs, metrics, limits)
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=None if reads else 1)
+
+    def playground(run_id: int | None = None, model: str = "", prompt: str = "", num_samples: int = 4,
+                   answer: str = "", request: gr.Request = None) -> dict:
+        """A run's reference and trained policies (or one model's) answer `prompt`: a greedy completion and
+        `num_samples` (1-8) samples each, scored by the run's reward (`answer`: the expected answer of a typed
+        prompt). Returns {"reference": [...], "trained": [...], ...}, items {"completion", "reward", "greedy"}.
+        Needs a login where launching does."""
+        from app.ui.playground import play
+
+        user = auth.identify(request=request)
+        return refused(lambda: play(services, user, run_id=run_id, model=model, prompt=prompt,
+                                    num_samples=num_samples, answer=answer))
+
+    gr.api(playground, api_name="playground", concurrency_limit=1, concurrency_id="playground")
+
+    # A file endpoint needs a file component: an invisible one, used only by API clients.
+    upload_in = gr.File(visible=False, file_types=list(forms.DATA_SUFFIXES))
+    upload_out = gr.JSON(visible=False)
+    upload_button = gr.Button(visible=False)
+
+    def upload_dataset(file: str | None, request: gr.Request) -> dict:
+        """Store a data file (.jsonl, .json, .csv, .parquet) for runs: returns {"file"} to use as
+        `{"source": "file", "file": ...}` in a spec. Needs a login where launching does."""
+        problem = auth.can_launch(auth.identify(request=request))
+        if problem:
+            raise gr.Error(problem.replace("Launching runs", "Uploading data"))
+        if not file:
+            raise gr.Error("Send a file (gradio_client.handle_file(path)).")
+        from pathlib import Path
+
+        stored = refused(lambda: store_upload(services.policy, Path(file)))
+        return {"file": str(stored.relative_to(services.policy.datasets_dir))}
+
+    upload_button.click(upload_dataset, upload_in, upload_out, api_name="upload_dataset", concurrency_limit=2)

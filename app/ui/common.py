@@ -2,33 +2,139 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
+import os
+import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.auth import Auth, User
+from app.policy import Policy
 from storage import Store
 
-ACTIVE = ("queued", "running", "stopping")
+ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
+ACTIVE = ("queued", "running", "stopping", "paused")  # "paused": a chunked run waiting for its page (app.zerogpu)
 STATUS_COLORS = {"queued": "#888", "running": "#2563eb", "stopping": "#d97706", "stopped": "#6b7280",
-                 "finished": "#16a34a", "failed": "#dc2626"}
+                 "interrupted": "#9333ea", "finished": "#16a34a", "failed": "#dc2626", "paused": "#0891b2"}
+
+
+class Refused(ValueError):
+    """A request the studio will not carry out: a bad spec, a limit, or a missing permission (message says which)."""
 
 
 @dataclass
 class Services:
-    """The store the pages read, the job manager they launch work through, and the data folder."""
+    """The store the pages read, the job manager they act through, the data folder, the operator's policy and
+    users. Every page and every API endpoint launches, stops, resumes and deletes through these methods, so the
+    allow-list, the limits and the permissions are checked in one place."""
 
     store: Store
     jobs: Any  # app.jobs.JobManager
     data_dir: Path
+    policy: Policy | None = None
+    auth: Auth | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.policy is None:
+            self.policy = Policy(self.data_dir)
+        if self.auth is None:
+            self.auth = Auth()
 
     @property
     def exports_dir(self) -> Path:
         path = self.data_dir / "exports"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def check(self, spec: Any) -> dict[str, Any]:
+        """The clean spec, or `Refused` naming every problem (the API's and the form's allow-list)."""
+        from app import forms
+
+        if self.policy.zerogpu and isinstance(spec, dict) and "peft" not in spec:
+            spec = {**spec, "peft": dict(ZEROGPU_LORA)}  # chunks restore and save an adapter in ~2 s, a model in ~16
+        result = forms.check_spec(spec, self.policy, offline=offline())
+        if not result.ok:
+            raise Refused(result.message())
+        return result.spec
+
+    def launch(self, spec: Any, user: User | None) -> int:
+        """Queue a run for `user` after the permission, the allow-list and the studio's limits (queue size, runs
+        per user, disk quota); returns its id. Nothing is stored when it is refused."""
+        problem = self.auth.can_launch(user)
+        if problem:
+            raise Refused(problem)
+        clean = self.check(spec)
+        limits, owner = self.policy.limits, self.auth.owner_of(user)
+        queued = self.store.list_runs(status="queued")
+        if limits.queue_size is not None and len(queued) >= limits.queue_size:
+            raise Refused(f"The queue is full: {len(queued)} runs wait, the limit is {limits.queue_size} runs in the "
+                          "queue. Try again when some have started.")
+        if owner is not None and limits.queued_per_user is not None:
+            mine = [r for r in self.store.list_runs(status=ACTIVE) if r.get("owner") == owner]
+            if len(mine) >= limits.queued_per_user:
+                raise Refused(f"You have {len(mine)} runs queued or running; the limit is {limits.queued_per_user} "
+                              "queued or running runs per user. Stop one, or wait for one to end.")
+        problem = self.policy.disk_problem()
+        if problem:
+            raise Refused(problem)
+        clean["dataset"] = self._keep_upload(clean["dataset"])
+        return self.jobs.submit(clean, owner=owner)
+
+    def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
+        """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in
+        `<data-dir>/datasets/uploads/` instead, named by its content."""
+        if dataset.get("source") != "file":
+            return dataset
+        path = Path(dataset["path"])
+        if self.policy.inside(path, [self.policy.uploads_dir]) is None:
+            return dataset
+        return {**dataset, "path": str(store_upload(self.policy, path))}
+
+    def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:
+        """Stop, resume or delete a run if `user` may (their own runs, or any as admin); returns the run as it was."""
+        run = self.store.get_run(int(run_id))
+        if run is None:
+            raise Refused(f"No run #{run_id}.")
+        problem = self.auth.can_manage(user, run)
+        if problem:
+            raise Refused(problem)
+        try:
+            getattr(self.jobs, action)(int(run_id))
+        except (ValueError, RuntimeError) as exc:
+            raise Refused(str(exc)) from exc
+        return run
+
+
+def offline() -> bool:
+    """True when the hub may not be reached (HF_HUB_OFFLINE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def store_upload(policy: Policy, source: Path, name: str | None = None) -> Path:
+    """Copy an uploaded data file into `<data-dir>/datasets/uploads/<content hash>-<name>` (checked: a data file
+    type, within the upload limit); returns the stored path."""
+    from app.forms import DATA_SUFFIXES
+
+    suffix = source.suffix.lower()
+    if suffix not in DATA_SUFFIXES:
+        raise Refused(f"Unsupported file type {suffix!r}: upload a {', '.join(DATA_SUFFIXES)} file.")
+    size = source.stat().st_size
+    limit = policy.limits.upload_mb
+    if limit is not None and size > limit * 1e6:
+        raise Refused(f"The file has {size / 1e6:.1f} MB; the limit is {limit:g} MB per upload.")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    stem = re.sub(r"[^\w.-]", "_", Path(name or source.name).stem)[:60] or "data"
+    target = policy.datasets_dir / "uploads" / f"{digest}-{stem}{suffix}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        shutil.copyfile(source, target)
+    return target
 
 
 def run_label(run: dict[str, Any]) -> str:

@@ -1,9 +1,14 @@
 """Export page: CSV files of the tables and metrics, the trained model (or LoRA adapter) as a zip, and a snippet
-that loads it with transformers."""
+that loads it with transformers.
+
+CSV files are streamed: rows go from the store (`Store.iter_*`, a batch per read) to the file as they come, so an
+export of a million samples needs the memory of one batch, not of the table. Cells are spreadsheet-safe (see
+`storage.export`)."""
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,32 +22,36 @@ MODEL_FILES = ("config.json", "adapter_config.json")
 SKIP_FILES = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
 
 
-def table_rows(services: Services, table: str, run: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The rows of one exportable table (`runs` needs no run)."""
+def table_rows(services: Services, table: str, run: dict[str, Any] | None) -> Iterable[dict[str, Any]]:
+    """The rows of one exportable table (`runs` needs no run), streamed for the tables that grow with a run."""
     store = services.store
     if table == "runs":
         return store.list_runs()
     if run is None:
         raise ValueError("Pick a run first.")
     if table == "metrics":
-        return store.get_metrics(run["id"])
+        return store.iter_metrics(run["id"])
     if table == "samples":
-        return store.get_samples(run["id"], limit=None)
+        return store.iter_samples(run["id"])
     if table == "values":
-        return store.get_values(run["value_set_id"], split=None) if run.get("value_set_id") else []
+        return store.iter_values(run["value_set_id"], split=None) if run.get("value_set_id") else []
     if table == "evaluations":
         return store.get_evaluations(run["id"])
     if table == "logs":
-        return store.get_logs(run["id"], limit=None)
+        return store.iter_logs(run["id"])
     raise ValueError(f"Unknown table {table!r}.")
 
 
 def write_csv(services: Services, table: str, run_id: int | None) -> Path:
+    """Write one table to the exports folder, row by row (into a temporary name first, so a download never sees
+    a half-written file)."""
     run = services.store.get_run(run_id) if run_id is not None else None
     rows = table_rows(services, table, run)
     name = table if table == "runs" else f"run-{run_id}-{table}"
     path = services.exports_dir / f"{name}.csv"
-    path.write_text(export_csv(rows))
+    partial = path.with_name(f".{path.name}.partial")
+    export_csv(rows, partial)
+    partial.replace(path)
     return path
 
 
