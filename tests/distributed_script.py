@@ -11,11 +11,13 @@ from a2po import A2POCallback, A2POConfig, A2POTrainer
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 
 
-class CountSampled(A2POCallback):
-    sampled = 0
+class CountSeen(A2POCallback):
+    """Stage-1 rows the callbacks of this process saw (every process's: the batches are gathered)."""
+
+    seen = 0
 
     def on_values_batch(self, args, state, control, records, **kwargs):
-        CountSampled.sampled += len(records)
+        CountSeen.seen += len(records)
 
 
 def coin(completions, **kwargs):
@@ -26,10 +28,11 @@ data = Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i i
 args = A2POConfig(output_dir=str(out / "run"), per_device_train_batch_size=2, max_steps=2, num_value_samples=4,
                   max_completion_length=4, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
                   filter_all_incorrect=False, disable_tqdm=True)
-trainer = A2POTrainer(model=model_dir, reward_funcs=coin, args=args, train_dataset=data, callbacks=[CountSampled()])
+trainer = A2POTrainer(model=model_dir, reward_funcs=coin, args=args, train_dataset=data, callbacks=[CountSeen()])
 trainer.train()
 table = trainer.value_tables["train"]
 rank = trainer.accelerator.process_index
 report = {"prompt_ids": list(table["prompt_id"]), "v_star": list(table["v_star"]),
-          "sampled_here": CountSampled.sampled, "global_step": trainer.state.global_step}
+          "sampled_here": trainer.rollout_stats["values"]["sequences"] // args.num_value_samples,
+          "seen_by_callbacks": CountSeen.seen, "global_step": trainer.state.global_step}
 (out / f"rank{rank}.json").write_text(json.dumps(report))
