@@ -5,6 +5,7 @@
     python -m a2po evaluate --model outputs/demo --dataset arithmetic         # greedy accuracy on held-out prompts
     python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
     python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
+    python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
 
 Every `A2POConfig` field is a flag; `--config` reads a YAML file of the same names (flags override it).
 """
@@ -12,16 +13,19 @@ Every `A2POConfig` field is a flag; `--config` reads a YAML file of the same nam
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 from transformers import HfArgumentParser
 
 from a2po.config import A2POConfig
+from a2po.presets import DEFAULT_PRESET, PRESETS, with_defaults
 from a2po.runspec import RunSpec
-from a2po.tasks import TASK_REWARD, TASK_SOURCE, TASKS
+from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
 
 COMMANDS = ("train", "values", "evaluate")
@@ -31,19 +35,22 @@ COMMANDS = ("train", "values", "evaluate")
 class ScriptArguments:
     """What to train on: model, data and rewards (the rest is `A2POConfig`)."""
 
-    model: str = field(default="SmolLM2-135M-Instruct",
-                       metadata={"help": "Hub id, local path, or SmolLM2-135M-Instruct (offline default)."})
-    dataset: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'reasoning-gym', a "
-                                                                 ".jsonl/.csv/.parquet file, or a hub dataset id."})
+    preset: str = field(default=DEFAULT_PRESET, metadata={"help": "The run to start from (a2po.presets: "
+                                                                  f"{', '.join(PRESETS)}); flags change it."})
+    model: str | None = field(default=None, metadata={"help": "Hub id, local path, or SmolLM2-135M-Instruct (the "
+                                                              "offline default)."})
+    dataset: str | None = field(default=None, metadata={"help": "'arithmetic', 'reasoning-gym', a "
+                                                                ".jsonl/.csv/.parquet file, or a hub dataset id."})
     dataset_split: str = field(default="train", metadata={"help": "Split of a file or hub dataset."})
     config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration (e.g. 'main')."})
     prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompts."})
     answer_column: str | None = field(default=None, metadata={"help": "Column holding the reference answers."})
-    num_prompts: int | None = field(default=None, metadata={"help": "Training prompts (arithmetic: 256)."})
-    difficulty: int = field(default=1, metadata={"help": "Arithmetic: digits per operand."})
-    operations: str = field(default="+", metadata={"help": "Arithmetic: operations, e.g. '+-*'."})
-    dataset_seed: int = field(default=0, metadata={"help": "Arithmetic generator / split seed."})
-    eval_size: int = field(default=64, metadata={"help": "Prompts held out for evaluation (0: none)."})
+    num_prompts: int | None = field(default=None, metadata={"help": "Training prompts (the preset's: 256)."})
+    difficulty: int | None = field(default=None, metadata={"help": "Arithmetic: digits per operand."})
+    operations: str | None = field(default=None, metadata={"help": "Arithmetic: operations, e.g. '+-*'."})
+    dataset_seed: int | None = field(default=None, metadata={"help": "Generator / split seed."})
+    eval_size: int | None = field(default=None, metadata={"help": "Prompts held out for evaluation (0: none; "
+                                                                  "the preset's: 64)."})
     task: str | None = field(default=None, metadata={"help": "reasoning-gym: the task, e.g. chain_sum (a2po.tasks)."})
     task_settings: str | None = field(default=None, metadata={"help": "reasoning-gym: the task's settings as JSON, "
                                                                       "e.g. '{\"max_terms\": 3}'."})
@@ -54,17 +61,24 @@ class ScriptArguments:
                                                                       "default and only reward)."})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    num_processes: int = field(default=1, metadata={"help": "Processes: more than 1 runs the command again under "
+                                                            "`accelerate launch` (DDP, one process per GPU; on a "
+                                                            "machine without GPUs, gloo processes on the CPU)."})
 
 
 def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -> RunSpec:
-    if script.dataset == "arithmetic":
-        dataset = {"source": "arithmetic", "num_prompts": script.num_prompts or 256, "difficulty": script.difficulty,
-                   "operations": script.operations, "seed": script.dataset_seed, "eval_size": script.eval_size}
+    """The run the flags describe: the preset, changed by every flag given (and only those)."""
+    given = {"num_prompts": script.num_prompts, "eval_size": script.eval_size, "seed": script.dataset_seed}
+    given = {k: v for k, v in given.items() if v is not None}
+    if script.dataset in (None, "arithmetic"):
+        dataset = {**given, **{k: v for k, v in (("difficulty", script.difficulty), ("operations", script.operations))
+                               if v is not None}}
+        if script.dataset:
+            dataset["source"] = "arithmetic"
     elif script.dataset == TASK_SOURCE:
         if not (script.task or script.tasks):
             raise SystemExit(f"--dataset {TASK_SOURCE} needs --task NAME (one of {', '.join(TASKS)}) or --tasks JSON.")
-        dataset = {"source": TASK_SOURCE, "num_prompts": script.num_prompts or 256, "eval_size": script.eval_size,
-                   "seed": script.dataset_seed}
+        dataset = {"source": TASK_SOURCE, "num_prompts": 256, "eval_size": 64, "seed": 0, **given}
         if script.tasks:
             dataset["tasks"] = _json_flag("--tasks", script.tasks)
         else:
@@ -74,16 +88,29 @@ def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -
         dataset = {"source": "file" if is_file else "hub", ("path" if is_file else "name"): script.dataset,
                    "split": script.dataset_split, "config_name": script.config_name,
                    "prompt_column": script.prompt_column, "answer_column": script.answer_column,
-                   "num_prompts": script.num_prompts, "eval_size": script.eval_size, "seed": script.dataset_seed}
-    names = script.reward or [TASK_REWARD if script.dataset == TASK_SOURCE else "exact_match"]
-    weights = config_fields.pop("reward_weights", None) or [1.0] * len(names)
-    if len(weights) != len(names):
-        raise SystemExit(f"--reward_weights has {len(weights)} values for {len(names)} rewards.")
-    rewards = [{"name": n, "weight": float(w)} for n, w in zip(names, weights)]
-    peft = {"r": script.lora_r, "lora_alpha": script.lora_alpha} if script.lora_r else None
-    name = config_fields.pop("run_name", None) or f"{command}-{Path(script.model).name}"
-    return RunSpec.from_dict({"name": name, "action": command, "model": script.model, "dataset": dataset,
-                              "rewards": rewards, "config": config_fields, "peft": peft})
+                   "num_prompts": None, "eval_size": 64, "seed": 0, **given}
+    run_name = config_fields.pop("run_name", None)
+    partial: dict = {"action": command, "config": config_fields}
+    if dataset:
+        partial["dataset"] = dataset
+    if script.model:
+        partial["model"] = script.model
+    if script.reward or config_fields.get("reward_weights"):
+        names = script.reward or ["exact_match"]
+        weights = config_fields.pop("reward_weights", None) or [1.0] * len(names)
+        if len(weights) != len(names):
+            raise SystemExit(f"--reward_weights has {len(weights)} values for {len(names)} rewards.")
+        partial["rewards"] = [{"name": n, "weight": float(w)} for n, w in zip(names, weights)]
+    if script.lora_r:
+        partial["peft"] = {"r": script.lora_r, "lora_alpha": script.lora_alpha}
+    if script.num_processes != 1:
+        partial["num_processes"] = script.num_processes
+    try:
+        spec = with_defaults(partial, script.preset)
+    except ValueError as error:
+        raise SystemExit(f"--preset: {error}") from None
+    spec["name"] = run_name or f"{command}-{Path(spec['model']).name}"
+    return RunSpec.from_dict(spec)
 
 
 def _json_flag(flag: str, value: str | dict | list | None):
@@ -119,31 +146,73 @@ def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig, dict]:
     return command, script, config, fields
 
 
+def launch_command(num_processes: int, argv: list[str]) -> list[str]:
+    """`python -m a2po ARGV` under `accelerate launch` with `num_processes` processes (DDP; gloo on the CPU without
+    GPUs): every setting explicit, so an accelerate config file of the user's changes nothing; port 0 lets the
+    launcher pick a free port."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
+            "--num_machines", "1", "--multi_gpu", "--gpu_ids", "all", "--mixed_precision", "no", "--dynamo_backend",
+            "no", "--main_process_port", "0", "--module", "a2po", *argv]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, script, config, fields = parse(argv)
+    if script.num_processes < 1:
+        raise SystemExit(f"--num_processes must be >= 1 (got {script.num_processes}).")
+    if script.num_processes > 1 and "LOCAL_RANK" not in os.environ:
+        # Not under a launcher yet: become one (the same command in every process; this branch is then skipped).
+        launch = launch_command(script.num_processes, argv)
+        print(f"Running under accelerate: {shlex.join(launch)}", file=sys.stderr, flush=True)
+        os.execv(sys.executable, launch)
     output_dir = config.output_dir or str(Path("outputs") / (fields.get("run_name") or f"{command}-run"))
     fields.pop("output_dir", None)
     spec = spec_from_args(command, script, fields)
     trainer = spec.build_trainer(output_dir=output_dir)
+    main_process = trainer.accelerator.is_main_process  # under several processes, only it writes and prints
+    say = print if main_process else (lambda *_, **__: None)
     if command == "values":
         for split in ["train", *trainer.eval_sets()]:
             table = trainer.estimate_optimal_values(split=split)
             path = Path(output_dir) / f"optimal_values_{split}.jsonl"
-            save_optimal_values(table, path)
-            print(json.dumps({"split": split, **summarize(table.to_list(), trainer.args.num_value_samples)}))
-            print(f"V* table: {path}")
+            if main_process:
+                save_optimal_values(table, path)
+            say(json.dumps({"split": split, **summarize(table.to_list(), trainer.args.num_value_samples)}))
+            say(f"V* table: {path}")
     elif command == "train":
-        if trainer.eval_dataset is not None:
-            before = trainer.evaluate(metric_key_prefix="eval_before")
-            print(json.dumps(before))
-        trainer.train()
+        trainer.train()  # evaluates at step 0 first when prompts are held out (`eval_on_start`)
         trainer.save_model(output_dir)
         if trainer.eval_dataset is not None:
-            print(json.dumps(trainer.evaluate()))
+            after = trainer.evaluate()
+            before = next((h for h in trainer.state.log_history if h.get("step") == 0 and "eval_accuracy" in h), {})
+            say(json.dumps(after))
+            if before:
+                say(f"Held-out greedy accuracy: {before['eval_accuracy']:.1%} before training -> "
+                    f"{after['eval_accuracy']:.1%} after ({len(trainer.eval_dataset)} prompts).")
     else:
         if trainer.eval_dataset is None:
             raise SystemExit("evaluate needs held-out prompts: set --eval_size > 0.")
-        print(json.dumps(trainer.evaluate()))
-    print(f"Output directory: {Path(output_dir).resolve()}")
+        say(json.dumps(trainer.evaluate()))
+    say(f"Output directory: {Path(output_dir).resolve()}")
     return 0
+
+
+def spec_from_config_file(path: str, command: str = "train") -> RunSpec:
+    """The run a `--config` YAML file describes (as `python -m a2po <command> --config FILE` would run it): for the
+    dashboard's "Load YAML". Bad files raise ValueError naming the problem."""
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"Not a readable YAML file: {error}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError("A config file is a YAML mapping of flags, e.g. `learning_rate: 2.0e-5`.")
+    known = {f.name for f in fields(ScriptArguments)} | set(A2POConfig.__dataclass_fields__) | {"run_name"}
+    unknown = sorted(set(loaded) - known)
+    if unknown:
+        raise ValueError(f"Unknown settings in the config file: {', '.join(map(str, unknown))}.")
+    try:
+        command, script, _, config_fields = parse([command, "--config", path])
+        return spec_from_args(command, script, config_fields)
+    except SystemExit as error:  # argparse and our own checks exit with a message
+        raise ValueError(str(error)) from None

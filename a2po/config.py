@@ -101,8 +101,8 @@ class A2POConfig(TrainingArguments):
             problems.append(f"max_completion_length must be >= 1 (got {self.max_completion_length})")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             problems.append(f"max_prompt_length must be >= 1 or None (got {self.max_prompt_length})")
-        if self.save_every_seconds is not None and not self.save_every_seconds > 0:
-            problems.append(f"save_every_seconds must be > 0 or None (got {self.save_every_seconds})")
+        if self.save_every_seconds is not None and not self.save_every_seconds >= 0:
+            problems.append(f"save_every_seconds must be >= 0 (0 or None: off; got {self.save_every_seconds})")
         if self.value_batch_size is not None and self.value_batch_size < 1:
             problems.append(f"value_batch_size must be >= 1 or None (got {self.value_batch_size})")
         if self.reward_weights is not None and any(not isinstance(w, (int, float)) for w in self.reward_weights):

@@ -6,7 +6,7 @@ Stage 1 (offline, reference policy pi_ref, N samples y_1..y_N per prompt x, bina
           = beta1 * ( logsumexp_i(r_i / beta1) - log N )
 
 It is a soft maximum of the rewards: 0 when no sample is correct, 1 when all are, and it rises quickly with the
-first correct samples (N=8, beta1=0.5: 0, 1, 2, 4, 8 correct give 0, 0.2935, 0.4770, 0.7170, 1.0).
+first correct samples (N=8, beta1=0.5: 0, 1, 2, 4, 8 correct give 0, 0.2935, 0.4772, 0.7169, 1.0).
 
 Stage 2 (on-policy, one sample y ~ pi(.|x) per prompt):
 

@@ -12,6 +12,7 @@ import numbers
 import operator
 import random
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,18 @@ def prompt_text(prompt: Any) -> str:
     return str(prompt)
 
 
+def prompt_question(prompt: Any) -> str:
+    """What the user asked: a string prompt as is, else the content of the last user message (a table shows this,
+    not the chat template's system text around it)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if users:
+            return str(users[-1].get("content", ""))
+    return prompt_text(prompt)
+
+
 def preview_rows(dataset: Dataset, n: int = 5) -> list[dict]:
     """The first `n` rows as plain dicts, with prompts rendered to text (for a UI preview)."""
     rows = dataset.select(range(min(max(n, 0), len(dataset)))).to_list()
@@ -209,6 +222,21 @@ def _load_raw(source: str, split: str, config_name: str | None) -> Dataset:
         raise RuntimeError(f"Could not load {source!r} (config {config_name!r}, split {split!r}) from the Hugging "
                            f"Face hub: {error}. Check the id, config_name and network, or pass a local "
                            f"{'/'.join(FILE_BUILDERS)} file.") from error
+
+
+def peek_dataset(source: str, split: str = "train", config_name: str | None = None, rows: int = 5) -> Dataset:
+    """The first `rows` rows of a local file or a hub dataset, without loading the rest: a hub dataset is
+    streamed (never downloaded whole), so a preview or a column check costs a few rows whatever its size."""
+    path = Path(source).expanduser()
+    if path.exists() or source.startswith(("/", "./", "../", "~")):
+        raw = _load_raw(source, split, config_name)
+        return raw.select(range(min(rows, len(raw))))
+    try:
+        stream = load_dataset(source, config_name, split=split, streaming=True)
+        return Dataset.from_list(list(islice(stream, rows)))
+    except Exception as error:
+        raise RuntimeError(f"Could not read {source!r} (config {config_name!r}, split {split!r}) from the Hugging "
+                           f"Face hub: {error}. Check the id, config and split, or upload a file.") from error
 
 
 def load_prompt_dataset(source: str, split: str = "train", prompt_column: str | None = None,

@@ -8,7 +8,11 @@
                                                    # or {"source": "reasoning-gym", "task": ..., ...} (a2po.tasks)
      "rewards": [{"name": "exact_match", "weight": 1.0}],
      "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field
-     "peft": None or {"r": 16, "lora_alpha": 32}}
+     "peft": None or {"r": 16, "lora_alpha": 32},
+     "num_processes": 1,                           # >1: `accelerate launch` (DDP on GPUs, gloo on the CPU)
+     "fsdp": None,                                 # or "FULL_SHARD", ...: FSDP instead of DDP (GPUs only)
+     "runner": "worker"}                           # the studio's: one long worker process, or "chunked":
+                                                   # short chunks that each resume from disk (app.chunks)
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 from a2po.config import A2POConfig
 
 ACTIONS = ("values", "train", "evaluate")
+RUNNERS = ("worker", "chunked")  # how the studio executes a run (`app.jobs`, `app.chunks`); the CLI ignores it
+FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                     "eval_size": 64}
@@ -48,13 +54,24 @@ class RunSpec:
     rewards: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
     config: dict[str, Any] = field(default_factory=dict)
     peft: dict[str, Any] | None = None
-    num_devices: int = 1  # GPUs the run takes (the studio's scheduler); on a CPU-only machine the machine
+    # Processes of the run: 1, or several under `accelerate launch` (DDP: one per GPU; on a machine without GPUs,
+    # gloo processes on the CPU). Stage 1 is sharded across them, stage 2 splits each global batch between them.
+    num_processes: int = 1
+    # With several GPUs, FSDP instead of DDP for a model whose weights, gradients and optimizer do not fit on one:
+    # a sharding strategy of `accelerate launch --use_fsdp` (FSDP_STRATEGIES), or None (DDP). GPUs only, untested.
+    fsdp: str | None = None
+    # How the studio runs it: "worker" (one process from start to end) or "chunked" (a sequence of short chunks,
+    # each restoring the run from its checkpoint and stored V*, as on a ZeroGPU Space; `app.chunks`). One process.
+    runner: str = "worker"
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
         """Validate a spec; every problem is reported at once, naming the field and the fix."""
         from a2po.rewards import REWARD_FUNCTIONS
 
+        if "num_devices" in spec:  # specs stored before the field was renamed
+            spec = {**{k: v for k, v in spec.items() if k != "num_devices"},
+                    "num_processes": spec.get("num_processes", spec["num_devices"])}
         unknown = set(spec) - {f.name for f in dataclasses.fields(cls)}
         problems = [f"unknown spec keys {sorted(unknown)}"] if unknown else []
         run = cls(**{k: copy.deepcopy(v) for k, v in spec.items() if k not in unknown})
@@ -79,8 +96,16 @@ class RunSpec:
         for reward in run.rewards:
             if reward.get("name") not in REWARD_FUNCTIONS:
                 problems.append(f"unknown reward {reward.get('name')!r}; known: {sorted(REWARD_FUNCTIONS)}")
-        if isinstance(run.num_devices, bool) or not isinstance(run.num_devices, int) or run.num_devices < 1:
-            problems.append(f"num_devices must be a whole number >= 1 (got {run.num_devices!r})")
+        if isinstance(run.num_processes, bool) or not isinstance(run.num_processes, int) or run.num_processes < 1:
+            problems.append(f"num_processes must be a whole number >= 1 (got {run.num_processes!r})")
+        if run.fsdp is not None and run.fsdp not in FSDP_STRATEGIES:
+            problems.append(f"fsdp must be None (DDP) or one of {FSDP_STRATEGIES} (got {run.fsdp!r})")
+        elif run.fsdp is not None and run.num_processes < 2:
+            problems.append("fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)")
+        if run.runner not in RUNNERS:
+            problems.append(f"runner must be one of {RUNNERS} (got {run.runner!r})")
+        elif run.runner == "chunked" and run.num_processes != 1:
+            problems.append("the chunked runner runs one process: set num_processes to 1 (or runner 'worker')")
         bad_fields = set(run.config) - CONFIG_FIELDS
         if bad_fields:
             problems.append(f"unknown A2POConfig fields {sorted(bad_fields)}")
@@ -101,6 +126,8 @@ class RunSpec:
         values = {**RUN_CONFIG_DEFAULTS, **self.config, **overrides}
         if self.config.get("eval_steps") and "eval_strategy" not in self.config:
             values["eval_strategy"] = "steps"
+        if self.action == "train" and self.dataset.get("eval_size"):
+            values.setdefault("eval_on_start", True)  # accuracy before training, logged at step 0
         values["output_dir"] = output_dir
         values["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
         values.setdefault("run_name", self.name)
@@ -166,40 +193,62 @@ class RunSpec:
         key = {"model": self.model, "dataset": self.dataset, "rewards": self.rewards, "sampling": sampling}
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def to_cli_args(self) -> list[str]:
-        """The `python -m a2po` arguments that run this spec."""
-        command = {"values": "values", "train": "train", "evaluate": "evaluate"}[self.action]
-        args = [command, "--model", self.model, "--run_name", self.name]
+    def to_config_dict(self) -> dict[str, Any]:
+        """The flags of `python -m a2po` that run this spec, as a mapping: the format of the `--config` YAML file
+        (`to_yaml`), and what `to_cli_args` renders."""
+        from a2po.presets import DEFAULT_PRESET, NO_PRESET, preset_spec
+
+        out: dict[str, Any] = {"model": self.model, "run_name": self.name}
+        # The CLI starts from the default preset: a spec that leaves some of its settings out says so.
+        if set(preset_spec(DEFAULT_PRESET)["config"]) - set(self.config):
+            out["preset"] = NO_PRESET
         d = self.dataset
         if d["source"] == "arithmetic":
-            args += ["--dataset", "arithmetic"]
-            for key in ("num_prompts", "difficulty", "operations", "seed"):
-                if key in d:
-                    args += [f"--{'dataset_seed' if key == 'seed' else key}", str(d[key])]
+            out["dataset"] = "arithmetic"
+            out.update({"dataset_seed" if k == "seed" else k: d[k] for k in ("num_prompts", "difficulty",
+                                                                               "operations", "seed") if k in d})
         elif d["source"] == "reasoning-gym":
-            args += ["--dataset", "reasoning-gym"]
+            out["dataset"] = "reasoning-gym"
             if d.get("tasks"):
-                args += ["--tasks", json.dumps(d["tasks"])]
+                out["tasks"] = json.dumps(d["tasks"])
             else:
-                args += ["--task", str(d.get("task"))] + (["--task_settings", json.dumps(d["settings"])]
-                                                          if d.get("settings") else [])
-            for key in ("num_prompts", "seed"):
-                if d.get(key) is not None:
-                    args += [f"--{'dataset_seed' if key == 'seed' else key}", str(d[key])]
+                out["task"] = str(d.get("task"))
+                if d.get("settings"):
+                    out["task_settings"] = json.dumps(d["settings"])
+            out.update({"dataset_seed" if k == "seed" else k: d[k] for k in ("num_prompts", "seed")
+                        if d.get(k) is not None})
         else:
-            args += ["--dataset", str(d.get("path") or d.get("name"))]
-            for key in ("split", "config_name", "prompt_column", "answer_column", "num_prompts"):
-                if d.get(key):
-                    args += [f"--{'dataset_split' if key == 'split' else key}", str(d[key])]
-        args += ["--eval_size", str(d.get("eval_size") or 0)]
-        args += ["--reward", *[r["name"] for r in self.rewards]]
+            out["dataset"] = str(d.get("path") or d.get("name"))
+            out.update({"dataset_split" if k == "split" else k: d[k] for k in ("split", "config_name", "prompt_column",
+                                                                                "answer_column", "num_prompts")
+                        if d.get(k)})
+        out["eval_size"] = d.get("eval_size") or 0
+        out["reward"] = [r["name"] for r in self.rewards]
         if any(float(r.get("weight", 1.0)) != 1.0 for r in self.rewards):
-            args += ["--reward_weights", *[str(float(r.get("weight", 1.0))) for r in self.rewards]]
-        for key, value in self.config.items():
-            args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+            out["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
+        out.update(self.config)
         if self.peft:
-            args += ["--lora_r", str(self.peft.get("r", 16)), "--lora_alpha", str(self.peft.get("lora_alpha", 32))]
+            out.update(lora_r=self.peft.get("r", 16), lora_alpha=self.peft.get("lora_alpha", 32))
+        if getattr(self, "num_processes", 1) != 1:
+            out["num_processes"] = self.num_processes
+        return out
+
+    def to_cli_args(self) -> list[str]:
+        """The `python -m a2po` arguments that run this spec."""
+        args = [self.action]
+        for key, value in self.to_config_dict().items():
+            if key in ("reward", "reward_weights"):
+                args += [f"--{key}", *map(str, value)]
+            else:
+                args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
         return args
+
+    def to_yaml(self) -> str:
+        """This spec as a YAML file for `python -m a2po <action> --config FILE` (and the dashboard's Load)."""
+        import yaml
+
+        header = f"# A*-PO run '{self.name}': python -m a2po {self.action} --config <this file>\n"
+        return header + yaml.safe_dump(self.to_config_dict(), sort_keys=False, allow_unicode=True)
 
     def command(self) -> str:
         return "python -m a2po " + shlex.join(self.to_cli_args())

@@ -36,6 +36,7 @@ from transformers import (
 from a2po.callbacks import StageInterrupted, TimedCheckpoints
 from a2po.config import A2POConfig
 from a2po.core import a2po_loss, completion_mask
+from a2po.data import prompt_question
 from a2po.faults import fault_point
 from a2po.rollout import sample_completions, sequence_logprobs
 from a2po.values import (
@@ -156,6 +157,10 @@ class A2POTrainer(Trainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self.loss_is_scaled_for_ga = False  # our loss is a per-batch mean: Trainer divides by the accumulation steps
+        if getattr(self, "is_fsdp_enabled", False):
+            warnings.warn("A2POTrainer has not been tested under FSDP (only DDP, and single processes): sampling "
+                          "runs on the unwrapped model, and each process may stop decoding at another step.",
+                          stacklevel=2)
         if args.save_every_seconds:
             self.add_callback(TimedCheckpoints(args.save_every_seconds))
         if self.ref_model is not None:
@@ -277,6 +282,24 @@ class A2POTrainer(Trainer):
                 if result is not None:
                     self.control = result
 
+    def _agree_on_control(self, *names: str) -> None:
+        """Under several processes, set each of the `control` flags `names` on every rank when any rank's
+        callbacks set it: a stop asked on the main process (a dashboard's), a checkpoint due by one rank's clock
+        (`TimedCheckpoints`) then happen at the same batch or step everywhere, and the collectives inside logging,
+        evaluation and saving are joined by every rank."""
+        if self.accelerator.num_processes == 1:
+            return
+        names = names or ("should_training_stop", "should_save", "should_log", "should_evaluate")
+        local = torch.tensor([float(getattr(self.control, name)) for name in names], device=self.accelerator.device)
+        agreed = self.accelerator.gather(local[None]).amax(0).tolist()
+        for name, value in zip(names, agreed):
+            setattr(self.control, name, bool(value))
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        # Right after `on_step_end` (and `on_epoch_end`) and before the Trainer acts on the flags they set.
+        self._agree_on_control()
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
+
     # ----------------------------------------------------------------------------------------------------------
     # Stage 1: offline value estimation
 
@@ -359,42 +382,48 @@ class A2POTrainer(Trainer):
         cache_path = self._values_cache_path(split)
         done = len(rows) - len(pending)
         new_records = []
-        bar = tqdm(total=len(mine), desc=f"Stage 1: V* ({split})", unit="prompt",
+        bar = tqdm(total=len(pending), desc=f"Stage 1: V* ({split})", unit="prompt",
                    disable=not self.is_local_process_zero() or args.disable_tqdm)
+        # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
+        # shard is done: each batch ends in collectives (records gathered, the stop agreed) that every rank joins.
+        num_batches = -(-len(pending[0::world]) // batch_size)
         with self._reference_policy() as reference:
-            for start in range(0, len(mine), batch_size):
+            for start in range(0, num_batches * batch_size, batch_size):
                 batch = mine[start:start + batch_size]
-                batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
-                prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
-                completion_ids = self._sample(reference, prompt_ids, prompt_mask, num_samples=args.num_value_samples,
-                                              phase="values",
-                                              row_keys=self._stream_keys("values", batch_rows, args.num_value_samples))
-                completions, _ = self._decode(completion_ids)
-                n = args.num_value_samples
-                repeated = [row for row in batch_rows for _ in range(n)]
-                rewards, _ = self._score(repeated, completions)
-                fault_point("values_batch")
-                batch_records = [
-                    value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
-                                 completions[i * n:(i + 1) * n], args.beta1, args.filter_all_incorrect)
-                    for i, (pid, row) in enumerate(batch)]
-                new_records.extend(batch_records)
-                if cache_path is not None:
+                batch_records = []
+                if batch:
+                    batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
+                    prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
+                    completion_ids = self._sample(reference, prompt_ids, prompt_mask,
+                                                  num_samples=args.num_value_samples, phase="values",
+                                                  row_keys=self._stream_keys("values", batch_rows,
+                                                                             args.num_value_samples))
+                    completions, _ = self._decode(completion_ids)
+                    n = args.num_value_samples
+                    repeated = [row for row in batch_rows for _ in range(n)]
+                    rewards, _ = self._score(repeated, completions)
+                    fault_point("values_batch")
+                    batch_records = [
+                        value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
+                                     completions[i * n:(i + 1) * n], args.beta1, args.filter_all_incorrect)
+                        for i, (pid, row) in enumerate(batch)]
+                if cache_path is not None and batch_records:
                     cache_path.parent.mkdir(parents=True, exist_ok=True)
                     with open(cache_path, "a", encoding="utf-8") as f:
                         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records)
-                done += len(batch_records) * world
+                if world > 1:  # the callbacks of every rank (the main one stores them) see every rank's rows
+                    batch_records = gather_object(batch_records)
+                new_records.extend(batch_records)
+                done += len(batch_records)
                 bar.update(len(batch_records))
-                self._notify("on_values_batch", split=split, records=batch_records, done=min(done, len(rows)),
-                             total=len(rows))
+                self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows))
+                self._agree_on_control("should_training_stop")
                 if self.control.should_training_stop:
                     bar.close()
                     raise StageInterrupted(f"Stage 1 ({split}) stopped after {done} of {len(rows)} prompts; "
                                            "rerun to continue with the prompts not yet done.")
         bar.close()
         self.control.should_training_stop = stop_before
-        if world > 1:
-            new_records = gather_object(new_records)
         for record in new_records:
             records[record["prompt_id"]] = record
         table_rows = [records[pid] for pid in dict.fromkeys(ids)]
@@ -442,8 +471,14 @@ class A2POTrainer(Trainer):
         # Stage 2 starts from the run seed whether stage 1 sampled, resumed or was read from a store (a resumed run
         # then takes the generator states of its checkpoint).
         set_seed(self.args.seed)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        # The step-0 evaluation (`eval_on_start`) measures the model before training: a resumed run had it already.
+        eval_on_start = self.args.eval_on_start
+        self.args.eval_on_start = eval_on_start and not resume_from_checkpoint
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        finally:
+            self.args.eval_on_start = eval_on_start
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -495,11 +530,15 @@ class A2POTrainer(Trainer):
         for j, name in enumerate(self.reward_names):
             m[f"rewards/{name}"].append(per_func[:, j].mean().item())
         step = self.state.global_step + 1
-        self._notify("on_samples", samples=[
+        samples = [
             {"step": step, "split": "train", "prompt_id": row["prompt_id"], "prompt_text": texts[i],
+             "question": prompt_question(row["prompt"]),
              "completion": completions[i], "reward": float(rewards[i]), "v_star": float(row["v_star"]),
              "advantage": float(stats["advantage"][i]), "implicit_reward": float(stats["implicit_reward"][i]),
-             "completion_length": int(lengths[i])} for i, row in enumerate(rows)])
+             "completion_length": int(lengths[i])} for i, row in enumerate(rows)]
+        if self.accelerator.num_processes > 1:  # every rank computes the loss equally often: a safe collective
+            samples = gather_object(samples)
+        self._notify("on_samples", samples=samples)
         return (loss, {}) if return_outputs else loss
 
     # ----------------------------------------------------------------------------------------------------------
@@ -551,14 +590,15 @@ class A2POTrainer(Trainer):
             for i, row in enumerate(batch):
                 results.append({"correct": float(greedy_rewards[i] >= CORRECT_THRESHOLD),
                                 "reward": float(greedy_rewards[i]), "loss": loss_terms[i],
-                                "length": float(greedy_mask[i].sum())})
+                                "length": float(greedy_mask[i].sum()), "task": row.get("task")})
                 samples.append({"step": self.state.global_step, "split": split, "prompt_id": row["prompt_id"],
-                                "prompt_text": texts[i], "completion": greedy_completions[i],
+                                "prompt_text": texts[i], "question": prompt_question(row["prompt"]),
+                                "completion": greedy_completions[i],
                                 "reward": float(greedy_rewards[i]), "v_star": float(row["v_star"]),
                                 "advantage": float(greedy_rewards[i]) - float(row["v_star"]),
                                 "implicit_reward": None, "completion_length": int(greedy_mask[i].sum())})
         if world > 1:
-            results = gather_object(results)
+            results, samples = gather_object(results), gather_object(samples)
         self._notify("on_samples", samples=samples)
         n = max(len(results), 1)
         out = {f"{prefix}_accuracy": sum(r["correct"] for r in results) / n,
@@ -566,6 +606,12 @@ class A2POTrainer(Trainer):
                f"{prefix}_loss": sum(r["loss"] for r in results) / n,
                f"{prefix}_completion_length": sum(r["length"] for r in results) / n,
                f"{prefix}_v_star": sum(row["v_star"] for row in rows) / max(len(rows), 1)}
+        # A mix of tasks (a `task` column, e.g. reasoning-gym mixes): accuracy per task too.
+        tasks = sorted({r["task"] for r in results if isinstance(r["task"], str)})
+        if len(tasks) > 1:
+            for task in tasks:
+                mine = [r["correct"] for r in results if r["task"] == task]
+                out[f"{prefix}_accuracy/{task}"] = sum(mine) / len(mine)
         summary = summarize(self.value_tables[split].to_list(), self.args.num_value_samples)
         if "pass_at_n" in summary:
             out[f"{prefix}_ref_pass_at_1"] = summary["pass_at_1"]

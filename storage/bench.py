@@ -339,7 +339,7 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
 
     services = Services(store=store, jobs=None, data_dir=Path(tempfile.gettempdir()))
     table, plot = gr.Dataframe(render=False), gr.Plot(render=False)
-    inputs = (0.6, "train", "stage-1 order", "", "all", "", "")
+    inputs = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
     prompt_id = f"p{store.count_values(value_set_id, 'train') // 2:07d}"
 
     def serialise(outputs: list[Any]) -> None:

@@ -26,10 +26,11 @@ TIMEOUT_MS = 90_000
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory) -> Iterator[str]:
+def app_url(tmp_path_factory, taught_model_dir) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("studio-browser")
     port = free_port()
-    proc = start_app(data_dir, port)
+    # Model paths are allowed only under the studio's model folders: the taught model's folder is one.
+    proc = start_app(data_dir, port, "--model-root", str(Path(taught_model_dir).parent))
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -71,11 +72,11 @@ def taught_model_dir(tmp_path_factory) -> str:
     """A tiny model taught the answers of every other prompt the run below will see (the form's arithmetic with
     12 + 4 prompts): stage 1 then keeps those prompts and filters the rest, whatever the random stream."""
     from a2po.data import arithmetic_dataset
+    from a2po.presets import preset_spec
     from a2po.testing import make_tiny_model, teach_answers
-    from app.forms import DATASET_DEFAULTS
 
     model, tokenizer = make_tiny_model()
-    prompts = arithmetic_dataset(16, operations="+", difficulty=DATASET_DEFAULTS["difficulty"], seed=0)
+    prompts = arithmetic_dataset(16, operations="+", difficulty=preset_spec()["dataset"]["difficulty"], seed=0)
     taught = prompts.select(range(0, 16, 2))
     teach_answers(model, tokenizer, taught["prompt"], taught["ground_truth"])
     path = tmp_path_factory.mktemp("taught-tiny")
@@ -96,7 +97,7 @@ def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     expect(page.locator("#error-beta1")).to_contain_text("must be > 0")
     set_field(page, "field-model", "/no/such/model")
     page.locator("#check-form").click()
-    expect(page.locator("#error-model")).to_contain_text("No model folder at /no/such/model")
+    expect(page.locator("#error-model")).to_contain_text("/no/such/model is not under a model folder of this studio")
 
     # A tiny run: the taught tiny model, 12 + 4 arithmetic prompts, N = 8 reference samples, 2 steps on CPU.
     set_field(page, "field-beta1", "0.5")
@@ -147,6 +148,55 @@ def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     expect(page.locator("#values-prompt")).to_contain_text("of 8 correct")
     expect(page.locator("#values-completions")).to_contain_text(re.compile(r"\b8\s+[01]\b"))  # 8th sample, reward
     shoot(page, "values")
+    # Before and after: held-out accuracy at step 0 and at the end, in the header.
+    expect(page.locator("#run-accuracy")).to_contain_text(re.compile(r"\d+% → \d+%"))
+    expect(page.locator("#run-accuracy")).to_contain_text("step 0 → step 2")
+    # The question, not the chat template: the column says so and holds no template markers.
+    expect(page.locator("#values-table")).to_contain_text("question")
+    first_cell = page.locator("#values-table").get_by_text("What is").filter(visible=True).first.inner_text()
+    assert "<|" not in first_cell and "system" not in first_cell.lower(), first_cell
+
+    # The Explain view: the calculator's k = 1 of N = 8 at beta1 = 0.5, then k = 2; the run's regression picture.
+    open_tab(page, "Explain")
+    expect(page.locator("#explain-value")).to_contain_text("V* = 0.2935")
+    set_field(page, "explain-k", "2")
+    expect(page.locator("#explain-value")).to_contain_text("0.4772")
+    page.locator("#explain-run input").click()
+    page.get_by_role("option", name=re.compile("browser-tiny")).first.click()
+    expect(page.locator("#explain-pass-at-n")).to_contain_text("greedy accuracy")
+    shoot(page, "explain")
+
+    # Clone the run into the Launch form (through the allow-list).
+    open_tab(page, "Run")
+    page.locator("#run-clone").click()
+    expect(page.locator("#field-name textarea, #field-name input").first).to_have_value("browser-tiny-clone")
+    expect(page.locator("#launch-status")).to_contain_text("Cloned run #")
+
     open_tab(page, "Runs")
     expect(page.locator("#runs-table")).to_contain_text("browser-tiny")
     shoot(page, "runs")
+
+
+def test_pick_a_reasoning_gym_task_preview_it_and_launch(page, taught_model_dir):
+    """A reasoning-gym task on the Launch page: its prompts previewed (with the answer format the task states),
+    then launched; stage 1 scores them with the task's own checker."""
+    expect = playwright.expect
+    open_tab(page, "Launch")
+    page.get_by_label("Reasoning task (reasoning-gym, offline)").check()
+    task = page.locator("#field-task input")
+    task.click()
+    page.get_by_role("option", name="chain_sum", exact=True).click()
+    set_field(page, "field-task_settings", '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}')
+    page.locator("#preview-data").click()
+    expect(page.locator("#preview")).to_contain_text("<answer>")
+    set_field(page, "field-model", taught_model_dir)
+    set_field(page, "field-name", "browser-chain-sum")
+    set_field(page, "field-num_prompts", "6")
+    set_field(page, "field-eval_size", "2")
+    set_field(page, "field-num_value_samples", "2")
+    set_field(page, "field-max_completion_length", "4")
+    set_field(page, "field-max_steps", "1")
+    page.locator("#action-values").click()
+    expect(page.locator("#run-header")).to_contain_text("browser-chain-sum")
+    expect(page.locator("#run-header")).to_contain_text("finished")
+    expect(page.locator("#values-table")).to_contain_text("<answer>")

@@ -80,6 +80,24 @@ def test_two_processes_each_estimate_their_shard_and_all_see_all_values(tmp_path
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert reports[0]["prompt_ids"] == reports[1]["prompt_ids"] and len(reports[0]["prompt_ids"]) == 10
     assert reports[0]["v_star"] == reports[1]["v_star"]
-    # Each rank sampled only its own half of the prompts.
+    # Each rank sampled only its own half of the prompts, and the callbacks of each saw all of them.
     assert sorted(r["sampled_here"] for r in reports) == [5, 5]
+    assert [r["seen_by_callbacks"] for r in reports] == [10, 10]
     assert all(r["global_step"] == 2 for r in reports)
+
+
+def test_the_bare_command_is_the_dashboards_default_run():
+    """`python -m a2po train` with no flags, the launch form as it opens and an empty API spec are one run."""
+    from a2po.cli import parse, spec_from_args
+    from a2po.presets import preset_spec
+
+    command, script, _, fields = parse(["train"])
+    bare = spec_from_args(command, script, fields).to_dict()
+    preset = preset_spec()
+    assert {k: bare[k] for k in ("action", "model", "dataset", "rewards", "config", "peft")} == {
+        k: preset[k] for k in ("action", "model", "dataset", "rewards", "config", "peft")}
+    command, script, _, fields = parse(["train", "--difficulty", "1", "--max_steps", "5", "--preset", "quick-look"])
+    changed = spec_from_args(command, script, fields)
+    assert changed.dataset["difficulty"] == 1 and changed.dataset["num_prompts"] == 64
+    assert changed.config["max_steps"] == 5 and changed.config["learning_rate"] == preset["config"]["learning_rate"]
+    assert changed.action == "train"  # the command decides, not the preset
