@@ -35,7 +35,8 @@ TRAINING_METRICS: list[tuple[str, str]] = [
     ("learning_rate", "Learning rate"),
     ("eval_accuracy", "Eval accuracy"),
 ]
-UNSMOOTHED = {"learning_rate"}  # a schedule, not a noisy measurement
+# A schedule, and evaluations (a few exact points each on the same prompts): drawn as they are, never smoothed.
+UNSMOOTHED = {"learning_rate", "eval_accuracy"}
 MAX_POINTS = 1000
 RAW_OPACITY = 0.25
 

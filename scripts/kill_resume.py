@@ -3,7 +3,8 @@ last checkpoint and ended with the uninterrupted run's step count.
 
     python scripts/kill_resume.py DATA_DIR [--seed 0] [--kill-after-step 10] [--port 7873]
 
-Starts `python -m app` on DATA_DIR, presses Train (the teaching-demo defaults, run seed `--seed`), waits until
+Starts `python -m app` on DATA_DIR, presses Train (the teaching-demo defaults, run seed `--seed`, a checkpoint
+every `--save-steps` steps), waits until
 stage 2 has logged step `--kill-after-step`, SIGKILLs the worker (what the OOM killer does), waits for the
 scheduler to notice, resumes the run through `/resume` (what the Resume button does: the same `Services.act`),
 and waits for the end. Prints the timeline as JSON lines (seconds since the click). Compare the final step and
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7873)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kill-after-step", type=int, default=10)
+    parser.add_argument("--save-steps", type=int, default=6)
     args = parser.parse_args()
     args.data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
@@ -51,7 +53,8 @@ def main() -> None:
         client = Client(f"http://127.0.0.1:{args.port}/", verbose=False)
         store = Store(args.data_dir / "studio.db")
         start = time.time()
-        spec = {"name": f"kill-resume-seed{args.seed}", "config": {"seed": args.seed}}
+        # Step checkpoints: the preset's stage 2 lasts a few minutes, shorter than the timed checkpoints' 5.
+        spec = {"name": f"kill-resume-seed{args.seed}", "config": {"seed": args.seed, "save_steps": args.save_steps}}
         run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
         event("launched", run_id=run_id)
         step = -1

@@ -111,3 +111,21 @@ def test_chart_options_from_the_form():
     assert ChartOptions.of(0.3, "time", True) == ChartOptions(0.3, "time", True)
     assert ChartOptions.of(0.3, "weird", 0) == ChartOptions(0.3, "step", False)
     assert math.isclose(ChartOptions.of("0.5", "step", False).smoothing, 0.5)
+
+
+def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(store):
+    spec = charts.training_figure_spec({"eval_accuracy": ([0, 24], [0.0625, 0.59375])}, smoothing=0.6,
+                                       ceilings={"pass@1": 0.02, "pass@N": 0.156})
+    line = next(t for t in spec["data"] if t["name"] == "eval_accuracy")
+    assert line["y"] == [0.0625, 0.59375]  # an evaluation is not smoothed toward its predecessors
+    from app.ui.run import _eval_pass_rates
+
+    vs = store.get_or_create_value_set("fp", {})
+    run_id = store.create_run("r", "train", {}, model="m", dataset="d")
+    rows = [{"prompt_id": f"{split}{i}", "prompt": "q", "prompt_text": "q", "v_star": 0.0, "rewards": [r, 0.0],
+             "completions": ["a", "b"], "num_correct": int(r), "filtered": r == 0}
+            for split, rs in (("train", [1.0, 1.0]), ("eval", [1.0, 0.0, 0.0, 0.0])) for i, r in enumerate(rs)]
+    store.add_values(vs, "train", [r for r in rows if r["prompt_id"].startswith("train")])
+    store.add_values(vs, "eval", [r for r in rows if r["prompt_id"].startswith("eval")])
+    rates = _eval_pass_rates(store, run_id, store.last_ids(run_id), store.get_value_set(vs))
+    assert rates == {"pass@1": pytest.approx(1 / 8), "pass@N": pytest.approx(1 / 4)}  # the held-out prompts'

@@ -264,6 +264,19 @@ def _series(store: Store, run_id: int, metric_id: int) -> dict[str, Any]:
     return live.SHARED.get(("series", run_id), metric_id, compute)
 
 
+def _eval_pass_rates(store: Store, run_id: int, ids: dict[str, int],
+                     value_set: dict[str, Any] | None) -> dict[str, float]:
+    """The reference pass@1 and pass@N drawn beside the eval accuracy: on the held-out prompts it is measured on
+    (their stage-1 split, "eval"), else none (the training prompts' rates would compare different prompts)."""
+    def compute(_previous: Any) -> dict[str, float]:
+        if value_set is None or not _count(value_set, "eval"):
+            return {}
+        summary = ((value_set.get("summary") or {}).get("eval")) if isinstance(value_set.get("summary"), dict) else None
+        return values.ceilings(_stats(store, value_set, "eval"), summary if isinstance(summary, dict) else None)
+
+    return live.SHARED.get(("eval-rates", run_id), (ids["evaluations"], _count(value_set, "eval")), compute)
+
+
 def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartOptions,
                    ceilings: dict[str, float]) -> dict[str, Any]:
     def figure(_previous: Any) -> Any:
@@ -540,10 +553,7 @@ def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: st
     if view == "filtered":
         return _filtered_view(store, value_set, split)
     if view == "training":
-        stats = _stats(store, value_set, split) if value_set else {}
-        summary = ((value_set or {}).get("summary") or {}).get(split) or (value_set or {}).get("summary")
-        ceilings = values.ceilings(stats, summary if isinstance(summary, dict) else None) if stats else {}
-        return _training_view(store, run_id, ids, chart, ceilings)
+        return _training_view(store, run_id, ids, chart, _eval_pass_rates(store, run_id, ids, value_set))
     if view == "samples":
         return _samples_view(store, run_id, ids["samples"], training.sample_query(correct, text, step))
     if view == "logs":

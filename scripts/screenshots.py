@@ -1,0 +1,69 @@
+"""Screenshots of a finished run as a class sees it: its Run page (Training tab) and the Explain page.
+
+    python scripts/screenshots.py DATA_DIR RUN_ID [--out docs/screenshots] [--port 7874]
+
+Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
+writes `teaching-run.png` and `teaching-explain.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import playwright.sync_api as playwright
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from teaching_demo import wait_for_port  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("run_id", type=int)
+    parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    parser.add_argument("--port", type=int, default=7874)
+    args = parser.parse_args()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir", str(args.data_dir),
+                               "--no-resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(args.port)
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                                        args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(f"http://127.0.0.1:{args.port}/", wait_until="load")
+            page.wait_for_selector("#main-tabs")
+            page.get_by_role("tab", name="Run", exact=True).first.click()
+            page.locator("#run-picker input").click()
+            page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
+            playwright.expect(page.locator("#run-accuracy")).to_contain_text("→")
+            page.get_by_role("tab", name="Training", exact=True).first.click()
+            playwright.expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
+            time.sleep(1.5)
+            args.out.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(args.out / "teaching-run.png"), full_page=True)
+            page.get_by_role("tab", name="Explain", exact=True).first.click()
+            page.locator("#explain-run input").click()
+            page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
+            playwright.expect(page.locator("#explain-pass-at-n")).to_contain_text("although none")
+            time.sleep(2.0)
+            page.screenshot(path=str(args.out / "teaching-explain.png"), full_page=True)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+if __name__ == "__main__":
+    main()
