@@ -157,7 +157,9 @@ def build_explain_page(services: Services) -> gr.Dropdown:
 
     gr.Markdown("### 2. What stage 2 regresses\nEach dot is one training answer: across, the implicit reward the "
                 "model gives it now; up, the target r − V\\*. The loss is the squared distance to the dashed line, so "
-                "as training goes on (lighter colours) the dots move toward it.")
+                "as training goes on (lighter colours) the dots move toward it. With a small β₂ (the default 0.001) a "
+                "short run moves the implicit reward by thousandths while the targets span ±1: the dots stay near the "
+                "vertical axis, and the loss stays large even as accuracy rises (β₂ sets how far the model may move).")
     with gr.Row():
         picker = gr.Dropdown(choices=run_choices(store), label="Run", scale=3, elem_id="explain-run")
         refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100)
