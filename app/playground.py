@@ -532,38 +532,12 @@ def decode_greedy_and_samples(model, input_ids, attention_mask, *, max_new_token
     costs about the same for one row as for nine (it reads every weight once), so this is one decode where
     `sample_completions(do_sample=False)` then `sample_completions(row_keys=...)` would be two; the tokens are the
     same as theirs (tested). Returns (1 + len(row_keys), T) ids, pad after each row's first EOS."""
-    import torch
+    from a2po.rollout import sample_completions
 
-    from a2po.decoding import decoder_for
-    from a2po.rollout import eval_mode, process_logits, row_uniforms, sample_tokens
-
-    total = 1 + len(row_keys)
-    device = input_ids.device
-    eos = torch.tensor(list(eos_token_ids), device=device)
-    uniforms = row_uniforms(row_keys, max_new_tokens, device)
-    with torch.no_grad(), eval_mode(model):
-        decoder = decoder_for(model, capacity=input_ids.shape[1] + max_new_tokens)
-        logits = decoder.prefill(input_ids, attention_mask, total)
-        out = torch.full((total, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-        active = torch.arange(total, device=device)  # original row of each row still decoding
-        length = 0
-        for step in range(max_new_tokens):
-            tokens = logits.argmax(-1)
-            sampled = active > 0
-            if sampled.any():
-                probs = process_logits(logits[sampled], temperature, top_k, top_p).softmax(-1)
-                tokens[sampled] = sample_tokens(probs, uniforms=uniforms[active[sampled] - 1, step])
-            out[active, step] = tokens
-            length = step + 1
-            alive = ~torch.isin(tokens, eos)
-            if not alive.any() or step == max_new_tokens - 1:
-                break
-            if not alive.all():
-                keep = alive.nonzero().squeeze(-1)
-                decoder.select(keep)
-                active, tokens = active[keep], tokens[keep]
-            logits = decoder.step(tokens)
-    return out[:, :length]
+    keys = [("greedy", None), *row_keys]  # the greedy row's stream is drawn but never read
+    return sample_completions(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                              eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, num_samples=len(keys),
+                              temperature=temperature, top_k=top_k, top_p=top_p, row_keys=keys, greedy_rows=1)
 
 
 def serve(idle_timeout: float, read_fd: int, write_fd: int) -> int:

@@ -15,3 +15,16 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0, what: str 
             return result
         time.sleep(poll)
     raise AssertionError(f"Timed out after {timeout:.0f} s waiting for {what}.")
+
+
+def wait_status(store, run_id: int, statuses: tuple[str, ...], timeout: float = 120.0, poll: float = 0.05) -> dict:
+    """The run once its status is one of `statuses`; on a timeout, fail with its status, error and last log lines."""
+    def check():
+        run = store.get_run(run_id)
+        return run if run["status"] in statuses else None
+    try:
+        return wait_for(check, timeout, f"run {run_id} to become {statuses}", poll)
+    except AssertionError:
+        run = store.get_run(run_id)
+        raise AssertionError(f"run {run_id} is {run['status']} (error: {run['error']}); logs: "
+                             f"{[r['message'] for r in store.get_logs(run_id)][-12:]}") from None

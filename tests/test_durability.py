@@ -52,15 +52,7 @@ def make_manager(data_dir: Path, faults: str = "", **options) -> tuple[Store, Jo
 
 
 def wait_status(store: Store, run_id: int, statuses: tuple[str, ...], timeout: float = 120.0) -> dict:
-    def check():
-        run = store.get_run(run_id)
-        return run if run["status"] in statuses else None
-    try:
-        return wait_for(check, timeout, f"run {run_id} to become {statuses}")
-    except AssertionError:
-        run = store.get_run(run_id)
-        raise AssertionError(f"run {run_id} is {run['status']} (error: {run['error']}); logs: "
-                             f"{[r['message'] for r in store.get_logs(run_id)][-12:]}") from None
+    return helpers.wait_status(store, run_id, statuses, timeout, poll=0.05)
 
 
 def record(store: Store, run_id: int) -> dict:
