@@ -51,9 +51,15 @@ class ScriptArguments:
     dataset_seed: int | None = field(default=None, metadata={"help": "Generator / split seed."})
     eval_size: int | None = field(default=None, metadata={"help": "Prompts held out for evaluation (0: none; "
                                                                   "the preset's: 64)."})
+    system_prompt: str | None = field(default=None, metadata={"help": "A system message for every conversational "
+                                                                      "prompt ('' for an empty one; unset: the "
+                                                                      "preset's, or the chat template's own)."})
     task: str | None = field(default=None, metadata={"help": "reasoning-gym: the task, e.g. chain_sum (a2po.tasks)."})
     task_settings: str | None = field(default=None, metadata={"help": "reasoning-gym: the task's settings as JSON, "
                                                                       "e.g. '{\"max_terms\": 3}'."})
+    answer_format: str | None = field(default=None, metadata={"help": "reasoning-gym: 'tags' (the answer between "
+                                                                      "<answer> tags; the default) or 'number' (the "
+                                                                      "last number; numeric tasks)."})
     tasks: str | None = field(default=None, metadata={"help": "reasoning-gym: a weighted mix as JSON, e.g. "
                                                               "'[{\"task\": \"chain_sum\", \"weight\": 2}]'."})
     reward: list[str] = field(default_factory=list, metadata={"help": "Reward functions: exact_match (the default), "
@@ -68,7 +74,8 @@ class ScriptArguments:
 
 def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -> RunSpec:
     """The run the flags describe: the preset, changed by every flag given (and only those)."""
-    given = {"num_prompts": script.num_prompts, "eval_size": script.eval_size, "seed": script.dataset_seed}
+    given = {"num_prompts": script.num_prompts, "eval_size": script.eval_size, "seed": script.dataset_seed,
+             "system_prompt": script.system_prompt}
     given = {k: v for k, v in given.items() if v is not None}
     if script.dataset in (None, "arithmetic"):
         dataset = {**given, **{k: v for k, v in (("difficulty", script.difficulty), ("operations", script.operations))
@@ -79,6 +86,8 @@ def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -
         if not (script.task or script.tasks):
             raise SystemExit(f"--dataset {TASK_SOURCE} needs --task NAME (one of {', '.join(TASKS)}) or --tasks JSON.")
         dataset = {"source": TASK_SOURCE, "num_prompts": 256, "eval_size": 64, "seed": 0, **given}
+        if script.answer_format is not None:
+            dataset["answer_format"] = script.answer_format
         if script.tasks:
             dataset["tasks"] = _json_flag("--tasks", script.tasks)
         else:

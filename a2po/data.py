@@ -93,6 +93,30 @@ def arithmetic_dataset(num_prompts: int = 256, operations: str | Sequence[str] =
     return Dataset.from_dict(rows)
 
 
+def with_system_prompt(dataset: Dataset, system_prompt: str | None) -> Dataset:
+    """Conversational prompts with `system_prompt` as their system message (replacing one they have); None leaves
+    the prompts as they are. Plain-text prompts are left alone: no chat template is applied to them.
+
+    Why a run sets it: without a system message some chat templates insert their own (SmolLM2's, 16 tokens of "You
+    are a helpful AI assistant named SmolLM, ..." before a 14-token question), and every prompt token is computed
+    in every forward and backward pass; "" gives an empty system message.
+    """
+    if system_prompt is None:
+        return dataset
+    if not isinstance(system_prompt, str):
+        raise ValueError(f"system_prompt must be a string (\"\" for an empty system message) or None, got "
+                         f"{system_prompt!r:.80}.")
+
+    def convert(row: dict) -> dict:
+        prompt = row["prompt"]
+        if isinstance(prompt, str):
+            return row
+        messages = [dict(m) for m in prompt if m.get("role") != "system"]
+        return {**row, "prompt": [{"role": "system", "content": system_prompt}, *messages]}
+
+    return dataset.map(convert)
+
+
 def train_eval_split(dataset: Dataset, eval_size: int | float, seed: int = 0) -> tuple[Dataset, Dataset]:
     """Hold out prompts for evaluation: `eval_size` is a count (int) or a fraction in (0, 1).
 

@@ -153,15 +153,17 @@ def math_equivalence(completions: Sequence, ground_truth: Sequence, **kwargs: An
 
 
 def task_checker(completions: Sequence, task: Sequence[str] | None = None, task_entry: Sequence | None = None,
-                 task_settings: Sequence | None = None, **kwargs: Any) -> list[float]:
-    """1.0 where the task's own answer checker (reasoning-gym) gives the last `<answer>...</answer>` of the completion
-    a full score, else 0.0. Reads the `task`, `task_entry` and `task_settings` columns of `a2po.tasks` datasets."""
+                 task_settings: Sequence | None = None, answer_format: Sequence | None = None,
+                 **kwargs: Any) -> list[float]:
+    """1.0 where the task's own answer checker (reasoning-gym) gives the completion's answer (its last
+    `<answer>...</answer>`, or its last number for rows whose `answer_format` is "number") a full score, else 0.0.
+    Reads the `task`, `task_entry`, `task_settings` and `answer_format` columns of `a2po.tasks` datasets."""
     if task is None or task_entry is None:
         raise ValueError("task_checker needs the 'task' and 'task_entry' columns of a reasoning-gym dataset "
                          "(a2po.tasks.task_dataset); use exact_match or math_equivalence for other datasets.")
     from a2po.tasks import score_completions
 
-    return score_completions(completions, task, task_entry, task_settings)
+    return score_completions(completions, task, task_entry, task_settings, answer_format)
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {

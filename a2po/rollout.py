@@ -98,14 +98,15 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
                        num_samples: int = 1, do_sample: bool = True, temperature: float = 1.0,
                        top_k: int | None = None, top_p: float = 1.0,
                        generator: torch.Generator | None = None,
-                       row_keys: Sequence[Hashable] | None = None, greedy_rows: int = 0) -> torch.Tensor:
+                       row_keys: Sequence[Hashable] | None = None, greedy_samples: int = 0) -> torch.Tensor:
     """Sample `num_samples` completions per left-padded prompt.
 
     Returns completion ids of shape (batch * num_samples, T) with T <= max_new_tokens; rows are grouped by prompt
     (row i * num_samples + j is sample j of prompt i); after a row's first EOS the row holds `pad_token_id`.
     `row_keys` (one per output row) gives each row its own random stream (see the module docstring); without
-    them, rows draw from `generator` (or torch's global generator). The first `greedy_rows` output rows take the
-    most likely token instead (a greedy answer decoded with the samples, in one decode: the playground's).
+    them, rows draw from `generator` (or torch's global generator). The first `greedy_samples` samples of each
+    prompt take the most likely token instead: greedy answers decoded with the samples in one decode, the prompt
+    prefilled once for both (evaluation's greedy accuracy next to its sampled loss, the playground's pair).
     """
     batch = input_ids.shape[0]
     device = input_ids.device
@@ -127,8 +128,8 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
             if do_sample:
                 tokens = sample_tokens(process_logits(logits, temperature, top_k, top_p).softmax(-1), generator,
                                        None if uniforms is None else uniforms[active, step])
-                if greedy_rows:
-                    greedy = active < greedy_rows
+                if greedy_samples:
+                    greedy = active % num_samples < greedy_samples
                     tokens[greedy] = logits[greedy].argmax(-1)
             else:
                 tokens = logits.argmax(-1)

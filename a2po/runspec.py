@@ -106,6 +106,8 @@ class RunSpec:
             problems.append(f"runner must be one of {RUNNERS} (got {run.runner!r})")
         elif run.runner == "chunked" and run.num_processes != 1:
             problems.append("the chunked runner runs one process: set num_processes to 1 (or runner 'worker')")
+        if not isinstance(run.dataset.get("system_prompt", ""), (str, type(None))):
+            problems.append("dataset.system_prompt must be a string (\"\" for an empty system message) or null")
         bad_fields = set(run.config) - CONFIG_FIELDS
         if bad_fields:
             problems.append(f"unknown A2POConfig fields {sorted(bad_fields)}")
@@ -135,6 +137,15 @@ class RunSpec:
 
     def build_datasets(self):
         """(train, eval) datasets; eval is held out from the same source (`eval_size` rows) or None."""
+        from a2po import data
+
+        d = self.dataset
+        train, held_out = self._raw_datasets()
+        system_prompt = d.get("system_prompt")
+        return (data.with_system_prompt(train, system_prompt),
+                None if held_out is None else data.with_system_prompt(held_out, system_prompt))
+
+    def _raw_datasets(self):
         from a2po import data
 
         d = self.dataset
@@ -217,12 +228,19 @@ class RunSpec:
                     out["task_settings"] = json.dumps(d["settings"])
             out.update({"dataset_seed" if k == "seed" else k: d[k] for k in ("num_prompts", "seed")
                         if d.get(k) is not None})
+            if d.get("answer_format") is not None:
+                out["answer_format"] = d["answer_format"]
         else:
             out["dataset"] = str(d.get("path") or d.get("name"))
             out.update({"dataset_split" if k == "split" else k: d[k] for k in ("split", "config_name", "prompt_column",
                                                                                 "answer_column", "num_prompts")
                         if d.get(k)})
         out["eval_size"] = d.get("eval_size") or 0
+        if d.get("system_prompt") is not None:
+            out["system_prompt"] = d["system_prompt"]
+        elif d["source"] == preset_spec(DEFAULT_PRESET)["dataset"]["source"] and \
+                preset_spec(DEFAULT_PRESET)["dataset"].get("system_prompt") is not None:
+            out["preset"] = NO_PRESET  # else the CLI would take the preset's system prompt for this dataset
         out["reward"] = [r["name"] for r in self.rewards]
         if any(float(r.get("weight", 1.0)) != 1.0 for r in self.rewards):
             out["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]

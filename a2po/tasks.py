@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from a2po.rewards import completion_text
+from a2po.rewards import completion_text, extract_final_answer
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -38,11 +38,16 @@ TASK_SOURCE = "reasoning-gym"
 TASK_REWARD = "task_checker"  # the only reward a task source accepts
 INSTALL_HINT = "pip install 'a2po-studio[tasks]'"
 ANSWER_INSTRUCTION = "Give your final answer between <answer> and </answer> tags."
+NUMBER_INSTRUCTION = "Answer with just the number."
+# How a prompt asks for its answer and where the checker finds it: "tags" (reasoning-gym's convention) or "number"
+# (the last number of the completion, for tasks whose answers are numbers). Small instruct models rarely write the
+# tags (SmolLM2-135M: 0 of 192 samples on 1-digit chain sums) but do end with a number (docs/benchmarks.md).
+ANSWER_FORMATS = ("tags", "number")
 FULL_SCORE = 1.0 - 1e-6
 MAX_PROMPTS = 100_000
 MAX_TASKS = 16
 SPEC_DEFAULTS = {"num_prompts": 256, "eval_size": 64, "seed": 0}
-SPEC_KEYS = {"source", "task", "tasks", "settings", *SPEC_DEFAULTS}
+SPEC_KEYS = {"system_prompt", "answer_format", "source", "task", "tasks", "settings", *SPEC_DEFAULTS}
 # reasoning-gym seeds entry i with Random(seed + i): each (spec seed, task, split) gets its own block of generator
 # seeds, larger than any split can use, so training and held-out prompts never come from the same generator state.
 SEED_BLOCK = 1 << 20
@@ -92,6 +97,7 @@ class Task:
     settings: tuple[Setting, ...] = ()
     # Answers must match this before the checker sees them: countdown's checker runs sympy's parse_expr (an eval).
     answer_pattern: str | None = None
+    numeric: bool = True  # the answer is a number (answer_format "number" is possible)
 
     def setting(self, name: str) -> Setting | None:
         return next((s for s in self.settings if s.name == name), None)
@@ -137,7 +143,7 @@ TASKS: dict[str, Task] = {task.name: task for task in [
         *_range("target", (100, 999), 1, 100_000, "target value"),
         Setting("operators", "subset", OPERATORS, choices=OPERATORS, help="operators in the solutions"),
         Setting("shuffle", "bool", True, help="shuffle the numbers (else they appear in solution order)")),
-        answer_pattern=r"(?!.*\*\*)[\d\s+\-*/().]{1,200}"),
+        answer_pattern=r"(?!.*\*\*)[\d\s+\-*/().]{1,200}", numeric=False),
 ]}
 
 
@@ -221,8 +227,11 @@ def _check_settings(task: str, settings: Any) -> tuple[dict[str, Any], list[str]
 
 # -- prompts -------------------------------------------------------------------------------------------------------
 
-def format_prompt(question: str) -> str:
-    """The question, then where to put the answer (the checker only reads what is inside `<answer>` tags)."""
+def format_prompt(question: str, answer_format: str = "tags") -> str:
+    """The question, then how to answer: inside `<answer>` tags (the checker reads only those), or with just the
+    number (the checker reads the last number)."""
+    if answer_format == "number":
+        return f"{question.strip()} {NUMBER_INSTRUCTION}"
     return f"{question.strip()}\n\n{ANSWER_INSTRUCTION}"
 
 
@@ -248,13 +257,14 @@ def _entries(task: str, settings: dict, seed: int, size: int):
         yield entry
 
 
-def _take(task: str, settings: dict, seed: int, count: int, exclude: set[str] | None = None) -> list[dict]:
+def _take(task: str, settings: dict, seed: int, count: int, exclude: set[str] | None = None,
+          answer_format: str = "tags") -> list[dict]:
     """`count` rows of the task from generator seed `seed` on, skipping prompts whose text is in `exclude`."""
     if not count:
         return []
     settings_json, tries, rows = json.dumps(settings, sort_keys=True), min(SEED_BLOCK, 4 * count + 100), []
     for entry in _entries(task, settings, seed, tries):
-        row = _row(task, settings_json, entry)
+        row = _row(task, settings_json, entry, answer_format)
         if not exclude or row["prompt"][0]["content"] not in exclude:
             rows.append(row)
             if len(rows) == count:
@@ -264,11 +274,12 @@ def _take(task: str, settings: dict, seed: int, count: int, exclude: set[str] | 
                      "few distinct prompts. Widen them (more terms or digits) or lower num_prompts or eval_size.")
 
 
-def _row(task: str, settings_json: str, entry: dict) -> dict[str, Any]:
-    return {"prompt": [{"role": "user", "content": format_prompt(entry["question"])}],
+def _row(task: str, settings_json: str, entry: dict, answer_format: str = "tags") -> dict[str, Any]:
+    return {"prompt": [{"role": "user", "content": format_prompt(entry["question"], answer_format)}],
             "ground_truth": str(entry["answer"]), "task": task,
             # default=str: gsm_symbolic's metadata holds Fractions; the checkers read only JSON-native fields.
-            "task_entry": json.dumps(entry, default=str, sort_keys=True), "task_settings": settings_json}
+            "task_entry": json.dumps(entry, default=str, sort_keys=True), "task_settings": settings_json,
+            "answer_format": answer_format}
 
 
 def _apportion(total: int, weights: Sequence[float]) -> list[int]:
@@ -290,7 +301,7 @@ def _parts(tasks: Sequence[dict[str, Any]]) -> list[tuple[str, dict, float]]:
 
 
 def _generate(parts: list[tuple[str, dict, float]], num_prompts: int, seed: int,
-              eval_size: int) -> tuple[Dataset, Dataset | None]:
+              eval_size: int, answer_format: str = "tags") -> tuple[Dataset, Dataset | None]:
     from datasets import Dataset
 
     if _as_int(num_prompts) is None or not 1 <= num_prompts <= MAX_PROMPTS:
@@ -299,13 +310,20 @@ def _generate(parts: list[tuple[str, dict, float]], num_prompts: int, seed: int,
         raise ValueError(f"eval_size must be an integer in 0..{MAX_PROMPTS} (got {eval_size!r})")
     if _as_int(seed) is None or seed < 0:
         raise ValueError(f"seed must be an integer >= 0 (got {seed!r})")
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS} (got {answer_format!r})")
+    words = [task for task, _, _ in parts if not _task(task).numeric]
+    if answer_format == "number" and words:
+        raise ValueError(f"answer_format 'number' needs tasks whose answers are numbers; {', '.join(words)} "
+                         "answers are not: use answer_format 'tags'")
     weights = [w for _, _, w in parts]
     bases = [(seed * MAX_TASKS + p) * 2 * SEED_BLOCK for p in range(len(parts))]  # held out: base + SEED_BLOCK
     train = [row for (task, settings, _), base, count in zip(parts, bases, _apportion(int(num_prompts), weights))
-             for row in _take(task, settings, base, count)]
+             for row in _take(task, settings, base, count, answer_format=answer_format)]
     seen = {row["prompt"][0]["content"] for row in train}
     held_out = [row for (task, settings, _), base, count in zip(parts, bases, _apportion(int(eval_size), weights))
-                for row in _take(task, settings, base + SEED_BLOCK, count, exclude=seen)]
+                for row in _take(task, settings, base + SEED_BLOCK, count, exclude=seen,
+                                 answer_format=answer_format)]
     if len(parts) > 1:  # mix the tasks within batches
         random.Random(seed).shuffle(train)
         random.Random(seed + 1).shuffle(held_out)
@@ -313,20 +331,21 @@ def _generate(parts: list[tuple[str, dict, float]], num_prompts: int, seed: int,
 
 
 def task_dataset(task: str, num_prompts: int, seed: int = 0, settings: dict[str, Any] | None = None,
-                 eval_size: int = 0) -> tuple[Dataset, Dataset | None]:
+                 eval_size: int = 0, answer_format: str = "tags") -> tuple[Dataset, Dataset | None]:
     """`(train, eval)` prompts of one reasoning-gym task; eval is None when `eval_size` is 0.
 
     Deterministic in the arguments. Held-out prompts come from generator seeds disjoint from the training ones,
     and any whose text is also a training prompt is replaced, so no prompt text is in both.
     """
-    return _generate([(task, normalize_settings(task, settings), 1.0)], num_prompts, seed, eval_size)
+    return _generate([(task, normalize_settings(task, settings), 1.0)], num_prompts, seed, eval_size,
+                     answer_format)
 
 
 def mixed_task_dataset(tasks: Sequence[dict[str, Any]], num_prompts: int, seed: int = 0,
-                       eval_size: int = 0) -> tuple[Dataset, Dataset | None]:
+                       eval_size: int = 0, answer_format: str = "tags") -> tuple[Dataset, Dataset | None]:
     """`(train, eval)` mixing tasks, `[{"task": "chain_sum", "weight": 2, "settings": {...}}, ...]`, with counts
     proportional to the weights, rows shuffled (reproducibly) and tagged with their `task`."""
-    return _generate(_parts(tasks), num_prompts, seed, eval_size)
+    return _generate(_parts(tasks), num_prompts, seed, eval_size, answer_format)
 
 
 def datasets_from_spec(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]:
@@ -336,7 +355,8 @@ def datasets_from_spec(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]:
         raise ValueError("Invalid reasoning-gym dataset spec: " + "; ".join(problems) + ".")
     spec = {**SPEC_DEFAULTS, **{k: v for k, v in spec.items() if v is not None}}
     tasks = spec.get("tasks") or [{"task": spec["task"], "settings": spec.get("settings")}]
-    return mixed_task_dataset(tasks, int(spec["num_prompts"]), int(spec["seed"]), int(spec["eval_size"]))
+    return mixed_task_dataset(tasks, int(spec["num_prompts"]), int(spec["seed"]), int(spec["eval_size"]),
+                              spec.get("answer_format", "tags"))
 
 
 def preview_tasks(spec: str | dict[str, Any], n: int = 5) -> list[dict[str, Any]]:
@@ -395,6 +415,16 @@ def validate_task_spec(spec: dict[str, Any]) -> list[str]:
         problems += _tasks_problems(spec["tasks"], where="dataset.tasks")
         if spec.get("settings"):
             problems.append("dataset.settings is for a single task; put settings inside each dataset.tasks entry")
+    answer_format = spec.get("answer_format")
+    if answer_format is not None and answer_format not in ANSWER_FORMATS:
+        problems.append(f"dataset.answer_format must be one of {list(ANSWER_FORMATS)} (got {answer_format!r})")
+    elif answer_format == "number":
+        names = [spec.get("task")] if has_task else [t.get("task") for t in spec.get("tasks") or []
+                                                     if isinstance(t, dict)]
+        words = [n for n in names if n in TASKS and not TASKS[n].numeric]
+        if words:
+            problems.append(f"dataset.answer_format 'number' needs tasks whose answers are numbers; {', '.join(words)}"
+                            " answers are expressions: use 'tags'")
     for key, low in (("num_prompts", 1), ("eval_size", 0), ("seed", 0)):
         value = spec.get(key)
         high = MAX_PROMPTS if key != "seed" else None
@@ -447,11 +477,14 @@ def score_answer(task: str, entry: dict[str, Any] | str, answer: str | None,
 
 
 def score_completions(completions: Sequence[Any], task: Sequence[str], task_entry: Sequence[Any],
-                      task_settings: Sequence[Any] | None = None) -> list[float]:
-    """Binary scores of completions (strings or conversations) against their rows' tasks."""
+                      task_settings: Sequence[Any] | None = None,
+                      answer_format: Sequence[str | None] | None = None) -> list[float]:
+    """Binary scores of completions (strings or conversations) against their rows' tasks; each row's answer is read
+    as its `answer_format` says (the last `<answer>` tag by default, else the last number)."""
     if len(task) != len(completions) or len(task_entry) != len(completions):
         raise ValueError(f"task and task_entry need one value per completion ({len(completions)}); got "
                          f"{len(task)} and {len(task_entry)}.")
     settings = task_settings if task_settings is not None else [None] * len(completions)
-    return [score_answer(t, e, extract_answer(completion_text(c)), s)
-            for c, t, e, s in zip(completions, task, task_entry, settings)]
+    formats = answer_format if answer_format is not None else [None] * len(completions)
+    return [score_answer(t, e, (extract_final_answer if f == "number" else extract_answer)(completion_text(c)), s)
+            for c, t, e, s, f in zip(completions, task, task_entry, settings, formats)]

@@ -255,7 +255,7 @@ class A2POTrainer(Trainer):
 
     def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 num_samples: int = 1, greedy: bool = False, phase: str = "train",
-                row_keys: Sequence[tuple] | None = None) -> torch.Tensor:
+                row_keys: Sequence[tuple] | None = None, greedy_samples: int = 0) -> torch.Tensor:
         args = self.args
         autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
                     else nullcontext())
@@ -264,7 +264,8 @@ class A2POTrainer(Trainer):
             out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=args.max_completion_length,
                                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                      num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
-                                     top_k=args.top_k, top_p=args.top_p, row_keys=None if greedy else row_keys)
+                                     top_k=args.top_k, top_p=args.top_p, row_keys=None if greedy else row_keys,
+                                     greedy_samples=greedy_samples)
         if out.is_cuda:
             torch.cuda.synchronize()
         stats = self.rollout_stats[phase]
@@ -571,6 +572,11 @@ class A2POTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
+    def _policy_is_reference(self) -> bool:
+        """Whether the policy still equals the reference: before the first optimizer step, the reference being a copy
+        of the model given (or, with LoRA, that model with its fresh, zero-effect adapters off)."""
+        return self.state.global_step == 0
+
     @torch.no_grad()
     def _evaluate_split(self, dataset: Dataset, split: str, prefix: str) -> dict[str, float]:
         rows = dataset.to_list()
@@ -578,13 +584,28 @@ class A2POTrainer(Trainer):
         mine = rows[rank::world]
         batch_size = self.args.per_device_eval_batch_size
         results, samples = [], []
+        policy = self.accelerator.unwrap_model(self.model)
         for start in range(0, len(mine), batch_size):
             batch = mine[start:start + batch_size]
-            _, _, texts, _, greedy_mask, greedy_completions, greedy_rewards, _ = self._rollout_and_score(
-                self.model, batch, greedy=True, phase="eval")
-            prompt_ids, prompt_mask, _, completion_ids, mask, _, rewards, _ = self._rollout_and_score(
-                self.model, batch, phase="eval")
-            _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask, rewards)
+            prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch])
+            # Each prompt's greedy answer (accuracy) and one sample (the loss), in one decode: the prompts are
+            # prefilled once, and a CPU decode step reads the weights once for both rows.
+            keys = [key for sampled in self._stream_keys("eval", batch) for key in (("greedy", *sampled), sampled)]
+            both = self._sample(policy, prompt_ids, prompt_mask, num_samples=2, phase="eval", row_keys=keys,
+                                greedy_samples=1)
+            greedy_completions, greedy_mask = self._decode(both[0::2])
+            greedy_rewards, _ = self._score(batch, greedy_completions)
+            completion_ids = both[1::2]
+            completions, mask = self._decode(completion_ids)
+            rewards, _ = self._score(batch, completions)
+            if self._policy_is_reference():
+                # log pi/pi_ref = 0 for every completion: the loss needs no forward pass.
+                zeros = torch.zeros(len(batch), dtype=torch.float64)
+                v_star = torch.tensor([row["v_star"] for row in batch], dtype=torch.float64)
+                _, stats = a2po_loss(zeros, zeros, rewards.double(), v_star, self.args.beta2)
+            else:
+                _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask,
+                                            rewards)
             # Per-row squared errors, so the mean over all rows is exact whatever the batching.
             loss_terms = ((stats["implicit_reward"] - stats["advantage"]) ** 2).tolist()
             for i, row in enumerate(batch):

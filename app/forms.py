@@ -111,10 +111,11 @@ PARAMS: list[Param] = [
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "save_steps"}
 DATASET_KEYS = {
-    "arithmetic": {"source", "num_prompts", "difficulty", "operations", "seed", "eval_size"},
-    "file": {"source", "path", "file", "prompt_column", "answer_column", "num_prompts", "eval_size", "seed", "split"},
+    "arithmetic": {"source", "num_prompts", "difficulty", "operations", "seed", "eval_size", "system_prompt"},
+    "file": {"source", "path", "file", "prompt_column", "answer_column", "num_prompts", "eval_size", "seed", "split",
+             "system_prompt"},
     "hub": {"source", "name", "config_name", "split", "prompt_column", "answer_column", "num_prompts", "eval_size",
-            "seed"},
+            "seed", "system_prompt"},
 }
 # Where each spec field is shown on the form (config fields keep their own names).
 FORM_KEYS = {"dataset.source": "dataset_source", "dataset.num_prompts": "num_prompts",
@@ -122,11 +123,14 @@ FORM_KEYS = {"dataset.source": "dataset_source", "dataset.num_prompts": "num_pro
              "dataset.eval_size": "eval_size", "dataset.name": "hub_name", "dataset.config_name": "hub_config",
              "dataset.split": "hub_split", "dataset.path": "file_path", "dataset.prompt_column": "prompt_column",
              "dataset.answer_column": "answer_column", "dataset.task": "task", "dataset.tasks": "task",
-             "dataset.settings": "task_settings", "peft.r": "lora_r", "peft.lora_alpha": "lora_alpha",
+             "dataset.settings": "task_settings", "dataset.system_prompt": "system_prompt",
+             "dataset.answer_format": "answer_format", "peft.r": "lora_r",
+             "peft.lora_alpha": "lora_alpha",
              "peft": "lora_r"}
 FORM_FIELDS_DEFAULTS: dict[str, Any] = {
     "hub_name": "openai/gsm8k", "hub_config": "main", "hub_split": "train", "file_path": "", "prompt_column": "",
     "answer_column": "", "task": "chain_sum", "task_settings": "{}", "lora": False, "lora_r": 16, "lora_alpha": 32,
+    "template_system_prompt": True, "system_prompt": "", "answer_format": "tags",
 }
 
 
@@ -304,8 +308,23 @@ def _hub_cache_file(repo_id: str, name: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------------------- dataset
 
+MAX_SYSTEM_PROMPT = 4000  # characters
+
+
 def _check_dataset(dataset: Any, policy: Policy, errors: dict[str, str]) -> dict[str, Any] | None:
     """The clean `dataset` of a spec, or None with `errors` filled in (keys `dataset.<field>`)."""
+    out = _check_dataset_source(dataset, policy, errors)
+    system_prompt = dataset.get("system_prompt") if isinstance(dataset, Mapping) else None
+    if system_prompt is not None and (not isinstance(system_prompt, str) or len(system_prompt) > MAX_SYSTEM_PROMPT):
+        errors["dataset.system_prompt"] = (f"The system prompt is text of at most {MAX_SYSTEM_PROMPT} characters "
+                                           "(empty: an empty system message; null: the chat template's own).")
+        return None
+    if out is not None and isinstance(dataset, Mapping) and "system_prompt" in dataset:
+        out["system_prompt"] = system_prompt  # None said explicitly: the chat template's own, not the preset's
+    return out
+
+
+def _check_dataset_source(dataset: Any, policy: Policy, errors: dict[str, str]) -> dict[str, Any] | None:
     limits = policy.limits
     if not isinstance(dataset, Mapping):
         errors["dataset"] = "must be an object such as {\"source\": \"arithmetic\", \"num_prompts\": 128}."
@@ -628,9 +647,12 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
     elif source == "file":
         form["file_path"] = dataset.get("path", "")
     elif source == "reasoning-gym":
+        form["answer_format"] = dataset.get("answer_format") or "tags"
         form.update(task=dataset.get("task") or "", task_settings=json.dumps(
             dataset.get("settings") or {} if dataset.get("task") else dataset.get("tasks") or []))
     form.update(prompt_column=dataset.get("prompt_column") or "", answer_column=dataset.get("answer_column") or "")
+    form.update(template_system_prompt=dataset.get("system_prompt") is None,
+                system_prompt=dataset.get("system_prompt") or "")
     form["rewards"] = {r["name"]: r.get("weight", 1.0) for r in spec["rewards"]}
     peft = spec.get("peft")
     form.update(lora=bool(peft), lora_r=(peft or {}).get("r", 16), lora_alpha=(peft or {}).get("lora_alpha", 32))
@@ -650,7 +672,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
         dataset.update(num_prompts=form.get("num_prompts"), difficulty=form.get("difficulty"),
                        operations="".join(form.get("operations") or []), seed=form.get("data_seed"))
     elif source == "reasoning-gym":
-        dataset.update(num_prompts=form.get("num_prompts"), seed=form.get("data_seed"))
+        dataset.update(num_prompts=form.get("num_prompts"), seed=form.get("data_seed"),
+                       answer_format=form.get("answer_format") or "tags")
         settings = _json_field(form.get("task_settings"))
         if isinstance(settings, list):
             dataset["tasks"] = settings
@@ -665,6 +688,7 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
                            split=(form.get("hub_split") or "").strip() or "train")
         elif source == "file":
             dataset["path"] = str(form.get("file_path") or "").strip()
+    dataset["system_prompt"] = None if form.get("template_system_prompt", True) else form.get("system_prompt") or ""
     config = {p.key: form.get(p.key, p.default) for p in PARAMS}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()

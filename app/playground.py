@@ -537,7 +537,7 @@ def decode_greedy_and_samples(model, input_ids, attention_mask, *, max_new_token
     keys = [("greedy", None), *row_keys]  # the greedy row's stream is drawn but never read
     return sample_completions(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                               eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, num_samples=len(keys),
-                              temperature=temperature, top_k=top_k, top_p=top_p, row_keys=keys, greedy_rows=1)
+                              temperature=temperature, top_k=top_k, top_p=top_p, row_keys=keys, greedy_samples=1)
 
 
 def serve(idle_timeout: float, read_fd: int, write_fd: int) -> int:

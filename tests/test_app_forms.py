@@ -169,7 +169,8 @@ def test_hub_dataset_ids(policy, studio):
     assert result.ok, result.errors
     assert result.spec["dataset"] == {"source": "hub", "name": "openai/gsm8k", "config_name": "main",
                                       "split": "train", "prompt_column": None, "answer_column": "answer",
-                                      "eval_size": 64, "seed": 0, "num_prompts": 100_000}
+                                      "eval_size": 64, "seed": 0, "num_prompts": 100_000,
+                                      "system_prompt": ""}  # the form's system prompt applies to any source
     assert "Hub datasets are off" in errors_of(Policy(studio, allow_hub=False), dataset_source="hub",
                                                hub_name="openai/gsm8k")["hub_name"]
 
@@ -282,3 +283,19 @@ def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
     assert services.check({})["peft"] == {"r": 16, "lora_alpha": 32}
     assert services.check({"peft": None})["peft"] is None
+
+
+def test_system_prompt_through_the_form_and_the_allow_list(policy):
+    form = forms.default_form()
+    assert form["template_system_prompt"] is False and form["system_prompt"] == ""  # the teaching demo's choice
+    assert forms.validate_form(form, policy).spec["dataset"]["system_prompt"] == ""
+    spec = forms.validate_form({**form, "template_system_prompt": True}, policy).spec
+    assert spec["dataset"]["system_prompt"] is None  # the chat template's own, said explicitly
+    assert forms.spec_to_form(spec)["template_system_prompt"] is True
+    spec = forms.validate_form({**form, "system_prompt": "Answer tersely."}, policy).spec
+    assert forms.spec_to_form(spec)["system_prompt"] == "Answer tersely."
+    result = forms.validate_spec({"dataset": {"source": "arithmetic", "num_prompts": 8, "system_prompt": 5}}, policy)
+    assert "system prompt" in str(result)
+    result = forms.validate_spec({"dataset": {"source": "arithmetic", "num_prompts": 8,
+                                              "system_prompt": "x" * 5000}}, policy)
+    assert "at most" in str(result)

@@ -101,3 +101,20 @@ def test_the_bare_command_is_the_dashboards_default_run():
     assert changed.dataset["difficulty"] == 1 and changed.dataset["num_prompts"] == 64
     assert changed.config["max_steps"] == 5 and changed.config["learning_rate"] == preset["config"]["learning_rate"]
     assert changed.action == "train"  # the command decides, not the preset
+
+
+def test_system_prompt_flag_round_trips_and_none_is_kept_none():
+    from a2po.cli import parse, spec_from_args
+
+    command, script, _, fields = parse(["train", "--system_prompt", "Be brief.", "--max_steps", "2"])
+    spec = spec_from_args(command, script, fields)
+    assert spec.dataset["system_prompt"] == "Be brief."
+    train, held_out = spec.build_datasets()
+    assert train[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
+    assert held_out[0]["prompt"][0]["content"] == "Be brief."
+    for system_prompt in ("", "Be brief.", None):
+        dataset = {"source": "arithmetic", "num_prompts": 8, "eval_size": 4, "system_prompt": system_prompt}
+        original = RunSpec.from_dict({"name": "demo", "model": "m", "dataset": dataset, "config": {"max_steps": 3}})
+        command, script, _, fields = parse(original.to_cli_args())
+        again = spec_from_args(command, script, fields)
+        assert again.dataset.get("system_prompt") == system_prompt

@@ -184,3 +184,21 @@ def test_preview_rows():
     multi = Dataset.from_dict({"prompt": [[{"role": "system", "content": "Be brief."},
                                            {"role": "user", "content": "Hi"}]]})
     assert preview_rows(multi)[0]["prompt"] == "system: Be brief.\n\nuser: Hi"
+
+
+def test_system_prompt_replaces_or_adds_the_system_message_of_chat_prompts():
+    dataset = Dataset.from_list([
+        {"prompt": [{"role": "user", "content": "2 + 2?"}], "ground_truth": "4"},
+        {"prompt": [{"role": "system", "content": "old"}, {"role": "user", "content": "3 + 3?"}], "ground_truth": "6"}])
+    text = Dataset.from_list([{"prompt": "plain text", "ground_truth": "x"}])
+    from a2po import data
+
+    out = data.with_system_prompt(dataset, "")
+    assert out[0]["prompt"] == [{"role": "system", "content": ""}, {"role": "user", "content": "2 + 2?"}]
+    assert out[1]["prompt"] == [{"role": "system", "content": ""}, {"role": "user", "content": "3 + 3?"}]
+    assert data.with_system_prompt(text, "")[0]["prompt"] == "plain text"  # no chat template for text prompts
+    assert data.with_system_prompt(dataset, None)[0]["prompt"] == dataset[0]["prompt"]
+    assert data.prompt_question(out[1]["prompt"]) == "3 + 3?"
+    with pytest.raises(ValueError, match="system_prompt must be a string"):
+        data.with_system_prompt(dataset, 3)
+

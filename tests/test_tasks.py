@@ -20,6 +20,7 @@ from a2po.runspec import RunSpec
 from a2po.tasks import (
     ANSWER_INSTRUCTION,
     INSTALL_HINT,
+    NUMBER_INSTRUCTION,
     SEED_BLOCK,
     TASKS,
     _take,
@@ -80,7 +81,7 @@ def test_each_task_generates_reproducibly_and_scores_binary(name):
     assert train.to_list() == task_dataset(name, 3, seed=5, eval_size=2)[0].to_list()
     assert train.to_list() != task_dataset(name, 3, seed=6)[0].to_list()
     assert len(train) == 3 and len(held_out) == 2
-    assert train.column_names == ["prompt", "ground_truth", "task", "task_entry", "task_settings"]
+    assert train.column_names == ["prompt", "ground_truth", "task", "task_entry", "task_settings", "answer_format"]
     rows = train.to_list()
     for row in rows:
         assert row["task"] == name and row["prompt"][0]["role"] == "user" and len(row["prompt"]) == 1
@@ -193,8 +194,8 @@ def test_dataset_specs_are_checked_field_by_field():
     problems = validate_task_spec({**ok, "tasks": [{"task": "chain_sum"}], "num_prompts": 100_001, "eval_size": -1,
                                    "seed": -2, "difficulty": 1})
     assert problems == [
-        "dataset has keys ['difficulty'] that a reasoning-gym source does not use; use ['eval_size', 'num_prompts', "
-        "'seed', 'settings', 'source', 'task', 'tasks']",
+        "dataset has keys ['difficulty'] that a reasoning-gym source does not use; use ['answer_format', "
+        "'eval_size', 'num_prompts', 'seed', 'settings', 'source', 'system_prompt', 'task', 'tasks']",
         "give dataset.task (one of ['basic_arithmetic', 'chain_sum', 'leg_counting', 'gsm_symbolic', 'countdown']) "
         "or dataset.tasks (a weighted mix), not both",
         "dataset.num_prompts must be an integer in 1..100000 (got 100001)",
@@ -304,3 +305,45 @@ def test_a_tiny_model_trains_a_step_on_tasks_through_the_cli(tmp_path, tiny_mode
         main(["train", *common, "--task", "chain_sum", "--task_settings", "max_terms=3"])
     with pytest.raises(ValueError, match="own answer checker"):
         main(["train", *common, "--task", "chain_sum", "--reward", "exact_match"])
+
+
+@pytest.mark.parametrize("name", [n for n in LISTED if TASKS[n].numeric])
+def test_numeric_tasks_can_ask_for_just_the_number_and_score_the_last_one(name):
+    train, _ = task_dataset(name, 3, seed=5, answer_format="number")
+    rows = train.to_list()
+    assert all(row["prompt"][0]["content"].endswith(NUMBER_INSTRUCTION) for row in rows)
+    assert all(row["answer_format"] == "number" for row in rows)
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
+    prompts = [row["prompt"] for row in rows]
+    right = [f"Adding up, 1 + 1 = 2, so the answer is {row['ground_truth']}." for row in rows]
+    assert task_checker(prompts=prompts, completions=right, **columns) == [1.0] * 3
+    wrong = [f"It is {row['ground_truth']}, no wait, {Decimal(row['ground_truth']) + 1}" for row in rows]
+    assert task_checker(prompts=prompts, completions=wrong, **columns) == [0.0] * 3
+    assert task_checker(prompts=prompts, completions=["no idea"] * 3, **columns) == [0.0] * 3
+
+
+def test_answer_format_is_checked_and_number_refused_for_expression_answers():
+    base = {"source": "reasoning-gym", "task": "chain_sum", "settings": FEW_PROMPTS}
+    assert validate_task_spec({**base, "answer_format": "number"}) == []
+    assert "answer_format must be one of" in " ".join(validate_task_spec({**base, "answer_format": "boxed"}))
+    problems = validate_task_spec({"source": "reasoning-gym", "task": "countdown", "answer_format": "number"})
+    assert "countdown answers are expressions: use 'tags'" in " ".join(problems)
+    mix = {"source": "reasoning-gym", "answer_format": "number",
+           "tasks": [{"task": "chain_sum"}, {"task": "countdown"}]}
+    assert "countdown" in " ".join(validate_task_spec(mix))
+    with pytest.raises(ValueError, match="answers are not"):
+        task_dataset("countdown", 2, answer_format="number")
+
+
+def test_answer_format_through_the_cli_and_back():
+    command, script, _, fields = parse(["train", "--dataset", "reasoning-gym", "--task", "chain_sum",
+                                        "--task_settings", json.dumps(FEW_PROMPTS), "--answer_format", "number",
+                                        "--system_prompt", ""])
+    spec = spec_from_args(command, script, fields)
+    assert spec.dataset["answer_format"] == "number" and spec.dataset["system_prompt"] == ""
+    train, held_out = spec.build_datasets()
+    assert train[0]["prompt"][0] == {"role": "system", "content": ""}
+    assert train[0]["prompt"][1]["content"].endswith(NUMBER_INSTRUCTION)
+    command, script, _, fields = parse(spec.to_cli_args())
+    again = spec_from_args(command, script, fields)
+    assert again.dataset["answer_format"] == "number" and again.dataset["system_prompt"] == ""

@@ -401,3 +401,41 @@ def test_stage_two_starts_from_the_run_seed_whether_stage_one_sampled_or_not(tmp
     sampled, table = losses(None)
     reused, _ = losses(table.to_list())
     assert sampled == reused
+
+
+def test_evaluation_decodes_greedy_and_sampled_answers_together_as_separate_decodes_would(tmp_path,
+                                                                                           tiny_model_dir):
+    """One decode gives each prompt's greedy answer (accuracy) and its sampled completion (loss): the greedy tokens
+    are `sample_completions(do_sample=False)`'s, and the loss at step 0 (where log pi/pi_ref = 0 needs no forward)
+    equals the loss computed with both forward passes."""
+    from a2po.rollout import sample_completions
+
+    recorder = Recorder()
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path, max_completion_length=8,
+                                                                                per_device_eval_batch_size=3),
+                          eval_dataset=prompts(5), callbacks=[recorder])
+    metrics = trainer.evaluate()
+    greedy_texts = [s["completion"] for s in recorder.of("samples")[-1]["samples"]]
+    rows = trainer.eval_dataset.to_list()
+    ids, mask, _ = trainer._encode_prompts([row["prompt"] for row in rows])
+    separate = sample_completions(trainer.model, ids, mask, max_new_tokens=8, eos_token_ids=trainer.eos_token_ids,
+                                  pad_token_id=trainer.pad_token_id, do_sample=False)
+    assert greedy_texts == trainer._decode(separate)[0]
+
+    trainer._policy_is_reference = lambda: False  # the general path: both forwards, log ratios of ~0
+    with_forwards = trainer.evaluate()
+    assert with_forwards["eval_accuracy"] == metrics["eval_accuracy"]
+    assert with_forwards["eval_loss"] == pytest.approx(metrics["eval_loss"], abs=1e-6)
+    assert metrics["eval_loss"] > 0  # rewards are a coin: r - V* is not 0 for every prompt
+
+
+def test_evaluation_after_a_step_regresses_the_trained_policy(tmp_path, tiny_model_dir):
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=coin, args=config(tmp_path, max_steps=1),
+                          train_dataset=prompts(8), eval_dataset=prompts(4))
+    trainer.train()
+    assert not trainer._policy_is_reference()
+    calls = []
+    regression = trainer._regression
+    trainer._regression = lambda *a, **k: calls.append(1) or regression(*a, **k)
+    assert "eval_loss" in trainer.evaluate()
+    assert calls  # after an update the log ratio is not 0: both forwards run

@@ -185,6 +185,12 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                         inputs["task_settings"] = gr.Textbox(
                             value=defaults["task_settings"], label="Settings (JSON)", elem_id="field-task_settings",
                             info='e.g. {"max_terms": 3}; or a mix: [{"task": "chain_sum", "weight": 2}, ...]')
+                    inputs["answer_format"] = gr.Radio(
+                        [("between <answer> tags", "tags"), ("just the number (numeric tasks)", "number")],
+                        value=defaults["answer_format"], label="Answer format", elem_id="field-answer_format",
+                        info="Small models rarely write the tags (SmolLM2: never on chain sums); with 'number' the "
+                             "checker reads the completion's last number.")
+                    error_slot("answer_format")
                     error_slot("task")
                     error_slot("task_settings")
                     with gr.Accordion("Tasks and their settings", open=False):
@@ -210,6 +216,20 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                         inputs["answer_column"] = gr.Textbox(label="Answer column (default: ground_truth)",
                                                              elem_id="field-answer_column")
                         error_slot("answer_column")
+                with gr.Row():
+                    with gr.Column(min_width=200, scale=1):
+                        inputs["template_system_prompt"] = gr.Checkbox(
+                            value=defaults["template_system_prompt"], label="Chat template's own system prompt",
+                            elem_id="field-template_system_prompt",
+                            info="SmolLM2's adds 16 tokens ('You are a helpful AI assistant named SmolLM, ...') "
+                                 "to every prompt.")
+                    with gr.Column(scale=3):
+                        inputs["system_prompt"] = gr.Textbox(
+                            value=defaults["system_prompt"], label="System prompt (when the box is off)",
+                            elem_id="field-system_prompt", max_lines=4, placeholder="empty: an empty system message",
+                            info="Put before every conversational prompt; empty keeps prompts short (the teaching "
+                                 "demo's choice).")
+                        error_slot("system_prompt")
             gr.Markdown("### Rewards")
             with gr.Group():
                 for name in reward_names:
