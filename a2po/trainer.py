@@ -557,7 +557,9 @@ class A2POTrainer(Trainer):
     def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None, ignore_keys=None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:
         """Greedy accuracy (pass@1, the number users care about), plus the regression loss on one sampled completion
-        per prompt against its V* (estimated from the reference policy on first use), and the reference pass@N."""
+        per prompt against its V* (estimated from the reference policy on first use), and the reference pass@N.
+        A prompt's greedy and sampled completions come from one decode; before the first update the policy is the
+        reference, so the loss is (r - V*)^2 with no forward pass."""
         sets = self.eval_sets(eval_dataset)
         if not sets:
             raise ValueError("evaluate() needs an eval_dataset (here or in A2POTrainer(eval_dataset=...)).")
