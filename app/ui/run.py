@@ -341,7 +341,11 @@ TAB_VIEWS = {"values": ("summary", "charts", "table_info", "table"), "filtered":
 HEAD = ("header", "progress")
 GROUPS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "head": (None, HEAD),
-    "controls": (None, ("error", "stop", "resume", "delete", "picker", "split", "timer")),
+    "controls": (None, ("error", "stop", "resume", "delete", "picker", "split")),
+    # The timer alone, switched off by the poller once a finished status has been drawn (see POLLER_JS): were it
+    # drawn with the controls, a snapshot newer than the header's could stop the polls before the header shows the
+    # end (a page stuck on "stopping" after a stop that took 0.2 s).
+    "idle": (None, ("timer",)),
     "values": ("values", (*HEAD, "summary", "histogram", "correct_bar", "pass_rates", "table_info")),
     "table": ("values", ("table",)),
     "filtered": ("filtered", (*HEAD, "filtered_summary", "filtered_table")),
@@ -375,6 +379,13 @@ async () => {
     console.debug("run poll:", error);
   }
   if (!versions || !versions.status) return [];
+  const seenBefore = window.__runLive;
+  if (seenBefore && seenBefore.run === run && versions.status === seenBefore.versions.status
+      && !ACTIVE_STATUSES.includes(versions.status)) {
+    // This end was drawn at an earlier poll (from a snapshot at least as new): polling can stop.
+    document.getElementById("run-draw-idle")?.click();
+    return [];
+  }
   const order = document.querySelector("#values-order input");
   const search = document.querySelector("#values-search textarea, #values-search input");
   const first = order && order.value === "stage-1 order" && !(search && search.value.trim());
@@ -402,7 +413,8 @@ async () => {
 }
 """.replace("LIVE_REDRAW_MS", str(int(LIVE_REDRAW_SECONDS * 1000))).replace(
     "GROUP_TABS", json.dumps({group: tab for group, (tab, _) in GROUPS.items()})).replace(
-    "GROUPS_WITH_HEAD", json.dumps([g for g, (_, names) in GROUPS.items() if g != "head" and HEAD[0] in names]))
+    "GROUPS_WITH_HEAD", json.dumps([g for g, (_, names) in GROUPS.items() if g != "head" and HEAD[0] in names])
+).replace("ACTIVE_STATUSES", json.dumps(list(ACTIVE)))
 
 
 def run_version(store: Store, run_id: int) -> dict[str, str]:
@@ -450,6 +462,7 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
     if group == "controls":
         splits = sorted(s for s, n in ((value_set or {}).get("counts") or {}).items() if n)
         out["split"] = gr.Dropdown(choices=splits or [split], value=split)
+    if group == "idle":
         out["timer"] = gr.Timer(POLL_SECONDS, active=run["status"] in ACTIVE)
     return [out.get(name, gr.skip()) for name in names]
 
@@ -530,7 +543,7 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
 # The views behind each poller group of `GROUPS`.
 GROUP_VIEWS = {"head": ("header",), "controls": ("controls",), "values": ("header", "summary", "charts", "table_info"),
                "table": ("table",), "filtered": ("header", "filtered"), "training": ("header", "training"),
-               "samples": ("header", "samples"), "logs": ("header", "logs")}
+               "samples": ("header", "samples"), "logs": ("header", "logs"), "idle": ()}
 
 
 def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: str, split: str, order: str,
