@@ -319,8 +319,9 @@ def _check_dataset(dataset: Any, policy: Policy, errors: dict[str, str]) -> dict
         errors["dataset.system_prompt"] = (f"The system prompt is text of at most {MAX_SYSTEM_PROMPT} characters "
                                            "(empty: an empty system message; null: the chat template's own).")
         return None
-    if out is not None and isinstance(dataset, Mapping) and "system_prompt" in dataset:
-        out["system_prompt"] = system_prompt  # None said explicitly: the chat template's own, not the preset's
+    if out is not None:
+        # Always said (None: the chat template's own), so a stored spec keeps meaning the same under any preset.
+        out["system_prompt"] = system_prompt
     return out
 
 
@@ -417,7 +418,12 @@ def _check_task_dataset(dataset: Mapping[str, Any], limits: Limits, errors: dict
         path, _, message = problem.partition(" ")
         key = path if path.startswith("dataset.") and not path.endswith(":") else "dataset"
         errors[key] = (errors[key] + "; " if key in errors else "") + (message if key != "dataset" else problem)
-    return None if problems else dict(dataset)
+    if problems:
+        return None
+    out = dict(dataset)
+    if not out.get("settings"):
+        out.pop("settings", None)  # {} and no settings are the same task defaults: one spec for both
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------- spec
