@@ -139,9 +139,8 @@ class RunSpec:
         """(train, eval) datasets; eval is held out from the same source (`eval_size` rows) or None."""
         from a2po import data
 
-        d = self.dataset
         train, held_out = self._raw_datasets()
-        system_prompt = d.get("system_prompt")
+        system_prompt = self.dataset.get("system_prompt")
         return (data.with_system_prompt(train, system_prompt),
                 None if held_out is None else data.with_system_prompt(held_out, system_prompt))
 
@@ -209,9 +208,10 @@ class RunSpec:
         (`to_yaml`), and what `to_cli_args` renders."""
         from a2po.presets import DEFAULT_PRESET, NO_PRESET, preset_spec
 
+        default = preset_spec(DEFAULT_PRESET)
         out: dict[str, Any] = {"model": self.model, "run_name": self.name}
         # The CLI starts from the default preset: a spec that leaves some of its settings out says so.
-        if set(preset_spec(DEFAULT_PRESET)["config"]) - set(self.config):
+        if set(default["config"]) - set(self.config):
             out["preset"] = NO_PRESET
         d = self.dataset
         if d["source"] == "arithmetic":
@@ -238,8 +238,7 @@ class RunSpec:
         out["eval_size"] = d.get("eval_size") or 0
         if d.get("system_prompt") is not None:
             out["system_prompt"] = d["system_prompt"]
-        elif d["source"] == preset_spec(DEFAULT_PRESET)["dataset"]["source"] and \
-                preset_spec(DEFAULT_PRESET)["dataset"].get("system_prompt") is not None:
+        elif d["source"] == default["dataset"]["source"] and default["dataset"].get("system_prompt") is not None:
             out["preset"] = NO_PRESET  # else the CLI would take the preset's system prompt for this dataset
         out["reward"] = [r["name"] for r in self.rewards]
         if any(float(r.get("weight", 1.0)) != 1.0 for r in self.rewards):

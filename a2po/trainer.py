@@ -633,8 +633,8 @@ class A2POTrainer(Trainer):
         tasks = sorted({r["task"] for r in results if isinstance(r["task"], str)})
         if len(tasks) > 1:
             for task in tasks:
-                mine = [r["correct"] for r in results if r["task"] == task]
-                out[f"{prefix}_accuracy/{task}"] = sum(mine) / len(mine)
+                correct = [r["correct"] for r in results if r["task"] == task]
+                out[f"{prefix}_accuracy/{task}"] = sum(correct) / len(correct)
         summary = summarize(self.value_tables[split].to_list(), self.args.num_value_samples)
         if "pass_at_n" in summary:
             out[f"{prefix}_ref_pass_at_1"] = summary["pass_at_1"]
