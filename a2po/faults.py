@@ -8,7 +8,9 @@ places with `fault_point(name)`, and the environment variable `A2PO_FAULTS` arms
     A2PO_FAULTS="values_batch@2=kill,checkpoint@1=hang"
 
 Actions: `kill` (SIGKILL: no handler, no flush, no cleanup, like the OOM killer), `hang` (the calling thread
-sleeps forever while the others, such as a heartbeat, go on), `raise` (a `FaultInjected` exception).
+sleeps forever while the others, such as a heartbeat, go on), `delay` (the calling thread sleeps `DELAY_SECONDS`,
+then goes on: a slow moment), `raise` (a `FaultInjected` exception). `name@count+=action` acts from the count-th
+pass on, every time.
 Unset (always, outside tests) the points cost one dictionary lookup.
 
 Points in the library: `values_batch` (a stage-1 batch sampled and scored, not yet handed to the callbacks),
@@ -22,26 +24,31 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 
 ENV = "A2PO_FAULTS"
-ACTIONS = ("kill", "hang", "raise")
+ACTIONS = ("kill", "hang", "delay", "raise")
+DELAY_SECONDS = 2.0
 
 
 class FaultInjected(RuntimeError):
     """Raised at an armed fail point whose action is `raise`."""
 
 
-def parse(spec: str) -> dict[str, tuple[int, str]]:
-    """`"name@count=action,..."` -> `{name: (count, action)}` (count defaults to 1, action to kill)."""
-    armed: dict[str, tuple[int, str]] = {}
+def parse(spec: str) -> dict[str, tuple[int, str, bool]]:
+    """`"name@count=action,..."` -> `{name: (count, action, repeat)}` (count defaults to 1, action to kill; a `+`
+    after the count repeats the action on every later pass)."""
+    armed: dict[str, tuple[int, str, bool]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         target, _, action = item.partition("=")
         name, _, count = target.partition("@")
+        repeat = count.endswith("+")
+        count = count.rstrip("+")
         action = action or "kill"
         if action not in ACTIONS or (count and not count.isdigit()):
             raise ValueError(f"Bad {ENV} entry {item!r}: write name@count=action with action one of {ACTIONS}.")
-        armed[name] = (int(count or 1), action)
+        armed[name] = (int(count or 1), action, repeat)
     return armed
 
 
@@ -62,11 +69,14 @@ def fault_point(name: str) -> None:
     if not _armed or name not in _armed:
         return
     _reached[name] += 1
-    count, action = _armed[name]
-    if _reached[name] != count:
+    count, action, repeat = _armed[name]
+    if _reached[name] < count or (_reached[name] > count and not repeat):
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "hang":
         threading.Event().wait()
+    if action == "delay":
+        time.sleep(DELAY_SECONDS)
+        return
     raise FaultInjected(f"Fault injected at {name} (pass {count}).")

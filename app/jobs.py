@@ -19,9 +19,12 @@ The queue is the `runs` table, so it survives an app restart, and the database i
   progress (no stage-1 batch, training step, evaluation or checkpoint) for `watchdog_after` seconds, such as a
   hung main thread, is killed and fails with its last log lines. A run is forgotten only once its final state is
   written.
-- **Launch failures.** A worker that exits before claiming its run (database locked, out of memory at start-up)
-  is started again after a back-off (`launch_backoff`), and after the last one the run fails with the reason and
-  the tail of the worker's output: never a relaunch loop.
+- **Launch failures.** A worker that exits before claiming its run (database locked, out of memory at start-up),
+  or has not claimed it `claim_timeout` seconds after its start (then it is killed), is started again after a
+  back-off (`launch_backoff`), and after the last one the run fails with the reason and the tail of the worker's
+  output: never a relaunch loop, never a run left "queued" behind a process that does nothing.
+- **One state machine.** Every change of a run's status is an event of `storage.lifecycle`, which also says what
+  the counters (`auto_resumes`, `launch_failures`, `limit_seconds`, ...) mean.
 - **Restarts and shutdowns.** Workers run in their own session: an app that exits (or crashes, or is restarted
   by hand) leaves them running, and the next app adopts them. A stop of the whole deployment is different:
   `shutdown()` (the app calls it on SIGTERM, which is what `docker stop` and a Space restart send) asks every
@@ -30,15 +33,20 @@ The queue is the `runs` table, so it survives an app restart, and the database i
   most `MAX_AUTO_RESUMES` times in a row per run). A worker that dies while the app watches fails its run
   instead: it would likely die again.
 - **Chunked runs** (`"runner": "chunked"`, `app.chunks`). The scheduler runs them chunk after chunk, each in a
-  freshly forked copy of this process (`chunk_seconds` of work each); after a chunk the run is queued again at
-  its old place, so it goes on next. A chunk process that dies (killed, out of memory) loses only the work since
-  the last stage-1 batch or checkpoint: the run is queued again and the next chunk continues, at most
-  `MAX_AUTO_RESUMES` times in a row (then it fails). A chunk is supervised as a worker is (pid, heartbeat,
-  watchdog); its process is recognised by its thread's name. The per-run time limit counts the seconds of all its
-  chunks. In **ZeroGPU mode** (`zerogpu`, a ZeroGPU Space: no process of this studio ever gets a GPU) the
-  scheduler starts no chunk: the Run page of the visitor who launched a run calls them (`app.zerogpu`), every
-  run is chunked, and a queued run that no page drove for `pause_after` seconds becomes "paused" (as does one
-  whose chunk process died); opening its page goes on with it. Start-up reconciliation leaves paused runs alone.
+  freshly forked copy of this process (`chunk_seconds` of work each), which never touches the database: the
+  scheduler claims the run and writes the chunk's input before the fork, applies the chunk's journal on every
+  pass (`app.journal`), and settles the run when the chunk's process is gone; after a chunk the run is queued
+  again at its old place, so it goes on next. A chunk process that dies (killed, out of memory) loses only what
+  it had not written: the run is queued again and the next chunk continues, at most `MAX_AUTO_RESUMES` times in
+  a row (then it fails). A chunk is supervised as a worker is (pid, heartbeat, watchdog); its process is
+  recognised by its thread's name. A stop reaches a chunk through its stop file (and SIGTERM). The per-run time
+  limit counts the seconds of all its chunks since its launch or last Resume. In **ZeroGPU mode** (`zerogpu`, a
+  ZeroGPU Space: no process of this studio ever gets a GPU) the scheduler starts no chunk: the Run page of the
+  visitor who launched a run calls them (`app.zerogpu`), every run is chunked, and a queued run that no page
+  drove for `pause_after` seconds becomes "paused" (as does one whose chunk process died); opening its page goes
+  on with it. A chunk there runs in a process of ZeroGPU's,
+  which the studio never signals: its page's thread claims and settles it, and a stop, a delete or the watchdog
+  only asks it to stop (its GPU call's duration bounds it). Start-up reconciliation leaves paused runs alone.
 """
 
 from __future__ import annotations
@@ -60,9 +68,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import chunks, journal
 from app.chunks import DEFAULT_BUDGET, ForkedChunk, fork_chunk, is_chunk_of, is_chunked
-from app.worker import HEARTBEAT_INTERVAL, run_log_path, run_output_dir
-from storage import Store
+from app.worker import HEARTBEAT_INTERVAL, LOG_TAIL_LINES, run_log_path, run_output_dir, tail
+from storage import Store, lifecycle
+from storage.lifecycle import LIVE
 
 # A worker whose heartbeat is older than this is considered dead (heartbeats come every HEARTBEAT_INTERVAL).
 STALE_AFTER = max(60.0, 20 * HEARTBEAT_INTERVAL)
@@ -70,13 +80,10 @@ STALE_AFTER = max(60.0, 20 * HEARTBEAT_INTERVAL)
 # a long CPU step; `python -m app --watchdog-minutes` changes it.
 WATCHDOG_AFTER = 30 * 60.0
 LAUNCH_BACKOFF = (2.0, 8.0, 30.0)  # seconds before the 2nd, 3rd and 4th start; then the run fails
-MAX_AUTO_RESUMES = 3
+# A worker started here that has not claimed its run after this long is killed: a launch failure with the reason.
+CLAIM_TIMEOUT = 120.0
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-ACTIVE = ("running", "stopping")
-RESUMABLE = ("stopped", "failed", "interrupted")
-WAITING = ("queued", "paused")  # not started: a stop ends it at once
 PAUSE_AFTER = 20.0  # ZeroGPU mode: seconds a queued run waits for a page to drive it before it is paused
-LOG_TAIL_LINES = 20
 LAUNCHER_SHUTDOWN_TIMEOUT = 120  # seconds an `accelerate launch` asked to stop gives its processes to checkpoint
 
 logger = logging.getLogger("app.jobs")
@@ -110,7 +117,7 @@ def is_worker_of(pid: int, run_id: int) -> bool:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return pid_alive(pid)
-    return "app.worker" in argv and str(run_id) in argv
+    return "app.worker" in argv and any(a == "--run-id" and b == str(run_id) for a, b in zip(argv, argv[1:]))
 
 
 def launched_processes(pid: int) -> list[int]:
@@ -152,17 +159,6 @@ def describe_spec(spec: dict[str, Any]) -> tuple[str, str]:
     else:
         text = str(dataset.get("path") or dataset.get("name") or dataset.get("task") or source)
     return str(spec.get("model", "")), text
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last `lines` lines of a text file ("" if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 class SchedulerLock:
@@ -268,9 +264,9 @@ class JobManager:
         devices: the GPUs to schedule (default: detected).
         auto_resume: on start, queue interrupted runs again.
         launch_backoff: seconds to wait before each new start of a worker that died before claiming its run.
+        claim_timeout: seconds a worker started here may take to claim its run before it is killed.
         worker_env: environment of the workers (default: this process's).
-        run_minutes: wall-clock limit of one run (from its start or resume): past it, it checkpoints and stops.
-            A chunked run is limited by the seconds of its chunks, all together.
+        run_minutes: limit of one run's work since its launch or last Resume: past it, it checkpoints and stops.
         chunk_seconds: work budget of one chunk of a chunked run.
         zerogpu: ZeroGPU mode (see the module docstring): every run is chunked, and pages, not the scheduler, run
             the chunks.
@@ -280,8 +276,9 @@ class JobManager:
     def __init__(self, store: Store, data_dir: str | os.PathLike[str], *, poll_interval: float = 1.0,
                  stale_after: float = STALE_AFTER, watchdog_after: float | None = WATCHDOG_AFTER,
                  devices: Devices | None = None, auto_resume: bool = True,
-                 launch_backoff: Iterable[float] = LAUNCH_BACKOFF, worker_env: dict[str, str] | None = None,
-                 run_minutes: float | None = None, chunk_seconds: float = DEFAULT_BUDGET, zerogpu: bool = False,
+                 launch_backoff: Iterable[float] = LAUNCH_BACKOFF, claim_timeout: float = CLAIM_TIMEOUT,
+                 worker_env: dict[str, str] | None = None, run_minutes: float | None = None,
+                 chunk_seconds: float = DEFAULT_BUDGET, zerogpu: bool = False,
                  pause_after: float = PAUSE_AFTER) -> None:
         self.store = store
         self.data_dir = Path(data_dir).expanduser().resolve()
@@ -291,6 +288,7 @@ class JobManager:
         self.devices = devices if devices is not None else Devices.detect()
         self.auto_resume = auto_resume
         self.launch_backoff = tuple(launch_backoff)
+        self.claim_timeout = claim_timeout
         self.worker_env = worker_env
         self.run_minutes = run_minutes
         self.chunk_seconds = float(chunk_seconds)
@@ -299,6 +297,7 @@ class JobManager:
         self.lock = SchedulerLock(self.store.path.parent)  # beside the database, on local disk (docs/spaces.md)
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
+        self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
         self._devices: dict[int, list[str]] = {}  # run id -> devices given to a worker that has not claimed yet
         self._retry_at: dict[int, float] = {}  # run id -> earliest next start after a launch failure
         self._thread: threading.Thread | None = None
@@ -332,17 +331,19 @@ class JobManager:
         self._halt.set()
         stopping = []
         with self._lock:
-            for run in self.store.list_runs(status=ACTIVE):
+            for run in self.store.list_runs(status=LIVE):
                 pid = self._pid_of(run["id"], run)
                 if pid is None:
                     continue
-                self.store.transition(run["id"], "running", status="stopping", stop_reason="shutdown")
+                self.store.apply(run["id"], lifecycle.REQUEST_STOP, stop_reason="shutdown")
                 self.store.add_log(run["id"], "The studio is shutting down: checkpoint and stop; the run resumes "
                                               "when the studio starts again.")
                 self._signal_stop(run, pid)
                 stopping.append(run["id"])
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(self._worker_alive(i) for i in stopping):
+            with self._lock:
+                self._ingest_chunks()
             time.sleep(0.2)
         with self._lock:
             self._reap()
@@ -378,10 +379,11 @@ class JobManager:
         return run_id
 
     def tick(self) -> list[int]:
-        """One scheduler pass: reap exited workers, supervise live ones, start what the devices allow.
-        Returns the ids of the runs started."""
+        """One scheduler pass: reap exited workers, apply running chunks' journals, supervise live runs, start what
+        the devices allow. Returns the ids of the runs started."""
         with self._lock:
             self._reap()
+            self._ingest_chunks()
             self._supervise()
             if self.zerogpu:
                 self._pause_idle()
@@ -391,13 +393,15 @@ class JobManager:
         """Runs with a live worker: started here, or running in the database with their worker alive."""
         with self._lock:
             ids = [rid for rid, proc in self._procs.items() if proc.poll() is None]
-            ids += [r["id"] for r in self.store.list_runs(status=ACTIVE)
+            ids += [r["id"] for r in self.store.list_runs(status=LIVE)
                     if r["id"] not in self._procs and pid_alive(r["pid"]) and self._is_process_of(r["pid"], r)]
             return ids
 
     def _busy_devices(self) -> set[str]:
         busy = {d for devices in self._devices.values() for d in devices}
-        for run in self.store.list_runs(status=ACTIVE):
+        for run in self.store.list_runs(status=LIVE):
+            if run.get("devices") == "zerogpu":
+                continue  # a GPU call of ZeroGPU's: none of this machine's devices
             if self._worker_alive(run["id"], run):
                 busy.update((run.get("devices") or "*").split(","))
         return busy
@@ -405,19 +409,22 @@ class JobManager:
     def _admit(self) -> list[int]:
         started = []
         busy = self._busy_devices()
-        queue = sorted(self.store.list_runs(status="queued"), key=lambda r: (r["queued_at"], r["id"]))
+        queue = sorted(self.store.list_runs(status=lifecycle.QUEUED), key=lambda r: (r["queued_at"], r["id"]))
         for run in queue:
-            if run["id"] in self._procs:  # started, not claimed yet
+            if run["id"] in self._procs:  # started, not claimed yet (or still exiting after a stop and a resume)
                 continue
             if self.zerogpu and is_chunked(run):
                 continue  # its page runs its chunks (`app.zerogpu`); it takes none of this machine's devices
             if self._retry_at.get(run["id"], 0.0) > time.time():
                 break  # the head waits out its back-off; nothing overtakes it
+            if run.get("started_at") and self._old_process(run):
+                break  # an earlier process of the run is still exiting (adopted from an earlier studio)
             devices = self.devices.allocate(int(run.get("num_devices") or 1), busy)
             if devices is None:
                 break
             if is_chunked(run):
-                self._launch_chunk(run, devices)
+                if not self._launch_chunk(run, devices):
+                    continue
             else:
                 self._launch(run["id"], devices, run.get("config") or {})
             busy.update(devices)
@@ -471,6 +478,7 @@ class JobManager:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self._worker_env(devices), start_new_session=True, close_fds=True, cwd=cwd)
         self._procs[run_id] = proc
+        self._launched_at[run_id] = time.time()
         self._devices[run_id] = devices
         self.store.update_run(run_id, devices=",".join(devices))
         processes = processes_of(spec or {})
@@ -478,171 +486,209 @@ class JobManager:
         self.store.add_log(run_id, f"Worker started (pid {proc.pid}, devices {','.join(devices)}{launcher}); its "
                                    f"output is in {log_path}.")
 
-    def _launch_chunk(self, run: dict[str, Any], devices: list[str]) -> None:
-        """Start the next chunk of a chunked run in a freshly forked copy of this process (`app.chunks`)."""
+    def _launch_chunk(self, run: dict[str, Any], devices: list[str]) -> bool:
+        """Claim a chunked run and start its next chunk in a freshly forked copy of this process (`app.chunks`).
+        False when it could not be claimed (no longer queued, or a spec that fails at once: then it failed)."""
         run_id = run["id"]
+        claimed = chunks.claim(self.store, self.data_dir, run, pid=os.getpid(), devices=",".join(devices))
+        if claimed is None:
+            return False
         log_path = run_log_path(self.data_dir, run_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} chunk {run['chunks_done'] + 1} of run {run_id} "
                       f"(forked, {self.chunk_seconds:g} s)\n".encode())
-        pid = fork_chunk(self.store.path, self.data_dir, run_id, self.chunk_seconds, self._worker_env(devices),
-                         log_path)
+        pid = fork_chunk(self.data_dir, run_id, self.chunk_seconds, self._worker_env(devices), log_path)
         self._procs[run_id] = ForkedChunk(pid)
-        self._devices[run_id] = devices
-        self.store.update_run(run_id, devices=",".join(devices))
+        self._launched_at[run_id] = time.time()
+        self.store.update_run(run_id, pid=pid)
         self.store.add_log(run_id, f"Chunk {run['chunks_done'] + 1} started (forked process {pid}, devices "
                                    f"{','.join(devices)}, {self.chunk_seconds:g} s of work); its output is in "
                                    f"{log_path}.")
+        return True
 
-    def _chunk_died(self, run: dict[str, Any], how: str) -> None:
-        """A chunk's process died without recording an end: what it committed stays (V* rows, checkpoints), and
-        the run waits for its next chunk (queued here, paused in ZeroGPU mode), at most `MAX_AUTO_RESUMES` times
-        in a row."""
-        run_id, now = run["id"], time.time()
-        self.store.add_chunk(run_id, max(0.0, now - (run["started_at"] or now)))
-        output = tail(run_log_path(self.data_dir, run_id))
-        if run["status"] == "stopping":
-            self._end(run_id, "stopped", f"Stopped: its chunk process {how}.")
-            return
-        failures = run["auto_resumes"] + 1
-        if failures > MAX_AUTO_RESUMES:
-            self._end(run_id, "failed", f"Chunk processes of this run died {failures} times in a row (the last "
-                                        f"{how}); giving up. Last lines of its output:\n{output}")
-            return
-        waiting = "paused" if self.zerogpu else "queued"
-        # Back at its old place in the queue (queued_at unchanged).
-        if self.store.transition(run_id, ACTIVE, status=waiting, pid=None, devices=None, auto_resumes=failures,
-                                 heartbeat_at=now):
-            self.store.add_log(run_id, f"Its chunk process {how} ({failures} of {MAX_AUTO_RESUMES} in a row): the "
-                                       "next chunk continues from the last checkpoint and the stored V* values.",
-                               level="WARNING")
+    @staticmethod
+    def _old_process(run: dict[str, Any]) -> int | None:
+        """A live process of an earlier start of the run that this studio did not start (it ended the run and has
+        not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`)."""
+        try:
+            entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+        except OSError:
+            return None
+        return next((pid for pid in entries
+                     if pid != os.getpid() and JobManager._is_process_of(pid, run) and pid_alive(pid)), None)
+
+    def _ingest_chunks(self) -> None:
+        """Apply what running chunks wrote since the last pass (the pages show it as it happens; the heartbeat and
+        progress times the supervision reads come with it)."""
+        for run in self.store.list_runs(status=LIVE):
+            if is_chunked(run) and not self._driven_here(run):
+                try:
+                    chunks.ingest(self.store, self.data_dir, run["id"])
+                except Exception:  # noqa: BLE001 - a torn or busy write now is applied by the next pass
+                    logger.exception("Applying the journal of run %s failed", run["id"])
+
+    def _driven_here(self, run: dict[str, Any]) -> bool:
+        """A ZeroGPU chunk driven by a page of this process (`app.zerogpu.ChunkDriver` follows and settles it)."""
+        return run.get("pid") == os.getpid() and run["id"] not in self._procs
 
     def _pause_idle(self) -> None:
         """ZeroGPU mode: queued chunked runs that no page drove for `pause_after` seconds become "paused"."""
         now = time.time()
-        for run in self.store.list_runs(status="queued"):
+        for run in self.store.list_runs(status=lifecycle.QUEUED):
             last = max(run["queued_at"] or 0.0, run["heartbeat_at"] or 0.0)
-            if is_chunked(run) and now - last > self.pause_after and self.store.transition(
-                    run["id"], "queued", status="paused"):
+            if is_chunked(run) and now - last > self.pause_after and self.store.apply(run["id"], lifecycle.PAUSE):
                 self.store.add_log(run["id"], "Paused: no open page of the run drives its chunks. Open the run's "
                                               "page to go on.")
 
     # ------------------------------------------------------------------ supervision
 
+    def _forget(self, run_id: int) -> None:
+        self._procs.pop(run_id, None)
+        self._launched_at.pop(run_id, None)
+        self._devices.pop(run_id, None)
+
     def _reap(self) -> None:
-        """Settle workers started here that exited. Each is forgotten only once its run's state is final."""
+        """Settle processes started here that exited. Each is forgotten only once its run's state is final."""
         for run_id, proc in list(self._procs.items()):
             code = proc.poll()
             if code is None:
                 continue
             run = self.store.get_run(run_id)
-            if isinstance(proc, ForkedChunk) and run is not None:
-                if run["status"] in ACTIVE and run["pid"] == proc.pid:
-                    self._chunk_died(run, f"exited with code {code} without recording an end")
-                elif run["status"] == "queued" and code != 0:
-                    self._launch_failed(run, code)
-            elif run is not None and run["status"] == "queued" and run["pid"] in (None, proc.pid):
-                self._launch_failed(run, code)
-            elif run is not None and run["status"] in ACTIVE and run["pid"] == proc.pid:
-                self._end(run_id, "failed", f"Worker exited with code {code} without recording an end; last lines "
-                                            f"of its output:\n{tail(run_log_path(self.data_dir, run_id))}")
-            del self._procs[run_id]
-            self._devices.pop(run_id, None)
+            if isinstance(proc, ForkedChunk):
+                if run is not None and run["status"] in LIVE and run["pid"] == proc.pid:
+                    how = "exited" if code == 0 else f"exited with code {code}"
+                    chunks.settle(self.store, self.data_dir, run_id, how, paused=self.zerogpu)
+            elif run is not None and run["status"] == lifecycle.QUEUED and not self._claimed_since_launch(run):
+                self._launch_failed(run, f"exited with code {code} before starting the run")
+            elif run is not None and run["status"] in LIVE and run["pid"] == proc.pid:
+                self._end(run_id, lifecycle.FAIL, f"Worker exited with code {code} without recording an end; last "
+                                                  f"lines of its output:\n{tail(run_log_path(self.data_dir, run_id))}")
+            self._forget(run_id)
 
-    def _launch_failed(self, run: dict[str, Any], code: int) -> None:
+    def _claimed_since_launch(self, run: dict[str, Any]) -> bool:
+        """Whether the run was claimed after its process in `_procs` started (that launch worked, whatever the run's
+        status is now: stopped and queued again by a Resume while the process was still exiting, say)."""
+        launched = self._launched_at.get(run["id"])
+        return launched is not None and (run.get("started_at") or 0.0) >= launched
+
+    def _launch_failed(self, run: dict[str, Any], what: str) -> None:
         failures = run["launch_failures"] + 1
         output = tail(run_log_path(self.data_dir, run["id"]))
         if failures > len(self.launch_backoff):
             self._retry_at.pop(run["id"], None)
-            message = (f"The worker exited {failures} times before it could start the run (last exit code {code}); "
-                       f"giving up. Last lines of its output:\n{output}")
-            if self.store.transition(run["id"], "queued", status="failed", error=message, finished_at=time.time(),
-                                     launch_failures=failures, devices=None):
+            message = (f"The worker {what}, {failures} times in a row; giving up. Last lines of its output:\n"
+                       f"{output}")
+            if self.store.apply(run["id"], lifecycle.FAIL_LAUNCH, error=message):
                 self.store.add_log(run["id"], message, level="ERROR")
             return
         wait = self.launch_backoff[failures - 1]
         self._retry_at[run["id"]] = time.time() + wait
-        self.store.update_run(run["id"], launch_failures=failures, devices=None)
-        self.store.add_log(run["id"], f"The worker exited with code {code} before starting the run; trying again in "
-                                      f"{wait:.0f} s ({failures} of {len(self.launch_backoff)} retries).",
-                           level="WARNING")
+        if self.store.apply(run["id"], lifecycle.LAUNCH_RETRY):
+            self.store.add_log(run["id"], f"The worker {what}; trying again in {wait:.0f} s ({failures} of "
+                                          f"{len(self.launch_backoff)} retries).", level="WARNING")
 
     def _supervise(self) -> None:
-        """Fail runs whose worker is gone, silent (no heartbeat) or hung (no progress); see the module docstring."""
+        """Fail runs whose worker is gone, silent (no heartbeat) or hung (no progress), and kill workers that never
+        claim their run; see the module docstring."""
         now = time.time()
-        for run in self.store.list_runs(status=ACTIVE):
+        for run_id, proc in list(self._procs.items()):
+            if isinstance(proc, ForkedChunk) or proc.poll() is not None:
+                continue
+            run = self.store.get_run(run_id)
+            if (run is not None and run["status"] == lifecycle.QUEUED and not self._claimed_since_launch(run)
+                    and now - self._launched_at.get(run_id, now) > self.claim_timeout):
+                self._kill_worker(run_id, run)
+                self._launch_failed(run, f"did not claim the run within {self.claim_timeout:.0f} s of its start "
+                                         "(killed)")
+                self._forget(run_id)
+        for run in self.store.list_runs(status=LIVE):
             run_id = run["id"]
             proc = self._procs.get(run_id)
             if proc is not None and proc.poll() is not None:
                 continue  # exited just now: `_reap` settles it on the next pass
+            if self._driven_here(run):
+                continue  # a ZeroGPU call of this process's: its page settles it (the call's duration bounds it)
             if not self._worker_alive(run_id, run):
                 if is_chunked(run):
-                    self._chunk_died(run, f"(pid {run['pid']}) is gone")
+                    chunks.settle(self.store, self.data_dir, run_id, f"(pid {run['pid']}) is gone", paused=self.zerogpu)
                     continue
-                self._end(run_id, "failed", f"Worker died: process {run['pid']} is gone (killed, for example out of "
-                                            "memory, or crashed); last lines of its output:\n"
-                                            f"{tail(run_log_path(self.data_dir, run_id))}")
+                self._end(run_id, lifecycle.FAIL, f"Worker died: process {run['pid']} is gone (killed, for example out "
+                                                  "of memory, or crashed); last lines of its output:\n"
+                                                  f"{tail(run_log_path(self.data_dir, run_id))}")
                 continue
             beat = run["heartbeat_at"] or run["started_at"] or now
             progress = run["progress_at"] or run["started_at"] or now
+            worked = (run["limit_seconds"] or 0.0) + now - (run["started_at"] or now)
             if now - beat > self.stale_after:
                 self._kill_worker(run_id, run)
-                self._end(run_id, "failed", f"Worker died: no heartbeat for {now - beat:.0f} s (pid {run['pid']} "
-                                            "killed).")
-            elif (self.run_minutes is not None and run["status"] == "running" and run["started_at"]
-                  and now - run["started_at"] + (run["chunk_seconds"] if is_chunked(run) else 0.0)
-                  > self.run_minutes * 60):
+                self._lost(run, f"no heartbeat for {now - beat:.0f} s (pid {run['pid']} killed)")
+            elif self.run_minutes is not None and run["status"] == lifecycle.RUNNING and worked > self.run_minutes * 60:
                 self.store.add_log(run_id, f"The studio's limit of {self.run_minutes:g} minutes per run is reached: "
                                            "checkpoint and stop (Resume continues it).", level="WARNING")
                 self.stop(run_id, reason="limit")
             elif self.watchdog_after is not None and now - progress > self.watchdog_after:
                 self._kill_worker(run_id, run)
                 logs = "\n".join(f"{x['level']} {x['message']}" for x in self._last_logs(run_id))
-                self._end(run_id, "failed", f"Watchdog: the worker (pid {run['pid']}) was alive but made no progress "
-                                            f"for {now - progress:.0f} s (no stage-1 batch, training step, evaluation "
-                                            f"or checkpoint; limit {self.watchdog_after:.0f} s), so it was killed. "
-                                            f"Its last log lines:\n{logs}", stop_reason="watchdog")
+                self._end(run_id, lifecycle.FAIL, f"Watchdog: the worker (pid {run['pid']}) was alive but made no "
+                                                  f"progress for {now - progress:.0f} s (no stage-1 batch, training "
+                                                  "step, evaluation or checkpoint; limit "
+                                                  f"{self.watchdog_after:.0f} s), so it was killed. Its last log "
+                                                  f"lines:\n{logs}", stop_reason="watchdog")
+
+    def _lost(self, run: dict[str, Any], how: str) -> None:
+        """A run's process was killed by the supervision: a chunk is settled as a lost chunk, a worker fails."""
+        if is_chunked(run):
+            chunks.settle(self.store, self.data_dir, run["id"], how, paused=self.zerogpu)
+            self._forget(run["id"])
+        else:
+            self._end(run["id"], lifecycle.FAIL, f"Worker died: {how}.")
 
     def _last_logs(self, run_id: int) -> list[dict[str, Any]]:
         last = self.store.last_ids(run_id)["logs"]
         return self.store.get_logs(run_id, after_id=max(0, last - LOG_TAIL_LINES))
 
-    def _end(self, run_id: int, status: str, message: str, **fields: Any) -> bool:
-        """Move an active run to its final `status` with `message` as its error (ERROR log line too)."""
-        if self.store.transition(run_id, ACTIVE, status=status, error=message, finished_at=time.time(),
-                                 devices=None, **fields):
-            self.store.add_log(run_id, message, level="ERROR")
+    def _end(self, run_id: int, event: lifecycle.Event, message: str, **fields: Any) -> bool:
+        """End a live run by `event` with `message` as its error (ERROR log line too); a chunk's journal is
+        applied first, so what it wrote is kept."""
+        run = self.store.get_run(run_id)
+        if run is not None and is_chunked(run):
+            chunks.ingest(self.store, self.data_dir, run_id)
+        if self.store.apply(run_id, event, error=message, **fields):
+            self.store.add_log(run_id, message, level="ERROR" if event is lifecycle.FAIL else "WARNING")
+            journal.clear(self.data_dir, run_id)
+            self.store.reset_journal(run_id)
+            self._forget(run_id)
             return True
         return False
 
     def reconcile(self, schedule: bool = True, **owner: Any) -> list[int]:
-        """Take the scheduler lock and check every active run against its process, as at app start: a live
-        worker is adopted (it goes on; supervision covers it); a run whose worker is gone was interrupted while no
-        studio watched it. Interrupted runs are queued again (with `auto_resume`), files of deleted runs removed.
-        With `schedule`, start the scheduler thread. Returns the runs found interrupted."""
+        """Take the scheduler lock and check every live run against its process, as at app start: a live worker
+        is adopted (it goes on; supervision covers it); a run whose worker is gone was interrupted while no studio
+        watched it (a chunk's journal says how far it got, or how it ended). Interrupted runs are queued again (with
+        `auto_resume`), files of deleted runs removed. With `schedule`, start the scheduler thread. Returns the
+        runs found interrupted."""
         self.lock.acquire(**owner)
         interrupted = []
         now = time.time()
         with self._lock:
             self._reap()
-            for run in self.store.list_runs(status=ACTIVE):
+            for run in self.store.list_runs(status=LIVE):
                 run_id = run["id"]
-                if run_id in self._procs or self._worker_alive(run_id, run):
+                if run_id in self._procs or self._driven_here(run) or self._worker_alive(run_id, run):
                     continue
-                user_stop = run["status"] == "stopping" and run.get("stop_reason") in (None, "user")
+                if is_chunked(run):
+                    outcome = chunks.settle(self.store, self.data_dir, run_id, "was gone when the studio started",
+                                            paused=self.zerogpu)
+                    if outcome == "lost" and self.store.get_run(run_id)["status"] == lifecycle.QUEUED:
+                        interrupted.append(run_id)
+                    continue
+                user_stop = run["status"] == lifecycle.STOPPING and run.get("stop_reason") in (None, "user")
                 message = ("The worker was gone when the studio started (the machine or container was stopped, "
                            f"or the worker was killed while no studio was running; pid {run['pid']}).")
-                if self.zerogpu and is_chunked(run) and not user_stop:
-                    # Its page goes on with it (a paused run is left alone, here and by `_resume_interrupted`).
-                    if self.store.transition(run_id, ACTIVE, status="paused", pid=None, devices=None,
-                                             heartbeat_at=now):
-                        self.store.add_log(run_id, message.replace("worker", "chunk's process") + " Paused: open "
-                                           "its page to go on.", level="WARNING")
-                    continue
-                if self.store.transition(run_id, ACTIVE, status="stopped" if user_stop else "interrupted",
-                                         error=None if user_stop else message, finished_at=now, devices=None,
-                                         stop_reason="user" if user_stop else "shutdown"):
+                event = lifecycle.STOP if user_stop else lifecycle.INTERRUPT
+                if self.store.apply(run_id, event, error=None if user_stop else message,
+                                    stop_reason="user" if user_stop else "shutdown", finished_at=now):
                     self.store.add_log(run_id, message, level="WARNING")
                     interrupted.append(run_id)
             if self.auto_resume:
@@ -653,23 +699,25 @@ class JobManager:
         return interrupted
 
     def _resume_interrupted(self) -> None:
-        for run in self.store.list_runs(status="interrupted"):
-            if run["auto_resumes"] >= MAX_AUTO_RESUMES:
-                self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row: not resumed "
-                                              "automatically again; press Resume to continue it.", level="WARNING")
+        for run in self.store.list_runs(status=lifecycle.INTERRUPTED):
+            if not lifecycle.may_auto_resume(run):
+                self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row without "
+                                              "progress in between: not resumed automatically again; press Resume "
+                                              "to continue it.", level="WARNING")
                 continue
-            # Back at its old place in the queue: ahead of the runs queued after it.
-            if self.store.requeue_run(run["id"], "interrupted", queued_at=run["queued_at"],
-                                      auto_resumes=run["auto_resumes"] + 1):
+            # Back at its old place in the queue (`auto_resume` keeps queued_at): ahead of the runs queued after it.
+            if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
                 self.store.add_log(run["id"], "Resumed automatically after the interruption (from its latest "
                                               "checkpoint and stored V* values).")
 
     def _remove_orphan_files(self) -> None:
-        """Outputs, logs and exports of runs that no longer exist (deleted while files were busy, or by an older
-        studio that left them behind): a run's files go with it."""
+        """Outputs, logs, journals and exports of runs that no longer exist (deleted while files were busy, or by an
+        older studio that left them behind): a run's files go with it. And the checkpoints of finished runs (a kill
+        between recording the end and removing them)."""
         known = {r["id"] for r in self.store.list_runs()}
         patterns = [(self.data_dir / "runs", re.compile(r"run-(\d+)")),
                     (self.data_dir / "logs", re.compile(r"run-(\d+)\.log")),
+                    (journal.journal_dir(self.data_dir), re.compile(r"run-(\d+)\..*")),
                     (self.data_dir / "exports", re.compile(r"run-(\d+)-.*"))]
         for folder, pattern in patterns:
             if not folder.is_dir():
@@ -678,6 +726,8 @@ class JobManager:
                 match = pattern.fullmatch(path.name)
                 if match and int(match.group(1)) not in known:
                     shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        for run in self.store.list_runs(status=lifecycle.FINISHED):
+            chunks.remove_checkpoints(self.store, run["id"])
 
     # ------------------------------------------------------------------ user actions
 
@@ -685,18 +735,22 @@ class JobManager:
         """Ask a run to stop: a queued run is stopped at once; a running one stops after its current step (stage 2)
         or batch (stage 1), saving a checkpoint. Returns False if the run was not queued or running."""
         with self._lock:
-            if self.store.transition(run_id, WAITING, status="stopped", finished_at=time.time(), stop_reason=reason):
+            if self.store.apply(run_id, lifecycle.CANCEL, stop_reason=reason):
                 self.store.add_log(run_id, "Stopped before it started.")
                 self._retry_at.pop(run_id, None)
                 return True
             run = self.store.get_run(run_id)
-            if run is None or run["status"] not in ACTIVE:
+            if run is None or run["status"] not in LIVE:
                 return False
             pid = self._pid_of(run_id, run)
-            if pid is None:  # nobody left to stop: record it now instead of waiting forever in "stopping"
-                self._end(run_id, "stopped", "Stopped; its worker was already gone.", stop_reason=reason)
+            if pid is None and not self._driven_here(run):  # nobody left to stop: record it now
+                if is_chunked(run):
+                    self.store.apply(run_id, lifecycle.REQUEST_STOP, stop_reason=reason)
+                    chunks.settle(self.store, self.data_dir, run_id, "was already gone", paused=self.zerogpu)
+                else:
+                    self._end(run_id, lifecycle.STOP, "Stopped; its worker was already gone.", stop_reason=reason)
                 return True
-            self.store.transition(run_id, "running", status="stopping", stop_reason=reason)
+            self.store.apply(run_id, lifecycle.REQUEST_STOP, stop_reason=reason)
             self.store.add_log(run_id, "Stop requested.")
             self._signal_stop(run, pid)
             return True
@@ -707,7 +761,7 @@ class JobManager:
         run = self.store.get_run(run_id)
         if run is None:
             raise ValueError(f"Run {run_id} does not exist (it may have been deleted).")
-        if not self.store.requeue_run(run_id, (*RESUMABLE, "paused"), auto_resumes=0, launch_failures=0):
+        if not self.store.apply(run_id, lifecycle.RESUME):
             raise ValueError(f"Run {run_id} is {run['status']}: only stopped, interrupted or failed runs can be "
                              "resumed (and paused chunked runs); submit a new run to train again.")
         self._retry_at.pop(run_id, None)
@@ -715,16 +769,19 @@ class JobManager:
         return run_id
 
     def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool:
-        """Delete a run: kill its worker if it runs, remove its rows, log, exports and output directory (the shared
-        value set stays). Returns False if the run did not exist."""
+        """Delete a run: kill its worker if it runs (a chunk of ZeroGPU's is asked to stop instead), remove its
+        rows, log, journal, exports and output directory (the shared value set stays). Returns False if the run did
+        not exist."""
         with self._lock:
             run = self.store.get_run(run_id)
             if run is None:
                 return False
+            if is_chunked(run):
+                journal.request_stop(self.data_dir, run_id)
             if self._pid_of(run_id, run):
                 self._kill_worker(run_id, run, timeout=kill_timeout)  # no checkpoint needed, no write after
-            self._procs.pop(run_id, None)
-            self._devices.pop(run_id, None)
+            in_flight = self._driven_here(run) and run["status"] in LIVE
+            self._forget(run_id)
             self._retry_at.pop(run_id, None)
             self.store.delete_run(run_id)
         runs_dir = self.data_dir / "runs"
@@ -733,6 +790,8 @@ class JobManager:
             if path.is_dir() and path.resolve() != runs_dir and path.resolve().is_relative_to(runs_dir):
                 shutil.rmtree(path, ignore_errors=True)
         run_log_path(self.data_dir, run_id).unlink(missing_ok=True)
+        if not in_flight:  # else its page removes them once the chunk returns (`app.chunks.settle`)
+            journal.clear(self.data_dir, run_id)
         for export in (self.data_dir / "exports").glob(f"run-{run_id}-*"):
             shutil.rmtree(export, ignore_errors=True) if export.is_dir() else export.unlink(missing_ok=True)
         return True
@@ -752,16 +811,22 @@ class JobManager:
         return bool(run and pid_alive(run["pid"]) and self._is_process_of(run["pid"], run))
 
     def _pid_of(self, run_id: int, run: dict[str, Any]) -> int | None:
+        """The pid of the run's process if this studio may signal it: its worker, or a chunk it forked (started
+        here or by an earlier studio); never this process itself (a ZeroGPU call's page)."""
         proc = self._procs.get(run_id)
         if proc is not None:
             return proc.pid if proc.poll() is None else None
         pid = run.get("pid")
-        return pid if pid and pid_alive(pid) and self._is_process_of(pid, run) else None
+        if not pid or pid == os.getpid():
+            return None
+        return pid if pid_alive(pid) and self._is_process_of(pid, run) else None
 
-    def _signal_stop(self, run: dict[str, Any], pid: int) -> None:
-        """SIGTERM to a run's worker (which then stops), except a chunk running in a process this studio did not
-        start (a ZeroGPU worker, which must go on serving): the recorder reads the run's "stopping" status."""
-        if not is_chunked(run) or run["id"] in self._procs:
+    def _signal_stop(self, run: dict[str, Any], pid: int | None) -> None:
+        """Ask a run's process to stop: SIGTERM to a worker or a forked chunk, and a chunk's stop file (which a
+        ZeroGPU chunk, never signalled, reads as the run's "stopping")."""
+        if is_chunked(run):
+            journal.request_stop(self.data_dir, run["id"])
+        if pid is not None:
             self._kill(pid, signal.SIGTERM)
 
     def _kill_worker(self, run_id: int, run: dict[str, Any], timeout: float = 10.0) -> None:
@@ -791,6 +856,8 @@ class JobManager:
         if sig == signal.SIGKILL:
             targets = [pid, *processes]
         for target in targets:
+            if target == os.getpid():
+                continue
             try:
                 if sig == signal.SIGKILL and os.getpgid(target) == target:
                     os.killpg(target, sig)

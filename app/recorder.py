@@ -16,9 +16,8 @@ import time
 from typing import Any
 
 from a2po.callbacks import A2POCallback
-from storage import Store
+from storage import Store, lifecycle
 
-STOP_STATUSES = ("stopping",)
 # Loggers whose INFO lines go into the run's log; everything else only from WARNING up.
 VERBOSE_LOGGERS = ("a2po", "app")
 
@@ -56,6 +55,7 @@ class StoreRecorder(A2POCallback):
         self.deadline_reached = False
         self._unit_started: float | None = None  # when the current stage-1 batch or training step began
         self._unit_seconds = 0.0  # how long the last one took
+        self._made_progress = False  # whether this process has recorded real progress yet
 
     # ------------------------------------------------------------------ helpers
 
@@ -64,18 +64,30 @@ class StoreRecorder(A2POCallback):
         self.stage = stage
         self._write_progress(progress, force=True)
 
-    def _write_progress(self, progress: float, force: bool = False) -> None:
-        """Progress of the current stage, and the time of this real progress (`progress_at`, which the scheduler's
-        watchdog reads: unlike the heartbeat, it stops moving when the main thread is stuck)."""
+    def _write_progress(self, progress: float, force: bool = False, real: bool = False) -> None:
+        """Progress of the current stage, and the time of this progress (`progress_at`, which the scheduler's
+        watchdog reads: unlike the heartbeat, it stops moving when the main thread is stuck). `real`: a stage-1
+        batch, a training step, an evaluation or a checkpoint, which also ends a series of automatic restarts
+        (`storage.lifecycle`, auto_resumes); the first one of this process is written at once."""
         now = time.monotonic()
+        if real and not self._made_progress:
+            force = True
         if force or now - self._last_progress_write >= self.progress_interval:
             self._last_progress_write = now
-            self.store.heartbeat(self.run_id, stage=self.stage, progress=max(0.0, min(1.0, float(progress))),
-                                 progress_at=time.time())
+            fields = {"stage": self.stage, "progress": max(0.0, min(1.0, float(progress)))}
+            if real:
+                self._made_progress = True
+                self.store.record_progress(self.run_id, **fields)
+            else:
+                self.store.heartbeat(self.run_id, progress_at=time.time(), **fields)
 
-    def touch(self) -> None:
-        """Record progress without a stage change (e.g. the model is loaded)."""
-        self.store.heartbeat(self.run_id, progress_at=time.time())
+    def touch(self, real: bool = False) -> None:
+        """Record progress without a stage change (e.g. the model is loaded; `real`: see `_write_progress`)."""
+        if real:
+            self._made_progress = True
+            self.store.record_progress(self.run_id)
+        else:
+            self.store.heartbeat(self.run_id, progress_at=time.time())
 
     def stop_requested(self) -> bool:
         """True when the worker got a stop signal or the run's status says "stopping" (read at most every
@@ -86,7 +98,7 @@ class StoreRecorder(A2POCallback):
         if now - self._last_stop_poll >= self.stop_poll_interval:
             self._last_stop_poll = now
             run = self.store.get_run(self.run_id)
-            if run is None or run["status"] in STOP_STATUSES:  # a deleted run must stop too
+            if run is None or run["status"] == lifecycle.STOPPING:  # a deleted run must stop too
                 self.stop_event.set()
         return self.stop_event.is_set()
 
@@ -126,7 +138,7 @@ class StoreRecorder(A2POCallback):
                         total: int, **kwargs):
         if self.value_set_id is not None:
             self.store.add_values(self.value_set_id, split, records)
-        self._write_progress(done / total if total else 1.0)
+        self._write_progress(done / total if total else 1.0, real=True)
         self._maybe_stop(control, save=False)
 
     def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
@@ -143,7 +155,7 @@ class StoreRecorder(A2POCallback):
         self.set_stage("train", state.global_step / state.max_steps if state.max_steps else 0.0)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._write_progress(state.global_step / state.max_steps if state.max_steps else 0.0)
+        self._write_progress(state.global_step / state.max_steps if state.max_steps else 0.0, real=True)
         if state.max_steps and state.global_step >= state.max_steps:
             return  # the last step: training ends here anyway (stopped here, a resume would train one step more)
         self._maybe_stop(control, save=True)
@@ -163,7 +175,7 @@ class StoreRecorder(A2POCallback):
     def on_evaluate(self, args, state, control, metrics: dict[str, Any] | None = None, **kwargs):
         if metrics:
             self.store.add_evaluation(self.run_id, state.global_step, metrics)
-            self.touch()
+            self.touch(real=True)
 
     def on_save(self, args, state, control, **kwargs):
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
@@ -174,7 +186,7 @@ class StoreRecorder(A2POCallback):
             for row in self.store.list_checkpoints(self.run_id):
                 if not os.path.isdir(row["path"]):
                     self.store.remove_checkpoint(self.run_id, row["path"])
-            self.touch()
+            self.touch(real=True)
 
 
 class StoreLogHandler(logging.Handler):

@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from a2po.faults import fault_point
-from storage import Store
+from storage import Store, lifecycle
 
 HEARTBEAT_INTERVAL = 2.0  # seconds between heartbeats; `app.jobs` calls a worker dead after many missed ones
+LOG_TAIL_LINES = 20
 END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
 CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -66,6 +67,17 @@ def run_log_path(data_dir: str | os.PathLike[str], run_id: int) -> Path:
     return Path(data_dir) / "logs" / f"run-{run_id}.log"
 
 
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a text file ("" if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 class Heartbeat(threading.Thread):
     """Marks the run alive every `interval` seconds, turns an in-process stop request into status "stopping",
     and flushes `log_handler` (so buffered log lines show up even while training logs nothing new)."""
@@ -76,13 +88,15 @@ class Heartbeat(threading.Thread):
         self.store, self.run_id, self.stop_event, self.interval = store, run_id, stop_event, interval
         self.log_handler = log_handler
         self._done = threading.Event()
+        self._stop_recorded = False
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
             try:
                 self.store.heartbeat(self.run_id)
-                if self.stop_event.is_set():
-                    self.store.transition(self.run_id, "running", status="stopping")
+                if self.stop_event.is_set() and not self._stop_recorded:
+                    self._stop_recorded = True
+                    self.store.apply(self.run_id, lifecycle.REQUEST_STOP)
                 if self.log_handler is not None:
                     self.log_handler.flush()
             except Exception as error:  # noqa: BLE001 - a busy database must not kill the heartbeat for good
@@ -93,12 +107,19 @@ class Heartbeat(threading.Thread):
         self.join(timeout=10)
 
 
-def value_set_meta(spec, args) -> dict[str, Any]:
-    """What a value set was sampled with, for people reading the value-set table."""
+def value_set_meta(spec) -> dict[str, Any]:
+    """What a value set was sampled with, for people reading the value-set table (the spec's settings, else
+    A2POConfig's defaults: what `RunSpec.value_fingerprint` identifies)."""
+    from a2po.config import A2POConfig
     from a2po.runspec import SAMPLING_FIELDS
 
-    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards, "seed": args.seed,
-            "sampling": {k: getattr(args, k) for k in SAMPLING_FIELDS}}
+    defaults = A2POConfig.__dataclass_fields__
+
+    def setting(name: str) -> Any:
+        return spec.config.get(name, defaults[name].default)
+
+    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards, "seed": setting("seed"),
+            "sampling": {k: setting(k) for k in SAMPLING_FIELDS}}
 
 
 def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], num_value_samples: int) -> None:
@@ -205,7 +226,8 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     args = trainer.args
     value_set_id = None
     if main:
-        value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec, args))
+        value_set_id = run.get("value_set_id") or store.get_or_create_value_set(spec.value_fingerprint(),
+                                                                                 value_set_meta(spec))
         recorder.value_set_id = value_set_id
         store.update_run(run_id, value_set_id=value_set_id)
     value_set_id = _from_main(trainer, value_set_id)
@@ -252,11 +274,9 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             trainer.evaluate()
         trainer.save_model()
         if main:
+            # Its checkpoints go once the end is recorded (`app.chunks.remove_checkpoints`), not before: a kill
+            # in between still resumes from them.
             logger.info("Run %s: final model saved in %s.", run_id, output_dir)
-            # The final model replaces the checkpoints (optimizer states are twice the model): free the disk.
-            for row in store.list_checkpoints(run_id):
-                shutil.rmtree(row["path"], ignore_errors=True)
-                store.remove_checkpoint(run_id, row["path"])
     elif spec.action == "evaluate":
         if recorder is not None:
             recorder.set_stage("eval")
@@ -299,21 +319,23 @@ def resume_checkpoint(store: Store, run_id: int, output_dir: Path) -> str | None
 
 
 def record_end(store: Store, run_id: int, status: str, error: str | None) -> bool:
-    """Write how the run ended, retrying while the database is busy; False if it could not be written (then
-    `app.jobs` writes it when it sees this process exit). A stop asked by the studio's own shutdown ends
-    "interrupted": it is resumed when the studio starts again."""
-    fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "error": error, "devices": None}
+    """Write how the run ended (`lifecycle.end_event`), retrying while the database is busy; False if it could not
+    be written (then `app.jobs` writes it when it sees this process exit). A stop asked by the studio's own
+    shutdown ends "interrupted": it is resumed when the studio starts again. A finished run's checkpoints are
+    removed once its end is written."""
+    fields: dict[str, Any] = {"error": error}
     if status == "finished":
         fields.update(progress=1.0, stage=None)
     for attempt in range(END_WRITE_ATTEMPTS):
         try:
             fault_point("record_end")
-            if status == "stopped":
-                run = store.get_run(run_id)
-                if run is not None and run.get("stop_reason") == "shutdown":
-                    fields["status"] = "interrupted"
+            run = store.get_run(run_id)
+            event = lifecycle.end_event(status, run.get("stop_reason") if run else None)
             # Only a run this worker still owns: a run deleted or failed by the scheduler meanwhile stays so.
-            store.transition(run_id, ("running", "stopping"), **fields)
+            if store.apply(run_id, event, **fields) and status == "finished":
+                from app.chunks import remove_checkpoints
+
+                remove_checkpoints(store, run_id)
             return True
         except Exception as failure:  # noqa: BLE001 - a locked or full disk: wait and try again
             logger.warning("Could not record the end of run %s (attempt %d): %s", run_id, attempt + 1, failure)
@@ -344,9 +366,9 @@ def follow(store: Store, run_id: int, data_dir: str, owner: int, stop_event: thr
     deadline = time.monotonic() + CLAIM_WAIT
     while True:
         run = store.get_run(run_id)
-        if run is not None and run["pid"] == owner and run["status"] in ("running", "stopping"):
+        if run is not None and run["pid"] == owner and run["status"] in lifecycle.LIVE:
             break
-        if run is None or run["status"] != "queued" or stop_event.is_set() or time.monotonic() > deadline:
+        if run is None or run["status"] != lifecycle.QUEUED or stop_event.is_set() or time.monotonic() > deadline:
             print(f"Run {run_id} is not running for this launch (pid {owner}); nothing to do.", flush=True)
             return 0
         time.sleep(0.1)
@@ -391,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     fault_point("worker_start")
     if rank > 0:
         return follow(store, run_id, options.data_dir, owner, stop_event)
-    if not store.claim_run(run_id, owner):
+    if not store.apply(run_id, lifecycle.CLAIM, pid=owner):
         run = store.get_run(run_id)
         state = "does not exist" if run is None else f"is {run['status']}, not queued"
         print(f"Run {run_id} {state} in {options.db}; nothing to do (queue it again to run it).", flush=True)
@@ -427,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         log_handler.flush()
         logging.getLogger().removeHandler(log_handler)
         recorded = record_end(store, run_id, status, error)
+    fault_point("worker_exit")
     return 1 if status == "failed" or not recorded else 0
 
 

@@ -9,14 +9,19 @@ from the Run page of the visitor who launched the run, so that visitor's daily G
   package, or with it outside ZeroGPU (where `spaces.GPU` returns the function unchanged), `gpu_chunk` is the plain
   function and nothing changes.
 - **Each call** runs, on ZeroGPU, in a process forked from the studio's (ZeroGPU may keep it for the next call):
-  its arguments and result are plain data, it opens its own database engine, keeps nothing in memory, and drops
-  credentials from its environment first (a run executes user-chosen models and data).
+  its arguments and result are plain data, it never opens the database (`app.journal`: the page's process claims
+  the run and writes the chunk's input before the call, and applies the chunk's journal during and after it),
+  keeps nothing in memory, and drops credentials from its environment first (a run executes user-chosen models
+  and data).
 
 `ChunkDriver` is what the Run page calls on its timer (`app.ui.chunks`): for the run on screen, if it is chunked,
-queued or paused, and the visitor may drive it (they launched it, or nobody signed in launched it), it calls
-`gpu_chunk`; one call at a time per run in this process. While a call waits for a GPU the run's heartbeat is kept
-fresh, so the scheduler does not pause it. A call that fails (no GPU quota left, ZeroGPU's own errors) is shown on
-the page and retried after `RETRY_AFTER` seconds.
+queued or paused, and the visitor may drive it (they launched it, or nobody signed in launched it), it claims the
+run (with this process's pid, the driving thread named as a chunk's, so the scheduler sees it alive), calls
+`gpu_chunk`, and settles the run when the call returns or fails (`app.chunks.settle`); one call at a time per run
+in this process. While the call runs, its journal is applied every `INGEST_EVERY` seconds (the page shows the
+chunk's progress) and the run's heartbeat is kept fresh (waiting for a GPU is not a dead run). A stop or a delete
+asks the chunk to stop through its stop file: no process of ZeroGPU's is ever signalled. A call that fails (no GPU
+quota left, ZeroGPU's own errors) is shown on the page and retried after `RETRY_AFTER` seconds.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import threading
 import time
 from typing import Any
 
+from app import chunks
 from app.chunks import CHUNK_MARGIN, DEFAULT_BUDGET, READY, is_chunked, progress_of, run_chunk
+from storage import lifecycle
 
 ENV = "SPACES_ZERO_GPU"
 RETRY_AFTER = 60.0  # seconds before a page retries a chunk whose GPU call failed
-HEARTBEAT_WHILE_WAITING = 5.0
+INGEST_EVERY = 1.0  # seconds between two applications of a running chunk's journal
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -39,7 +46,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return (environ if environ is not None else os.environ).get(ENV, "").lower() in ("1", "t", "true")
 
 
-def gpu_duration(db_path: str, data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUDGET,
+def gpu_duration(data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUDGET,
                  keep_hub_token: bool = False) -> int:
     """Seconds of GPU a chunk asks ZeroGPU for: its budget plus the margin for restoring and saving, rounded up
     (a callable of the call's own arguments, as `spaces.GPU(duration=...)` accepts)."""
@@ -56,11 +63,17 @@ def _scrub_environment(keep_hub_token: bool) -> None:
             del os.environ[name]
 
 
-def chunk_on_gpu(db_path: str, data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUDGET,
+def chunk_on_gpu(data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUDGET,
                  keep_hub_token: bool = False) -> dict[str, Any]:
-    """One chunk of a run (`app.chunks.run_chunk`), as ZeroGPU runs it: plain arguments, plain result."""
+    """One chunk of a claimed run (`app.chunks.run_chunk`), as ZeroGPU runs it: plain arguments, plain result."""
+    import gc
+
+    from a2po import faults
+
+    gc.freeze()  # as in a forked chunk (`app.chunks._child`): no finalizer of an inherited object runs here
     _scrub_environment(keep_hub_token)
-    return run_chunk(db_path, data_dir, int(run_id), float(budget_seconds))
+    faults.rearm()
+    return run_chunk(data_dir, int(run_id), float(budget_seconds))
 
 
 def wrap(spaces_module: Any = None):
@@ -108,7 +121,7 @@ class ChunkDriver:
         failed = self._failed.get(run["id"])
         out.update(chunked=is_chunked(run), driving=run["id"] in self._driving, zerogpu=self.active,
                    last_error=failed[1] if failed else None, budget=self.budget,
-                   gpu_duration=gpu_duration("", "", run["id"], self.budget))
+                   gpu_duration=gpu_duration("", run["id"], self.budget))
         return out
 
     def drive(self, run_id: int | None, user: Any = None, function=None) -> dict[str, Any] | None:
@@ -129,34 +142,57 @@ class ChunkDriver:
             if run_id in self._driving:
                 return self.status(run_id)
             self._driving.add(run_id)
-        done = threading.Event()
-
-        def keep_fresh() -> None:  # waiting for a GPU: not a run nobody drives
-            while not done.wait(HEARTBEAT_WHILE_WAITING):
-                store.heartbeat(run_id)
-
         try:
-            if store.transition(run_id, "paused", status="queued", heartbeat_at=time.time()):
-                store.add_log(run_id, "Its page is open again: the next chunk goes on with the run.")
-            else:
-                store.heartbeat(run_id)
-            threading.Thread(target=keep_fresh, name=f"drive-{run_id}", daemon=True).start()
-            policy = getattr(self.services, "policy", None)
-            started = time.monotonic()
-            try:
-                result = (function or gpu_chunk)(str(store.path), str(self.services.data_dir), run_id, self.budget,
-                                                 bool(policy and policy.allow_hub_push))
-                self._failed.pop(run_id, None)
-            except Exception as error:  # noqa: BLE001 - no quota left, a GPU that could not be had: say so, retry
-                message = f"{type(error).__name__}: {error}"
-                self._failed[run_id] = (time.time(), message)
-                store.add_log(run_id, f"The GPU call for the next chunk failed after {time.monotonic() - started:.0f}"
-                                      f" s: {message}. The page tries again in {RETRY_AFTER:.0f} s.", level="WARNING")
-                result = None
-            if isinstance(result, dict) and result.get("outcome") == "not-started":
-                self._failed.pop(run_id, None)
+            self._drive(store, run_id, function or gpu_chunk)
         finally:
-            done.set()
             with self._lock:
                 self._driving.discard(run_id)
         return self.status(run_id)
+
+    def _drive(self, store, run_id: int, function) -> None:
+        data_dir = str(self.services.data_dir)
+        if store.apply(run_id, lifecycle.UNPAUSE):
+            store.add_log(run_id, "Its page is open again: the next chunk goes on with the run.")
+        run = store.get_run(run_id)
+        if run is None or run["status"] != lifecycle.QUEUED:
+            return
+        with chunks.named_thread(chunks.thread_name(run_id)):
+            if chunks.claim(store, data_dir, run, pid=os.getpid(), devices="zerogpu") is None:
+                return
+            store.add_log(run_id, f"Chunk {run['chunks_done'] + 1} asked for a ZeroGPU call of "
+                                  f"{gpu_duration(data_dir, run_id, self.budget)} s.")
+            done = threading.Event()
+
+            def follow() -> None:  # the chunk's progress on the page as it goes; waiting for a GPU is not dying
+                while not done.wait(INGEST_EVERY):
+                    try:
+                        chunks.ingest(store, data_dir, run_id)
+                        store.heartbeat(run_id)
+                    except Exception as error:  # noqa: BLE001 - a busy database: the next pass applies it
+                        store.add_log(run_id, f"Applying the chunk's journal failed: {error}", level="WARNING")
+
+            follower = threading.Thread(target=follow, name=f"follow-{run_id}", daemon=True)
+            follower.start()
+            policy = getattr(self.services, "policy", None)
+            started = time.monotonic()
+            how = "ended without writing how"
+            try:
+                result = function(data_dir, run_id, self.budget, bool(policy and policy.allow_hub_push))
+                self._failed.pop(run_id, None)
+                if isinstance(result, dict) and result.get("outcome") == "not-started":
+                    how = "found no input"
+            except Exception as error:  # noqa: BLE001 - no quota left, a GPU that could not be had: say so, retry
+                message = f"{type(error).__name__}: {error}"
+                self._failed[run_id] = (time.time(), message)
+                how = f"failed after {time.monotonic() - started:.0f} s ({message})"
+                store.add_log(run_id, f"The GPU call for the chunk {how}. The page tries again in "
+                                      f"{RETRY_AFTER:.0f} s.", level="WARNING")
+            finally:
+                done.set()
+                follower.join(timeout=30)
+            if run_id in self._failed and not chunks.started(data_dir, run_id):
+                # No GPU for it: not a chunk that died, and not a restart to count.
+                chunks.ingest(store, data_dir, run_id)
+                store.apply(run_id, lifecycle.RELEASE)
+                return
+            chunks.settle(store, data_dir, run_id, how, paused=True)

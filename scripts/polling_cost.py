@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from storage import Store  # noqa: E402
+from storage import Store, lifecycle  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -95,12 +95,13 @@ def build(data_dir: Path, prompts: int, steps: int) -> dict[str, int]:
     for step in range(1, steps + 1):
         train_step(store, done, step, rng)
     store.add_logs(done, [("INFO", f"line {i}") for i in range(300)])
-    store.update_run(done, value_set_id=vs, status="finished", stage=None, progress=1.0,
-                     started_at=time.time() - 3600, finished_at=time.time())
+    store.apply(done, lifecycle.CLAIM, pid=os.getpid(), started_at=time.time() - 3600)
+    store.apply(done, lifecycle.FINISH, value_set_id=vs, stage=None, progress=1.0)
     live = store.create_run("live-run", "train", {**SPEC, "name": "live-run"}, model=SPEC["model"],
                             dataset="arithmetic")
     live_vs = store.get_or_create_value_set("live", {})
-    store.update_run(live, value_set_id=live_vs, status="finished", progress=0.0)  # until its worker starts
+    # Stopped until its simulated worker takes it (a queued run would get a real worker from the scheduler).
+    store.apply(live, lifecycle.CANCEL, value_set_id=live_vs, progress=0.0)
     store.close()
     return {"finished": done, "live": live, "live_vs": live_vs}
 
@@ -114,8 +115,9 @@ def simulate(db: str, run_id: int, value_set_id: int, stage: str, interval: floa
     rng = random.Random(os.getpid())
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    store.update_run(run_id, status="running", stage=stage, pid=os.getpid(), started_at=time.time(),
-                     heartbeat_at=time.time(), progress_at=time.time(), finished_at=None, error=None)
+    store.apply(run_id, lifecycle.RESUME)
+    if not store.apply(run_id, lifecycle.CLAIM, stage=stage, pid=os.getpid()):
+        store.update_run(run_id, stage=stage, pid=os.getpid())  # takes over from the simulator of the last stage
     step = max([0, *[m["step"] for m in store.latest_metrics(run_id).values()]])
     done = store.count_values(value_set_id, "train")
     while not stopping.wait(interval):
@@ -136,7 +138,8 @@ class Worker:
 
     def __init__(self, db: Path, ids: dict[str, int], stage: str, interval: float) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "simulate", str(db), str(ids["live"]),
-                                      str(ids["live_vs"]), stage, str(interval), "app.worker"], cwd=ROOT)
+                                      str(ids["live_vs"]), stage, str(interval), "app.worker", "--run-id",
+                                      str(ids["live"])], cwd=ROOT)
         store = Store(db)
         deadline = time.monotonic() + 60
         while store.get_run(ids["live"])["pid"] != self.proc.pid and time.monotonic() < deadline:
@@ -374,7 +377,7 @@ def main() -> None:
         if worker is not None:
             worker.stop()
             worker = None
-            Store(data_dir / "studio.db").update_run(ids["live"], status="finished", pid=None, finished_at=time.time())
+            Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
         if "page-finished" in only:
             import playwright.sync_api as playwright
 

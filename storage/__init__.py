@@ -3,8 +3,10 @@
 `Store(path)` is the only entry point; it returns plain dicts and lists. No other package knows SQL.
 """
 
+from storage import lifecycle
 from storage.export import export_csv
-from storage.models import RUN_KINDS, RUN_STAGES, RUN_STATUSES
+from storage.lifecycle import STATUSES as RUN_STATUSES
+from storage.models import RUN_KINDS, RUN_STAGES
 from storage.store import CORRECT_REWARD, Store
 
-__all__ = ["CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Store", "export_csv"]
+__all__ = ["lifecycle", "CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Store", "export_csv"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from storage import lifecycle
 from storage.store import Store
 
 BENCH_RUN = "storage-bench"
@@ -67,13 +68,13 @@ def fill(store: Store, prompts: int, n: int, samples: int, metrics: int, seed: i
             "config": {"num_value_samples": n}}
     for i in range(20):  # other, small runs: the Runs page lists them all
         other = store.create_run(f"small-{i}", "train", spec, model="SmolLM2-135M-Instruct", dataset="arithmetic")
-        store.update_run(other, status="finished", progress=1.0, started_at=time.time() - 600,
-                         finished_at=time.time())
+        store.apply(other, lifecycle.CLAIM, pid=os.getpid())
+        store.apply(other, lifecycle.FINISH, progress=1.0, started_at=time.time() - 600)
         store.add_metrics(other, 1, {"loss": 1.0, "reward": 0.5})
     run_id = store.create_run(BENCH_RUN, "train", spec, model="SmolLM2-135M-Instruct", dataset="arithmetic")
     value_set_id = store.get_or_create_value_set(f"bench-{prompts}-{n}-{seed}", {"bench": True})
-    store.update_run(run_id, value_set_id=value_set_id, status="running", stage="train", progress=0.5,
-                     started_at=time.time() - 3600, heartbeat_at=time.time())
+    store.apply(run_id, lifecycle.CLAIM, pid=os.getpid(), value_set_id=value_set_id, stage="train", progress=0.5,
+                started_at=time.time() - 3600)
 
     batch = 2000
     for first in range(0, prompts, batch):

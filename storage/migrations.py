@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LATEST = 3
+LATEST = 4
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
 SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
@@ -172,7 +172,16 @@ def _v3(con: sqlite3.Connection) -> None:
     """)
 
 
-STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
+def _v4(con: sqlite3.Connection) -> None:
+    """The run state machine's time counter (`storage.lifecycle`: seconds worked since the run was launched or
+    resumed), and the position of a chunk's journal that the parent has applied (`Store.apply_journal`)."""
+    _script(con, """
+        ALTER TABLE runs ADD COLUMN limit_seconds FLOAT NOT NULL DEFAULT 0;
+        ALTER TABLE runs ADD COLUMN journal_offset INTEGER NOT NULL DEFAULT 0
+    """)
+
+
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 assert sorted(STEPS) == list(range(1, LATEST + 1)), "one step per version, in order"
 
 

@@ -17,11 +17,6 @@ from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String,
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 RUN_KINDS = ("values", "train", "evaluate")
-# "paused": a chunked run on a ZeroGPU Space that no open page drives (`app.chunks`); its page resumes it.
-RUN_STATUSES = ("queued", "running", "stopping", "stopped", "interrupted", "finished", "failed", "paused")
-# Why a run stopped: asked by a user, by the deployment shutting down (resumable, resumed on the next start), by the
-# watchdog (no progress), or by a limit of the studio (e.g. a wall-clock limit).
-STOP_REASONS = ("user", "shutdown", "watchdog", "limit")
 RUN_STAGES = ("values", "train", "eval")
 
 def _run_fk() -> ForeignKey:
@@ -55,7 +50,7 @@ class Run(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # `storage.lifecycle`
     stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -73,19 +68,21 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     best_eval_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
-    stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)  # one of STOP_REASONS
+    stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)  # one of lifecycle.STOP_REASONS
     # Last real progress (a stage-1 batch, a training step, an evaluation, a checkpoint), unlike `heartbeat_at`,
     # which a live process keeps writing even when its main thread is stuck: the watchdog reads this one.
     progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     num_devices: Mapped[int] = mapped_column(Integer, default=1)  # GPUs the run asks for (CPU-only: the machine)
     devices: Mapped[str | None] = mapped_column(String(64), nullable=True)  # assigned while running: "0,1" or "cpu"
     owner: Mapped[str | None] = mapped_column(String(200), nullable=True)  # who launched it (None: anonymous)
-    # Automatic resumes after interruptions, and worker starts that died before claiming the run: both bounded.
+    # The counters of the run state machine: what each means is defined in `storage.lifecycle`.
     auto_resumes: Mapped[int] = mapped_column(Integer, default=0)
     launch_failures: Mapped[int] = mapped_column(Integer, default=0)
-    # Chunked runs (`app.chunks`): chunks run so far, and the seconds they took (on ZeroGPU: GPU time charged).
     chunks_done: Mapped[int] = mapped_column(Integer, default=0)
     chunk_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    limit_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    # How far the parent has applied the journal of the run's chunk process (`Store.apply_journal`), in bytes.
+    journal_offset: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class PromptValue(Base):

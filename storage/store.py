@@ -30,11 +30,10 @@ from sqlalchemy import Engine, Integer, cast, create_engine, delete, event, func
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.orm import Session
 
-from storage import migrations
+from storage import lifecycle, migrations
 from storage.models import (
     RUN_KINDS,
     RUN_STAGES,
-    RUN_STATUSES,
     Base,
     Checkpoint,
     Evaluation,
@@ -251,62 +250,52 @@ class Store:
         unknown = set(fields) - RUN_FIELDS
         if unknown:
             raise ValueError(f"Unknown run field(s) {sorted(unknown)}: use {sorted(RUN_FIELDS)}.")
-        if "status" in fields and fields["status"] not in RUN_STATUSES:
-            raise ValueError(f"Unknown run status {fields['status']!r}: use one of {', '.join(RUN_STATUSES)}.")
+        managed = set(fields) & ({"status", "journal_offset"} | set(lifecycle.COUNTERS))
+        if managed:
+            raise ValueError(f"{sorted(managed)} change only through the run state machine: "
+                             "Store.apply(run_id, lifecycle.<EVENT>) (storage/lifecycle.py).")
         if fields.get("stage") is not None and fields["stage"] not in RUN_STAGES:
             raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(RUN_STAGES)} or None.")
         if "kind" in fields and fields["kind"] not in RUN_KINDS:
             raise ValueError(f"Unknown run kind {fields['kind']!r}: use one of {', '.join(RUN_KINDS)}.")
+        if fields.get("stop_reason") is not None and fields["stop_reason"] not in lifecycle.STOP_REASONS:
+            raise ValueError(f"Unknown stop reason {fields['stop_reason']!r}: use one of "
+                             f"{', '.join(lifecycle.STOP_REASONS)}.")
         return {k: _json_safe(migrations.scrub_secrets(v)) if k == "config" else v for k, v in fields.items()}
 
     def update_run(self, run_id: int, **fields: Any) -> bool:
-        """Set columns of a run (e.g. `status="finished", progress=1.0`). Returns False if the run is gone.
-        A change of status is committed durably; progress and heartbeats are not."""
+        """Set columns of a run (e.g. `progress=0.5`), never its status or counters (`apply` changes those).
+        Returns False if the run is gone."""
         if not fields:
             return self.get_run(run_id) is not None
         values = self._check_run_fields(fields)
-        with self._write(durable="status" in fields) as s:
+        with self._write() as s:
             return s.execute(update(Run).where(Run.id == run_id).values(**values)).rowcount == 1
 
-    def transition(self, run_id: int, from_status: str | Iterable[str], **fields: Any) -> bool:
-        """Atomically update a run only while its status is `from_status` (one or several); True if it did."""
-        allowed = [from_status] if isinstance(from_status, str) else list(from_status)
-        values = self._check_run_fields(fields)
+    def apply(self, run_id: int, event: lifecycle.Event, *, seconds: float | None = None, **fields: Any) -> bool:
+        """Change the run's status by `event` (`storage.lifecycle`), atomically and only while the run is in one of
+        the event's source statuses; `fields` sets other columns in the same write (a pid, an error, ...) and
+        `seconds` is a chunk's duration (events that end a chunk). True if it happened. Committed durably."""
         with self._write(durable=True) as s:
-            stmt = update(Run).where(Run.id == run_id, Run.status.in_(allowed)).values(**values)
-            return s.execute(stmt).rowcount == 1
-
-    def add_chunk(self, run_id: int, seconds: float) -> bool:
-        """Count one more chunk of a chunked run (`app.chunks`) and the seconds it took, in one atomic write."""
-        with self._write(durable=True) as s:
-            stmt = update(Run).where(Run.id == run_id).values(chunks_done=Run.chunks_done + 1,
-                                                              chunk_seconds=Run.chunk_seconds + max(0.0, seconds))
-            return s.execute(stmt).rowcount == 1
+            return _apply(s, run_id, event, seconds, self._check_run_fields(fields))
 
     def heartbeat(self, run_id: int, **fields: Any) -> None:
         """Mark the run's worker alive now (optionally updating other columns, e.g. progress, in the same write)."""
         self.update_run(run_id, heartbeat_at=_now(), **fields)
 
+    def record_progress(self, run_id: int, **fields: Any) -> None:
+        """Real progress (a stage-1 batch, a training step, a checkpoint): alive, progressing, and no longer
+        counting automatic restarts in a row (`lifecycle`: auto_resumes)."""
+        with self._write() as s:
+            _record_progress(s, run_id, self._check_run_fields(fields))
+
     def next_queued_run(self) -> dict[str, Any] | None:
         """The queued run that has waited longest, or None."""
-        stmt = (select(Run.__table__).where(Run.status == "queued")
+        stmt = (select(Run.__table__).where(Run.status == lifecycle.QUEUED)
                 .order_by(Run.queued_at, Run.id).limit(1))
         with self._read() as s:
             rows = self._rows(s, stmt)
         return rows[0] if rows else None
-
-    def claim_run(self, run_id: int, pid: int) -> bool:
-        """Atomically move a run from queued to running for process `pid`; False if it was not queued anymore."""
-        now = _now()
-        return self.transition(run_id, "queued", status="running", pid=pid, started_at=now, heartbeat_at=now,
-                               progress_at=now, finished_at=None, error=None, stop_reason=None)
-
-    def requeue_run(self, run_id: int, from_status: str | Iterable[str] = ("stopped", "failed", "interrupted"),
-                    queued_at: float | None = None, **fields: Any) -> bool:
-        """Put a stopped/interrupted/failed run back in the queue (to resume it), at its end unless `queued_at`
-        says where; False if it was not in `from_status`."""
-        return self.transition(run_id, from_status, status="queued", queued_at=queued_at or _now(), pid=None,
-                               error=None, finished_at=None, stop_reason=None, devices=None, **fields)
 
     def delete_run(self, run_id: int) -> bool:
         """Remove a run and all its rows (metrics, samples, evaluations, checkpoints, logs); value sets stay."""
@@ -352,15 +341,12 @@ class Store:
 
     def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
         with self._write() as s:
-            s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
-                      .values(complete=True, summary=_json_safe(summary or {})))
+            _mark_value_set_complete(s, value_set_id, summary)
 
     def update_value_set_summary(self, value_set_id: int, summary: dict[str, Any]) -> None:
         """Merge `summary` into the stored summary (e.g. one split's stats) without marking the set complete."""
         with self._write() as s:
-            current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id)) or {}
-            s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
-                      .values(summary={**current, **_json_safe(summary)}))
+            _update_value_set_summary(s, value_set_id, summary)
 
     def delete_value_set(self, value_set_id: int) -> bool:
         """Remove a value set and its prompt values; runs that used it keep their own rows."""
@@ -377,42 +363,8 @@ class Store:
         Re-adding a stored prompt_id keeps the stored row (unless its V* was missing), so nothing is duplicated.
         Returns how many prompts were new to this value set and split.
         """
-        rows = []
-        for r in records:
-            if r.get("prompt_id") is None:
-                raise ValueError("A value record has no 'prompt_id': every stage-1 record needs one.")
-            prompt = r.get("prompt")
-            rows.append({
-                "value_set_id": value_set_id, "split": split, "prompt_id": str(r["prompt_id"]),
-                "prompt": _json_safe(prompt), "prompt_text": r.get("prompt_text") or _prompt_text(prompt),
-                "v_star": _float(r.get("v_star")), "rewards": _json_safe(list(r.get("rewards") or [])),
-                "completions": [str(c) for c in r.get("completions") or []],
-                "num_correct": None if r.get("num_correct") is None else int(r["num_correct"]),  # None: V* was given
-                "filtered": bool(r.get("filtered", False)),
-            })
-        if not rows:
-            return 0
-        stmt = insert(PromptValue)
-        keep = ("prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
-        # A stored estimate is never overwritten (same fingerprint = same settings, so it is as good as a new one);
-        # only a row whose V* is still missing takes the new values.
-        stmt = stmt.on_conflict_do_update(index_elements=["value_set_id", "split", "prompt_id"],
-                                          set_={k: stmt.excluded[k] for k in keep},
-                                          where=PromptValue.v_star.is_(None))
-        ids = list(dict.fromkeys(row["prompt_id"] for row in rows))
         with self._write() as s:
-            stored = set()
-            for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-                stored.update(s.scalars(select(PromptValue.prompt_id).where(
-                    PromptValue.value_set_id == value_set_id, PromptValue.split == split,
-                    PromptValue.prompt_id.in_(ids[start:start + 500]))))
-            s.execute(stmt, rows)
-            added = len(ids) - len(stored)
-            if added:
-                counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
-                s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
-                          .values(counts={**counts, split: int(counts.get(split, 0)) + added}))
-            return added
+            return _add_values(s, value_set_id, split, records)
 
     def get_values(self, value_set_id: int, split: str | None = "train") -> list[dict[str, Any]]:
         """Stored prompt values of one split (all splits with `split=None`), in insertion order."""
@@ -443,26 +395,8 @@ class Store:
 
     def add_metrics(self, run_id: int, step: int, metrics: Mapping[str, Any]) -> int:
         """Upsert one value per metric name at `step`; non-numeric values are skipped. Returns how many were kept."""
-        now = _now()
-        rows = [{"run_id": run_id, "step": int(step), "name": str(name), "value": _float(value), "created_at": now}
-                for name, value in metrics.items() if _is_number(value)]
-        if not rows:
-            return 0
-        stmt = insert(Metric)
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "name"],
-                                          set_={"value": stmt.excluded.value})
         with self._write() as s:
-            s.execute(stmt, rows)
-            ids = dict(s.execute(select(Metric.name, Metric.id).where(
-                Metric.run_id == run_id, Metric.step == int(step), Metric.name.in_([r["name"] for r in rows]))).all())
-            latest = insert(LatestMetric)
-            latest = latest.on_conflict_do_update(
-                index_elements=["run_id", "name"],
-                set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")},
-                where=LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
-            s.execute(latest, [{"run_id": run_id, "name": r["name"], "step": r["step"], "value": r["value"],
-                                "metric_id": ids[r["name"]]} for r in rows])
-        return len(rows)
+            return _add_metrics(s, run_id, step, metrics)
 
     def latest_metrics(self, run_id: int) -> dict[str, dict[str, Any]]:
         """`{name: {"step", "value"}}`: each metric's value at its highest step (one row per name, no scan)."""
@@ -504,24 +438,8 @@ class Store:
 
     def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
         """Store stage-2 samples (as delivered by `on_samples`); one row per (split, step, prompt_id), latest wins."""
-        now = _now()
-        rows = [{
-            "run_id": run_id, "step": int(x.get("step") or 0), "split": str(x.get("split") or "train"),
-            "prompt_id": str(x.get("prompt_id", "")), "prompt_text": str(x.get("prompt_text") or ""),
-            "completion": str(x.get("completion") or ""), "reward": _float(x.get("reward")),
-            "v_star": _float(x.get("v_star")), "advantage": _float(x.get("advantage")),
-            "implicit_reward": _float(x.get("implicit_reward")),
-            "completion_length": _float(x.get("completion_length")), "created_at": now,
-        } for x in samples]
-        if not rows:
-            return 0
-        stmt = insert(Sample)
-        keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id"],
-                                          set_={k: stmt.excluded[k] for k in keep})
         with self._write() as s:
-            s.execute(stmt, rows)
-        return len(rows)
+            return _add_samples(s, run_id, samples)
 
     def get_samples(self, run_id: int, after_id: int = 0, correct: bool | None = None, text: str | None = None,
                     step: int | None = None, split: str | None = None, limit: int | None = 500,
@@ -553,16 +471,8 @@ class Store:
 
     def add_evaluation(self, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval") -> None:
         """Store one evaluation (one row per step and split) and keep the run's `best_eval_accuracy` up to date."""
-        clean = _json_safe(dict(metrics))
-        stmt = insert(Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean, created_at=_now())
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "split"],
-                                          set_={"metrics": stmt.excluded.metrics})
-        accuracy = _float(clean.get(f"{split}_accuracy", clean.get("accuracy")))
         with self._write() as s:
-            s.execute(stmt)
-            if accuracy is not None:
-                best = func.max(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
-                s.execute(update(Run).where(Run.id == run_id).values(best_eval_accuracy=best))
+            _add_evaluation(s, run_id, step, metrics, split)
 
     def get_evaluations(self, run_id: int) -> list[dict[str, Any]]:
         stmt = select(Evaluation.__table__).where(Evaluation.run_id == run_id).order_by(Evaluation.step,
@@ -573,11 +483,8 @@ class Store:
     # ------------------------------------------------------------------ checkpoints
 
     def add_checkpoint(self, run_id: int, step: int, path: str | os.PathLike[str]) -> None:
-        stmt = insert(Checkpoint).values(run_id=run_id, step=int(step), path=str(path), created_at=_now())
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "path"],
-                                          set_={"step": stmt.excluded.step, "created_at": stmt.excluded.created_at})
         with self._write(durable=True) as s:
-            s.execute(stmt)
+            _add_checkpoint(s, run_id, step, path)
 
     def list_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         stmt = select(Checkpoint.__table__).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step,
@@ -588,8 +495,7 @@ class Store:
     def remove_checkpoint(self, run_id: int, path: str | os.PathLike[str]) -> bool:
         """Forget a checkpoint (its folder was removed)."""
         with self._write(durable=True) as s:
-            return s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id,
-                                                      Checkpoint.path == str(path))).rowcount == 1
+            return _remove_checkpoint(s, run_id, path)
 
     def latest_checkpoint(self, run_id: int) -> dict[str, Any] | None:
         """The checkpoint with the highest step (the newest among equals), or None."""
@@ -603,12 +509,31 @@ class Store:
 
     def add_logs(self, run_id: int, lines: Iterable[tuple[str, str]]) -> None:
         """Append several `(level, message)` lines in one transaction."""
-        now = _now()
-        rows = [{"run_id": run_id, "created_at": now, "level": str(level).upper(), "message": str(message)}
-                for level, message in lines]
-        if rows:
+        lines = list(lines)
+        if lines:
             with self._write() as s:
-                s.execute(insert(LogLine), rows)
+                _add_logs(s, run_id, lines)
+
+    def apply_journal(self, run_id: int, ops: Iterable[tuple[str, Mapping[str, Any]]], offset: int) -> bool:
+        """Apply writes a chunk process recorded in its journal (`JOURNAL_OPS`: name and keyword arguments, each as
+        the method of the same name takes them, with `at`: when it happened) and the journal position `offset` they
+        reach, in one transaction: a journal is applied exactly once, whatever is killed when. False (nothing
+        written) if the run is gone."""
+        ops = list(ops)
+        durable = any(name in DURABLE_OPS for name, _ in ops)
+        with self._write(durable=durable) as s:
+            if s.execute(update(Run).where(Run.id == run_id).values(journal_offset=int(offset))).rowcount != 1:
+                return False
+            for name, kwargs in ops:
+                if name not in JOURNAL_OPS:
+                    raise ValueError(f"Unknown journal operation {name!r}: use one of {', '.join(JOURNAL_OPS)}.")
+                JOURNAL_OPS[name](s, run_id, **kwargs)
+            return True
+
+    def reset_journal(self, run_id: int) -> None:
+        """The run's journal was emptied (after its chunk was settled): read it from the start next time."""
+        with self._write() as s:
+            s.execute(update(Run).where(Run.id == run_id).values(journal_offset=0))
 
     def get_logs(self, run_id: int, after_id: int = 0, limit: int | None = 1000) -> list[dict[str, Any]]:
         """Log lines with id > `after_id`, oldest first."""
@@ -841,3 +766,211 @@ def _histogram_bins(lo: float | None, hi: float | None, bins: int) -> tuple[floa
     width = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if raw <= m * magnitude * (1 + 1e-9))
     start = math.floor(lo / width) * width
     return start, width, int((hi - start) / width) + 1
+
+
+# ---------------------------------------------------------------------------------------------------- writes
+# Each write is a function of an open write transaction, so that `Store.apply_journal` can apply many of them (a
+# chunk's journal) in one. `at`: when it happened (a journal is applied after the fact), default now.
+
+
+def _apply(s: Session, run_id: int, event: lifecycle.Event, seconds: float | None, values: dict[str, Any],
+           at: float | None = None) -> bool:
+    """`Store.apply` inside a transaction: the compare-and-set of one `lifecycle` event."""
+    if not isinstance(event, lifecycle.Event):
+        raise TypeError(f"{event!r} is not a storage.lifecycle event (e.g. lifecycle.CLAIM).")
+    now = _now() if at is None else float(at)
+    values = dict(values, status=event.target)
+    for name in event.stamps:
+        values.setdefault(name, now)
+    for name in event.clears:
+        values.setdefault(name, None)
+    for name in event.resets:
+        values[name] = 0
+    for name in event.increments:
+        values[name] = getattr(Run, name) + 1
+    if event.ends_stretch:
+        values["limit_seconds"] = Run.limit_seconds + func.max(0.0, now - func.coalesce(Run.started_at, now))
+    if seconds is not None:  # the event ends a chunk
+        values["chunks_done"] = Run.chunks_done + 1
+        values["chunk_seconds"] = Run.chunk_seconds + max(0.0, float(seconds or 0.0))
+    stmt = update(Run).where(Run.id == run_id, Run.status.in_(event.sources)).values(**values)
+    return s.execute(stmt).rowcount == 1
+
+
+def _record_progress(s: Session, run_id: int, values: dict[str, Any], at: float | None = None) -> None:
+    now = _now() if at is None else float(at)
+    s.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=now, progress_at=now, auto_resumes=0, **values))
+
+
+def _mark_value_set_complete(s: Session, value_set_id: int, summary: dict[str, Any] | None) -> None:
+    s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
+              .values(complete=True, summary=_json_safe(summary or {})))
+
+
+def _update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, Any]) -> None:
+    current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id)) or {}
+    s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(summary={**current, **_json_safe(summary)}))
+
+
+def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]]) -> int:
+    rows = []
+    for r in records:
+        if r.get("prompt_id") is None:
+            raise ValueError("A value record has no 'prompt_id': every stage-1 record needs one.")
+        prompt = r.get("prompt")
+        rows.append({
+            "value_set_id": value_set_id, "split": split, "prompt_id": str(r["prompt_id"]),
+            "prompt": _json_safe(prompt), "prompt_text": r.get("prompt_text") or _prompt_text(prompt),
+            "v_star": _float(r.get("v_star")), "rewards": _json_safe(list(r.get("rewards") or [])),
+            "completions": [str(c) for c in r.get("completions") or []],
+            "num_correct": None if r.get("num_correct") is None else int(r["num_correct"]),  # None: V* was given
+            "filtered": bool(r.get("filtered", False)),
+        })
+    if not rows:
+        return 0
+    stmt = insert(PromptValue)
+    keep = ("prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
+    # A stored estimate is never overwritten (same fingerprint = same settings, so it is as good as a new one);
+    # only a row whose V* is still missing takes the new values.
+    stmt = stmt.on_conflict_do_update(index_elements=["value_set_id", "split", "prompt_id"],
+                                      set_={k: stmt.excluded[k] for k in keep},
+                                      where=PromptValue.v_star.is_(None))
+    ids = list(dict.fromkeys(row["prompt_id"] for row in rows))
+    stored = set()
+    for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
+        stored.update(s.scalars(select(PromptValue.prompt_id).where(
+            PromptValue.value_set_id == value_set_id, PromptValue.split == split,
+            PromptValue.prompt_id.in_(ids[start:start + 500]))))
+    s.execute(stmt, rows)
+    added = len(ids) - len(stored)
+    if added:
+        counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
+        s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
+                  .values(counts={**counts, split: int(counts.get(split, 0)) + added}))
+    return added
+
+
+def _add_metrics(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], at: float | None = None) -> int:
+    now = _now() if at is None else float(at)
+    rows = [{"run_id": run_id, "step": int(step), "name": str(name), "value": _float(value), "created_at": now}
+            for name, value in metrics.items() if _is_number(value)]
+    if not rows:
+        return 0
+    stmt = insert(Metric)
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "name"], set_={"value": stmt.excluded.value})
+    s.execute(stmt, rows)
+    ids = dict(s.execute(select(Metric.name, Metric.id).where(
+        Metric.run_id == run_id, Metric.step == int(step), Metric.name.in_([r["name"] for r in rows]))).all())
+    latest = insert(LatestMetric)
+    latest = latest.on_conflict_do_update(
+        index_elements=["run_id", "name"], set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")},
+        where=LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
+    s.execute(latest, [{"run_id": run_id, "name": r["name"], "step": r["step"], "value": r["value"],
+                        "metric_id": ids[r["name"]]} for r in rows])
+    return len(rows)
+
+
+def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], at: float | None = None) -> int:
+    now = _now() if at is None else float(at)
+    rows = [{
+        "run_id": run_id, "step": int(x.get("step") or 0), "split": str(x.get("split") or "train"),
+        "prompt_id": str(x.get("prompt_id", "")), "prompt_text": str(x.get("prompt_text") or ""),
+        "completion": str(x.get("completion") or ""), "reward": _float(x.get("reward")),
+        "v_star": _float(x.get("v_star")), "advantage": _float(x.get("advantage")),
+        "implicit_reward": _float(x.get("implicit_reward")),
+        "completion_length": _float(x.get("completion_length")), "created_at": now,
+    } for x in samples]
+    if not rows:
+        return 0
+    stmt = insert(Sample)
+    keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id"],
+                                      set_={k: stmt.excluded[k] for k in keep})
+    s.execute(stmt, rows)
+    return len(rows)
+
+
+def _add_evaluation(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval",
+                    at: float | None = None) -> None:
+    clean = _json_safe(dict(metrics))
+    stmt = insert(Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
+                                     created_at=_now() if at is None else float(at))
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "split"],
+                                      set_={"metrics": stmt.excluded.metrics})
+    accuracy = _float(clean.get(f"{split}_accuracy", clean.get("accuracy")))
+    s.execute(stmt)
+    if accuracy is not None:
+        best = func.max(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
+        s.execute(update(Run).where(Run.id == run_id).values(best_eval_accuracy=best))
+
+
+def _add_checkpoint(s: Session, run_id: int, step: int, path: str | os.PathLike[str],
+                    at: float | None = None) -> None:
+    stmt = insert(Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
+                                     created_at=_now() if at is None else float(at))
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "path"],
+                                      set_={"step": stmt.excluded.step, "created_at": stmt.excluded.created_at})
+    s.execute(stmt)
+
+
+def _remove_checkpoint(s: Session, run_id: int, path: str | os.PathLike[str]) -> bool:
+    return s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id,
+                                              Checkpoint.path == str(path))).rowcount == 1
+
+
+def _add_logs(s: Session, run_id: int, lines: Iterable[Any], at: float | None = None) -> None:
+    now = _now() if at is None else float(at)
+    rows = [{"run_id": run_id, "created_at": now, "level": str(level).upper(), "message": str(message)}
+            for level, message in lines]
+    if rows:
+        s.execute(insert(LogLine), rows)
+
+
+def _journal_update_run(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
+    fields = Store._check_run_fields(fields)
+    if fields:
+        s.execute(update(Run).where(Run.id == run_id).values(**fields))
+
+
+def _journal_heartbeat(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
+    _journal_update_run(s, run_id, heartbeat_at=_now() if at is None else float(at), **fields)
+
+
+def _journal_progress(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
+    _record_progress(s, run_id, Store._check_run_fields(fields), at)
+
+
+def _journal_request_stop(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
+    _apply(s, run_id, lifecycle.REQUEST_STOP, None, Store._check_run_fields(fields), at)
+
+
+def _on_value_set(function):
+    def call(s: Session, run_id: int, value_set_id: int, at: float | None = None, **kwargs: Any):
+        return function(s, value_set_id, **kwargs)
+    return call
+
+
+def _on_run(function):
+    def call(s: Session, run_id: int, **kwargs: Any):
+        return function(s, run_id, **kwargs)
+    return call
+
+
+# What a chunk's journal may ask for (`Store.apply_journal`): the writes of a run's worker, nothing else. Every
+# function takes the run id (a journal belongs to one run) and `at`.
+JOURNAL_OPS: dict[str, Any] = {
+    "add_values": _on_value_set(_add_values),
+    "mark_value_set_complete": _on_value_set(_mark_value_set_complete),
+    "update_value_set_summary": _on_value_set(_update_value_set_summary),
+    "add_metrics": _on_run(_add_metrics),
+    "add_samples": _on_run(_add_samples),
+    "add_evaluation": _on_run(_add_evaluation),
+    "add_checkpoint": _on_run(_add_checkpoint),
+    "remove_checkpoint": lambda s, run_id, path, at=None: _remove_checkpoint(s, run_id, path),
+    "add_logs": _on_run(_add_logs),
+    "update_run": _journal_update_run,
+    "heartbeat": _journal_heartbeat,
+    "record_progress": _journal_progress,
+    "request_stop": _journal_request_stop,
+}
+DURABLE_OPS = frozenset({"add_checkpoint", "remove_checkpoint", "request_stop"})

@@ -28,3 +28,15 @@ def wait_status(store, run_id: int, statuses: tuple[str, ...], timeout: float = 
         run = store.get_run(run_id)
         raise AssertionError(f"run {run_id} is {run['status']} (error: {run['error']}); logs: "
                              f"{[r['message'] for r in store.get_logs(run_id)][-12:]}") from None
+
+
+def put_in(store, run_id: int, status: str, **fields) -> dict:
+    """Take a queued run to `status` through the state machine's events (`storage.lifecycle.path`), then set
+    `fields` (a pid, a heartbeat, ...); returns the run."""
+    from storage import lifecycle
+
+    for event in lifecycle.path(status):
+        assert store.apply(run_id, event), f"run {run_id}: {event} refused"
+    if fields:
+        store.update_run(run_id, **fields)
+    return store.get_run(run_id)

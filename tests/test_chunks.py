@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from app import chunks, journal
 from app.chunks import is_chunk_of, run_chunk
+from storage import lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
 from tests.test_durability import make_manager, record, wait_status
@@ -141,17 +143,17 @@ def test_forked_chunks_end_like_one_worker_and_a_killed_chunk_loses_nothing(tmp_
         manager.close()
 
 
-def test_run_chunk_is_a_plain_function_and_refuses_runs_it_must_not_touch(tmp_path):
-    store, manager = make_manager(tmp_path / "data")
-    worker_run = store.create_run("worker", "train", {"runner": "worker"})
-    assert run_chunk(store.path, tmp_path / "data", worker_run, 1.0)["outcome"] == "not-started"
-    chunked = store.create_run("chunked", "train", {"runner": "chunked"})
-    store.claim_run(chunked, pid=os.getpid())  # running elsewhere
-    result = run_chunk(store.path, tmp_path / "data", chunked, 1.0)
-    assert result["outcome"] == "not-started" and result["status"] == "running"
-    assert run_chunk(store.path, tmp_path / "data", 999, 1.0) == {"run_id": 999, "status": "gone",
-                                                                  "outcome": "not-started", "seconds": 0.0}
+def test_run_chunk_is_a_plain_function_and_only_the_parent_claims(tmp_path, tiny_model_dir):
+    data = tmp_path / "data"
+    store, manager = make_manager(data)
+    # Without an input written by its parent, a chunk does nothing (and never looks for the database).
+    result = run_chunk(data, 999, 1.0)
+    assert result == {"run_id": 999, "outcome": "not-started", "seconds": 0.0}
     assert json.loads(json.dumps(result)) == result  # plain data
+    chunked = manager.submit(chunk_spec(tiny_model_dir))
+    store.apply(chunked, lifecycle.CLAIM, pid=os.getpid())  # running elsewhere: no second claim
+    assert chunks.claim(store, data, store.get_run(chunked), pid=os.getpid()) is None
+    assert not journal.input_path(data, chunked).exists()
     assert not is_chunk_of(os.getpid(), chunked)  # no thread of this process runs a chunk of it
 
 
@@ -176,8 +178,8 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
         assert [w[0] for w in wrapped] == [zerogpu.chunk_on_gpu]
         duration = wrapped[0][1]
         assert callable(duration)
-        assert duration("db", "dir", 1, 40.0) == 60 and duration("db", "dir", 1, 100.0) == 120  # budget + margin
-        assert duration("db", "dir", 1, 0.5, False) == 21
+        assert duration("dir", 1, 40.0) == 60 and duration("dir", 1, 100.0) == 120  # budget + margin
+        assert duration("dir", 1, 0.5, False) == 21
 
         # The Run page's driver in ZeroGPU mode: chunk after chunk in this process (as a ZeroGPU worker process
         # that serves call after call), until the run ends.
@@ -202,10 +204,10 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
                 break
         assert info["status"] == "finished", store.get_run(run_id)["error"]
         assert info["chunks_done"] == len(calls) >= 4 and info["step"] == 2
-        assert all(a[2:4] == (run_id, 0.01) for a in calls)
+        assert all(a[1:3] == (run_id, 0.01) for a in calls)
         assert driver.drive(run_id, function=on_gpu)["chunks_done"] == len(calls)  # nothing left to drive
         # Only its launcher's page drives a run (their quota pays).
-        store.update_run(run_id, owner="hf:alice", status="queued")
+        store.update_run(run_id, owner="hf:alice")
         assert not driver.may_drive(store.get_run(run_id), None)
         manager.close()
     finally:

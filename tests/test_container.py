@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from app.snapshot import DatabaseSnapshots, SnapshotError, check_database, filesystem_type, network_filesystem
+from tests.helpers import put_in
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
@@ -173,7 +174,7 @@ def test_container_start_restores_the_database_and_sigterm_leaves_a_final_snapsh
     data, db_dir = tmp_path / "data", tmp_path / "db"
     seed = Store(tmp_path / "seed" / "studio.db")
     run_id = seed.create_run("from the last container", "train", {"model": "m"})
-    seed.update_run(run_id, status="finished")  # nothing for the scheduler to start
+    put_in(seed, run_id, "finished")  # nothing for the scheduler to start
     earlier = DatabaseSnapshots(seed.path, data).snapshot()
     port = free_port()
     env = {**os.environ, "A2PO_STUDIO_DATA": str(data), "A2PO_STUDIO_DB_DIR": str(db_dir),

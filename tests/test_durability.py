@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.jobs import AlreadyServing, Devices, JobManager, pid_alive
-from storage import Store
+from storage import Store, lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app
 
@@ -257,7 +257,7 @@ def test_a_worker_that_dies_before_its_final_write_does_not_leave_the_run_runnin
 def test_runs_whose_worker_is_gone(tmp_path):
     store, manager = make_manager(tmp_path / "data")
     interrupted = store.create_run("interrupted", "train", {})
-    store.claim_run(interrupted, pid=2**22 + 16)  # no such process: it died while no studio was running
+    store.apply(interrupted, lifecycle.CLAIM, pid=2**22 + 16)  # no such process: it died while no studio was running
     manager = JobManager(store, tmp_path / "data", devices=Devices(), auto_resume=False)
     try:
         assert manager.reconcile(schedule=False) == [interrupted]  # at start: an interruption, resumable
@@ -265,14 +265,14 @@ def test_runs_whose_worker_is_gone(tmp_path):
         assert run["status"] == "interrupted" and "gone when the studio started" in run["error"]
         # While the studio watches, a vanished worker fails its run (it would likely die again).
         orphan = store.create_run("orphan", "train", {})
-        store.claim_run(orphan, pid=2**22 + 17)
+        store.apply(orphan, lifecycle.CLAIM, pid=2**22 + 17)
         manager.tick()
         run = store.get_run(orphan)
         assert run["status"] == "failed" and "is gone" in run["error"]
         # Stop of a run whose worker is gone ends it at once: no eternal "stopping".
         other = store.create_run("other", "train", {})
-        store.claim_run(other, pid=2**22 + 18)
-        store.transition(other, "running", status="stopping")
+        store.apply(other, lifecycle.CLAIM, pid=2**22 + 18)
+        store.apply(other, lifecycle.REQUEST_STOP)
         assert manager.stop(other) and store.get_run(other)["status"] == "stopped"
         assert manager.resume(interrupted) == interrupted and store.get_run(interrupted)["status"] == "queued"
     finally:
@@ -285,7 +285,8 @@ def test_a_worker_dying_before_its_claim_is_retried_then_failed(tmp_path, tiny_m
     manager.start()
     try:
         run = wait_status(store, run_id, ("failed",), timeout=120)
-        assert "exited 3 times before it could start the run" in run["error"] and run["launch_failures"] == 3
+        assert "exited with code -9 before starting the run, 3 times in a row" in run["error"]
+        assert run["launch_failures"] == 3
         starts = [r for r in store.get_logs(run_id) if r["message"].startswith("Worker started")]
         assert len(starts) == 3
         time.sleep(1.0)
@@ -333,7 +334,7 @@ def test_devices_rule_counts_runs_started_elsewhere(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "app.worker", "--run-id",
                                 str(running)])
     try:
-        store.claim_run(running, pid=sleeper.pid)
+        store.apply(running, lifecycle.CLAIM, pid=sleeper.pid)
         store.update_run(running, devices="cpu")
         queued = store.create_run("waits", "train", {})
         manager.lock.acquire()
@@ -350,7 +351,8 @@ def test_devices_rule_counts_runs_started_elsewhere(tmp_path):
 def test_fault_spec_parsing():
     from a2po import faults
 
-    assert faults.parse("a@2=hang, b") == {"a": (2, "hang"), "b": (1, "kill")}
+    assert faults.parse("a@2=hang, b") == {"a": (2, "hang", False), "b": (1, "kill", False)}
+    assert faults.parse("c@3+=delay") == {"c": (3, "delay", True)}
     with pytest.raises(ValueError, match="name@count=action"):
         faults.parse("a@x=kill")
     with pytest.raises(ValueError, match="name@count=action"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import playwright.sync_api as playwright
 import pytest
 
-from storage import Store
+from storage import Store, lifecycle
 from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -83,7 +83,7 @@ def test_the_run_page_follows_a_live_run_and_stops_when_it_ends(studio):
         # The run ends: the page shows it, then polls no more.
         workers["now"].stop()
         workers["now"] = None
-        Store(data_dir / "studio.db").update_run(ids["live"], status="finished", pid=None, finished_at=time.time())
+        Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
         expect(page.locator("#run-header")).to_contain_text("finished")
         time.sleep(1)
         seen = len(polls)

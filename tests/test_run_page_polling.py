@@ -12,7 +12,8 @@ import pytest
 
 from app.ui import live, run
 from app.ui.common import Services
-from storage import Store
+from storage import Store, lifecycle
+from tests.helpers import put_in
 
 SPEC = {"name": "poll", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 4}}
 INPUTS = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
@@ -46,7 +47,7 @@ def page(tmp_path, monkeypatch):
     store.add_values(vs, "train", [{"prompt_id": f"p{i}", "prompt": f"What is {i}?", "v_star": i / 4,
                                     "rewards": [1.0] * i + [0.0] * (4 - i), "completions": ["x"] * 4,
                                     "num_correct": i, "filtered": i == 0} for i in range(5)])
-    store.update_run(run_id, value_set_id=vs, status="running", stage="train", started_at=1.0)
+    put_in(store, run_id, "running", value_set_id=vs, stage="train", started_at=1.0)
     store.add_metrics(run_id, 1, {"loss": 1.0})
     counting = CountingStore(store)
     return Services(store=counting, jobs=None, data_dir=Path(tmp_path)), run_id, store
@@ -67,7 +68,7 @@ def timer_active(result: list) -> bool | None:
 def test_a_finished_run_switches_the_timer_off_and_a_late_poll_reads_nothing(page, monkeypatch):
     services, run_id, store = page
     monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 3600.0)  # no new snapshot second during the test
-    store.update_run(run_id, status="finished", progress=1.0)
+    store.apply(run_id, lifecycle.FINISH, progress=1.0)
     first = run.refresh(services, run_id, None, *INPUTS)
     assert timer_active(first) is False
     assert "header" in outputs(first) and "finished" in outputs(first)["header"]
@@ -98,7 +99,7 @@ def test_an_active_run_switches_the_timer_on_and_an_unchanged_poll_reads_only_th
     moved = run.run_version(services.store, run_id)
     assert [g for g in moved if moved[g] != version[g]] == ["training"]  # only that group is redrawn
 
-    store.update_run(run_id, status="finished")
+    store.apply(run_id, lifecycle.FINISH)
     assert run.run_version(services.store, run_id)["status"] == "finished"
     last = run.refresh(services, run_id, state, *INPUTS)
     assert timer_active(last) is False and "finished" in outputs(last)["header"]
@@ -140,7 +141,7 @@ def test_many_sessions_share_one_computation_per_stage1_batch(page, monkeypatch)
 def test_picking_another_run_sets_the_timer_for_it(page):
     services, run_id, store = page
     other = store.create_run("done", "train", SPEC)
-    store.update_run(other, status="failed", error="boom")
+    put_in(store, other, "failed", error="boom")
     state = run.refresh(services, run_id, None, *INPUTS)[0]
     assert state["polling"] is True
     switched = run.refresh(services, other, run.new_state(other, state["tab"]), *INPUTS)
@@ -159,7 +160,7 @@ def test_the_poller_redraws_a_group_with_its_outputs_only(page, monkeypatch):
     assert "Loss" in plot.plot and list(evaluations.columns) == ["step", "split"] and "poll" in header
     header, progress = run.draw_group(services, "head", run_id, *INPUTS)
     assert "poll" in header and f'data-run="{run_id}"' in progress
-    store.update_run(run_id, status="finished")
+    store.apply(run_id, lifecycle.FINISH)
     controls = dict(zip(run.GROUPS["controls"][1], run.draw_group(services, "controls", run_id, *INPUTS), strict=True))
     assert controls["resume"].interactive is False
     # Only the "idle" draw, which the poller asks for once it has drawn the end, switches the timer off: a group's

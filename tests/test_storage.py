@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from storage import Store, export_csv
+from storage import Store, export_csv, lifecycle
 
 SPEC = {"name": "demo", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 8},
         "rewards": [{"name": "exact_match", "weight": 1.0}], "config": {"beta": 0.5}, "peft": None}
@@ -51,7 +51,7 @@ def test_run_round_trip_and_queue_order(store):
     assert [r["id"] for r in store.list_runs(status=["queued"])] == [second, first]
     assert store.next_queued_run()["id"] == first  # oldest first
 
-    assert store.claim_run(first, pid=123)
+    assert store.apply(first, lifecycle.CLAIM, pid=123)
     run = store.get_run(first)
     assert run["status"] == "running" and run["pid"] == 123 and run["started_at"] and run["heartbeat_at"]
     assert store.next_queued_run()["id"] == second
@@ -64,9 +64,9 @@ def test_run_round_trip_and_queue_order(store):
     assert store.update_run(999, progress=1.0) is False
     assert store.get_run(999) is None
 
-    # A requeued run goes to the back of the queue.
-    store.update_run(first, status="stopped")
-    assert store.requeue_run(first)
+    # A resumed run goes to the back of the queue.
+    assert store.apply(first, lifecycle.STOP)
+    assert store.apply(first, lifecycle.RESUME)
     assert store.next_queued_run()["id"] == second
 
 
@@ -74,8 +74,10 @@ def test_bad_run_input_is_rejected_and_changes_nothing(store):
     run_id = store.create_run("demo", "train", SPEC)
     with pytest.raises(ValueError, match="Unknown run kind"):
         store.create_run("x", "dance", SPEC)
-    with pytest.raises(ValueError, match="Unknown run status 'done'"):
-        store.update_run(run_id, status="done", progress=1.0)
+    with pytest.raises(ValueError, match=r"\['status'\] change only through the run state machine"):
+        store.update_run(run_id, status="finished", progress=1.0)
+    with pytest.raises(ValueError, match="auto_resumes"):
+        store.update_run(run_id, auto_resumes=0)
     with pytest.raises(ValueError, match="Unknown run field"):
         store.update_run(run_id, colour="red")
     assert store.get_run(run_id)["status"] == "queued" and store.get_run(run_id)["progress"] == 0
@@ -89,18 +91,52 @@ def test_claim_run_is_atomic_across_processes(store):
         results = pool.starmap(_claim, [(str(store.path), run_id, pid) for pid in range(8)])
     assert sum(results) == 1
     assert store.get_run(run_id)["pid"] in range(8)
-    assert not store.claim_run(run_id, 99)
+    assert not store.apply(run_id, lifecycle.CLAIM, pid=99)
 
 
 def _claim(path: str, run_id: int, pid: int) -> bool:
-    return Store(path).claim_run(run_id, pid)
+    return Store(path).apply(run_id, lifecycle.CLAIM, pid=pid)
 
 
-def test_transition_only_from_expected_status(store):
+def test_events_apply_only_from_their_source_statuses(store):
     run_id = store.create_run("demo", "train", SPEC)
-    assert not store.transition(run_id, "running", status="stopping")
-    assert store.transition(run_id, ["queued", "running"], status="stopping")
+    assert not store.apply(run_id, lifecycle.REQUEST_STOP)  # queued: nothing runs to stop
+    assert store.get_run(run_id)["status"] == "queued"
+    assert store.apply(run_id, lifecycle.CLAIM, pid=7) and store.apply(run_id, lifecycle.REQUEST_STOP)
     assert store.get_run(run_id)["status"] == "stopping"
+    with pytest.raises(TypeError, match="not a storage.lifecycle event"):
+        store.apply(run_id, "finish")
+
+
+def test_counters_mean_what_the_state_machine_says(store):
+    """`storage.lifecycle`: restarts in a row end with real progress; launch failures end with a claim; the time
+    limit's clock starts again with a user's Resume; chunks and their seconds count for the whole life."""
+    run_id = store.create_run("demo", "train", SPEC)
+    assert store.apply(run_id, lifecycle.LAUNCH_RETRY) and store.apply(run_id, lifecycle.LAUNCH_RETRY)
+    assert store.get_run(run_id)["launch_failures"] == 2
+    store.apply(run_id, lifecycle.CLAIM, pid=1)
+    assert store.get_run(run_id)["launch_failures"] == 0
+    for _ in range(3):  # interrupted and resumed without progress in between
+        store.apply(run_id, lifecycle.INTERRUPT)
+        store.apply(run_id, lifecycle.AUTO_RESUME)
+        store.apply(run_id, lifecycle.CLAIM, pid=1)
+    run = store.get_run(run_id)
+    assert run["auto_resumes"] == 3 and not lifecycle.may_auto_resume(run)
+    store.record_progress(run_id, stage="train", progress=0.2)
+    run = store.get_run(run_id)
+    assert run["auto_resumes"] == 0 and lifecycle.may_auto_resume(run) and run["progress_at"]
+    store.update_run(run_id, started_at=run["started_at"] - 100)  # worked 100 s
+    assert store.apply(run_id, lifecycle.YIELD, seconds=2.5)
+    run = store.get_run(run_id)
+    assert run["status"] == "queued" and run["chunks_done"] == 1 and run["chunk_seconds"] == 2.5
+    assert run["limit_seconds"] >= 100
+    store.apply(run_id, lifecycle.CLAIM, pid=1)
+    store.apply(run_id, lifecycle.REQUEST_STOP, stop_reason="limit")
+    store.apply(run_id, lifecycle.STOP)
+    assert store.apply(run_id, lifecycle.RESUME)
+    run = store.get_run(run_id)
+    assert run["limit_seconds"] == 0 and run["chunks_done"] == 1 and run["auto_resumes"] == 0
+    assert run["stop_reason"] is None and run["error"] is None
 
 
 def test_value_sets_and_idempotent_values(store):

@@ -1,6 +1,7 @@
 """Schema versions and migrations: a database written before versions existed (`tests/fixtures/studio-v0.db`,
-written by the code of commit 83b92c1, see `tests/fixtures/make_studio_v0.py`) opens, migrates without loss, and
-ends up with exactly the schema a new database gets."""
+written by the code of commit 83b92c1, see `tests/fixtures/make_studio_v0.py`) and one of schema 3
+(`tests/fixtures/studio-v3.db`, commit 60d44ba, `make_studio_v3.py`) open, migrate without loss, and end up with
+exactly the schema a new database gets."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from storage import Store, migrations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "studio-v0.db"
+FIXTURE_V3 = Path(__file__).parent / "fixtures" / "studio-v3.db"
 
 
 @pytest.fixture
@@ -106,6 +108,26 @@ def test_migrated_schema_is_the_new_schema(v0_db, tmp_path):
     Store(fresh).close()
     assert schema(v0_db) == schema(fresh)
     assert schema(fresh)["runs"]["autoincrement"] and schema(fresh)["value_sets"]["autoincrement"]
+
+
+def test_a_schema_3_database_migrates_without_loss(tmp_path):
+    path = tmp_path / "studio.db"
+    shutil.copy(FIXTURE_V3, path)
+    before = table_rows(path)
+    store = Store(path)
+    after = table_rows(path)
+    for table, rows in before.items():
+        assert len(after[table]) == len(rows), table
+        for old, new in zip(rows, after[table]):
+            assert {k: new[k] for k in old} == old, table
+    runs = {r["name"]: r for r in store.list_runs()}
+    assert runs["finished"]["chunks_done"] == 1 and runs["finished"]["chunk_seconds"] == 12.5
+    assert runs["interrupted"]["auto_resumes"] == 2 and runs["interrupted"]["status"] == "interrupted"
+    assert all(r["limit_seconds"] == 0 and r["journal_offset"] == 0 for r in runs.values())
+    fresh = tmp_path / "fresh.db"
+    Store(fresh).close()
+    store.close()
+    assert schema(path) == schema(fresh)
 
 
 def test_a_newer_database_is_refused_untouched(tmp_path):

@@ -17,7 +17,8 @@ from typing import Any
 import gradio as gr
 
 from app import forms
-from app.ui.common import ACTIVE, Refused, Services, store_upload
+from app.ui.common import Refused, Services, store_upload
+from storage.lifecycle import UNFINISHED
 
 RUN_KEYS = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
             "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
@@ -26,7 +27,7 @@ RUN_KEYS = ("id", "name", "kind", "status", "stage", "progress", "model", "datas
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The public fields of a run row (no process id) plus whether it is still active."""
-    return {**{k: run.get(k) for k in RUN_KEYS}, "active": run["status"] in ACTIVE}
+    return {**{k: run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
 
 
 def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:

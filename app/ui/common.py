@@ -16,9 +16,9 @@ from typing import Any
 from app.auth import Auth, User
 from app.policy import Policy
 from storage import Store
+from storage.lifecycle import UNFINISHED
 
 ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
-ACTIVE = ("queued", "running", "stopping", "paused")  # "paused": a chunked run waiting for its page (app.zerogpu)
 STATUS_COLORS = {"queued": "#888", "running": "#2563eb", "stopping": "#d97706", "stopped": "#6b7280",
                  "interrupted": "#9333ea", "finished": "#16a34a", "failed": "#dc2626", "paused": "#0891b2"}
 
@@ -76,7 +76,7 @@ class Services:
             raise Refused(f"The queue is full: {len(queued)} runs wait, the limit is {limits.queue_size} runs in the "
                           "queue. Try again when some have started.")
         if owner is not None and limits.queued_per_user is not None:
-            mine = [r for r in self.store.list_runs(status=ACTIVE) if r.get("owner") == owner]
+            mine = [r for r in self.store.list_runs(status=UNFINISHED) if r.get("owner") == owner]
             if len(mine) >= limits.queued_per_user:
                 raise Refused(f"You have {len(mine)} runs queued or running; the limit is {limits.queued_per_user} "
                               "queued or running runs per user. Stop one, or wait for one to end.")
@@ -164,9 +164,9 @@ def elapsed_and_remaining(run: dict[str, Any], now: float | None = None) -> tupl
     start = run.get("started_at")
     if not start:
         return None, None
-    end = run.get("finished_at") if run.get("status") not in ACTIVE else None
+    end = run.get("finished_at") if run.get("status") not in UNFINISHED else None
     elapsed = (end or now) - start
-    if run.get("status") not in ACTIVE:
+    if run.get("status") not in UNFINISHED:
         return elapsed, 0.0 if run.get("status") == "finished" else None
     progress = run.get("progress") or 0.0
     if progress <= 0.01:

@@ -30,8 +30,9 @@ from app.playground import (
     choose_gpu,
     trained_weights,
 )
-from app.ui.common import ACTIVE, Refused, Services, offline, run_choices, short
+from app.ui.common import Refused, Services, offline, run_choices, short
 from app.ui.launch import model_choices
+from storage.lifecycle import LIVE
 
 PROMPTS_PER_SPLIT = 100  # prompts of each split offered in the picker
 COLUMNS = ["completion #", "reward", "completion"]
@@ -59,7 +60,7 @@ def playground_gpu(services: Services) -> str | None:
     gpus = tuple(getattr(getattr(services.jobs, "devices", None), "gpus", ()) or ())
     if not gpus:
         return None
-    busy = {d for run in services.store.list_runs(status=ACTIVE) for d in (run.get("devices") or "").split(",") if d}
+    busy = {d for run in services.store.list_runs(status=LIVE) for d in (run.get("devices") or "").split(",") if d}
     return choose_gpu(gpus, busy)
 
 

@@ -30,7 +30,6 @@ from gradio.components.plot import PlotData
 from app import charts
 from app.ui import live, training, values
 from app.ui.common import (
-    ACTIVE,
     Services,
     elapsed_and_remaining,
     format_duration,
@@ -40,6 +39,7 @@ from app.ui.common import (
     status_badge,
 )
 from storage import Store
+from storage.lifecycle import LIVE, UNFINISHED
 
 POLL_SECONDS = 2.5
 # Opens the Run page's tab (its button's id comes from the tab's elem_id "page-run" in app.ui): run in the browser,
@@ -97,7 +97,7 @@ def stage_progress(run: dict[str, Any], num_values: int, value_set: dict[str, An
     elif kind == "evaluate" and not run.get("value_set_id"):
         s1, d1 = None, "not needed"
     else:
-        s1 = 1.0 if (done or stage in ("train", "eval")) and num_values else (0.0 if status in ACTIVE else None)
+        s1 = 1.0 if (done or stage in ("train", "eval")) and num_values else (0.0 if status in UNFINISHED else None)
         d1 = f"{num_values} prompts" if num_values else "waiting"
     bars = [progress_bar("Stage 1 · V* estimation", s1, d1, elem="progress-stage1")]
     if kind != "values":
@@ -107,7 +107,7 @@ def stage_progress(run: dict[str, Any], num_values: int, value_set: dict[str, An
         elif stage in ("train", "eval"):
             s2, d2 = progress, f"stage {stage}"
         else:
-            s2, d2 = (0.0, "waiting for stage 1") if status in ACTIVE else (None, "not reached")
+            s2, d2 = (0.0, "waiting for stage 1") if status in UNFINISHED else (None, "not reached")
         bars.append(progress_bar(label, s2, d2, elem="progress-stage2"))
     return "".join(bars)
 
@@ -152,7 +152,7 @@ def _button_updates(run: dict[str, Any] | None) -> list[Any]:
     status = run["status"] if run else None
     return [gr.Button(interactive=status in ("queued", "running")),
             gr.Button(interactive=status in ("stopped", "interrupted", "failed")),
-            gr.Button(interactive=run is not None and status not in ("running", "stopping"))]
+            gr.Button(interactive=run is not None and status not in LIVE)]
 
 
 def _plot(spec: dict[str, Any]) -> PlotData:
@@ -414,7 +414,7 @@ async () => {
 """.replace("LIVE_REDRAW_MS", str(int(LIVE_REDRAW_SECONDS * 1000))).replace(
     "GROUP_TABS", json.dumps({group: tab for group, (tab, _) in GROUPS.items()})).replace(
     "GROUPS_WITH_HEAD", json.dumps([g for g, (_, names) in GROUPS.items() if g != "head" and HEAD[0] in names])
-).replace("ACTIVE_STATUSES", json.dumps(list(ACTIVE)))
+).replace("ACTIVE_STATUSES", json.dumps(list(UNFINISHED)))
 
 
 def run_version(store: Store, run_id: int) -> dict[str, str]:
@@ -424,7 +424,7 @@ def run_version(store: Store, run_id: int) -> dict[str, str]:
     if snap is None:
         return {"status": "gone"}
     run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
-    active = run["status"] in ACTIVE
+    active = run["status"] in UNFINISHED
     counts = sorted(((value_set or {}).get("counts") or {}).items())
     complete = bool(value_set and value_set["complete"])
     full = all(n >= values.PAGE_ROWS for _, n in counts) and bool(counts)
@@ -463,7 +463,7 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
         splits = sorted(s for s, n in ((value_set or {}).get("counts") or {}).items() if n)
         out["split"] = gr.Dropdown(choices=splits or [split], value=split)
     if group == "idle":
-        out["timer"] = gr.Timer(POLL_SECONDS, active=run["status"] in ACTIVE)
+        out["timer"] = gr.Timer(POLL_SECONDS, active=run["status"] in UNFINISHED)
     return [out.get(name, gr.skip()) for name in names]
 
 
@@ -475,7 +475,7 @@ def _versions(snap: dict[str, Any], chart: ChartOptions, split: str, order: str,
               text: str | None, step: str | None) -> dict[str, Any]:
     """The current version of each view: what it would show, as ids and counts (compared with the shown ones)."""
     run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
-    active = run["status"] in ACTIVE
+    active = run["status"] in UNFINISHED
     vs_version = (run.get("value_set_id"), split, _count(value_set, split), bool(value_set and value_set["complete"]),
                   str((value_set or {}).get("summary")))
     return {
@@ -536,7 +536,7 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
             del out["split"]
         shown[view] = versions[view]
     shown.pop("empty", None)
-    _set_timer(state, out, snap["run"]["status"] in ACTIVE, rearm=True)
+    _set_timer(state, out, snap["run"]["status"] in UNFINISHED, rearm=True)
     return _updates(out)
 
 

@@ -18,8 +18,9 @@ import gradio as gr
 import pandas as pd
 
 from app.ui import live
-from app.ui.common import ACTIVE, Services, elapsed_and_remaining, format_duration, format_time
+from app.ui.common import Services, elapsed_and_remaining, format_duration, format_time
 from app.ui.run import SHOW_RUN_TAB
+from storage.lifecycle import UNFINISHED
 
 COLUMN_WIDTHS = ["4%", "11%", "6%", "8%", "6%", "6%", "7%", "7%", "12%", "13%", "6%", "6%", "8%"]
 RUN_COLUMNS = ["id", "name", "kind", "status", "stage", "progress", "elapsed", "remaining", "model", "dataset",
@@ -83,7 +84,7 @@ def build_runs_page(services: Services) -> RunsPage:
         """(table, info, signature, timer): the table only when a row shown changed, the timer only when its pace
         does (or `restart`: the page was just opened)."""
         runs = services.store.list_runs()
-        active = sum(r["status"] in ACTIVE for r in runs)
+        active = sum(r["status"] in UNFINISHED for r in runs)
         # Elapsed and remaining times move while runs are active: their 5-second bucket is part of the signature.
         signature = (str([tuple(r.get(k) for k in SHOWN) for r in runs]), int(time.time() // 5) if active else 0)
         pace = POLL_SECONDS if active else IDLE_SECONDS
