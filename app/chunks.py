@@ -354,7 +354,7 @@ def progress_of(store: Store, run: dict[str, Any]) -> dict[str, Any]:
     expected = None
     if dataset.get("num_prompts"):
         expected = int(dataset["num_prompts"]) + int(dataset.get("eval_size") or 0)
-    prompts = store.count_values(run["value_set_id"], None) if run.get("value_set_id") else 0
+    prompts = sum((run.get("value_counts") or {}).values())  # the run's own V* rows
     steps = [m["step"] for m in store.latest_metrics(run["id"]).values() if m["step"] is not None] if run else []
     max_steps = (spec.get("config") or {}).get("max_steps")
     return {"run_id": run["id"], "status": run["status"], "stage": run.get("stage"),

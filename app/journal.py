@@ -7,9 +7,9 @@ forked process must never open the database, even with a connection of its own. 
 - **Before the chunk**, the parent (the scheduler, or the page driving a ZeroGPU run) claims the run and writes the
   chunk's input, `journals/run-<id>.input.json`: the run's row, its value set id and stored V* rows, its
   checkpoints and evaluations (`write_input`).
-- **The chunk** reads that input and records everything a worker would write to the database (stage-1 rows,
-  metrics, samples, evaluations, checkpoints, progress, heartbeats, log lines) as JSON lines appended to
-  `journals/run-<id>.jsonl`, one `write` per line, as it goes (`ChunkLedger`, which offers the part of
+- **The chunk** reads that input and records everything a worker would write to the database (stage-1 rows, the
+  run's own V* rows, metrics, samples, evaluations, checkpoints, progress, heartbeats, log lines) as JSON lines
+  appended to `journals/run-<id>.jsonl`, one `write` per line, as it goes (`ChunkLedger`, which offers the part of
   `storage.Store` a worker uses, so the worker's code runs unchanged). Its last line says how it ended.
 - **The parent** applies new complete lines to the database while the chunk runs and once more after it returns or
   dies (`read_new`, then `Store.apply_journal`, which stores the position reached in the same transaction: every
@@ -211,6 +211,11 @@ class ChunkLedger:
                     added += known is None
                     rows[str(record["prompt_id"])] = {**record, "prompt_id": str(record["prompt_id"])}
         return added
+
+    def set_run_values(self, run_id: int, split: str, rows: list[dict[str, Any]], replace: bool = False) -> int:
+        rows = [dict(r) for r in rows]
+        self._write("set_run_values", split=split, rows=rows, replace=replace)
+        return len(rows)
 
     def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
         self._write("mark_value_set_complete", value_set_id=value_set_id, summary=summary)

@@ -3,8 +3,11 @@
 It is the only link between training and the dashboard: the trainer calls it (`a2po.callbacks.A2POCallback`), it
 writes through `storage.Store`, and it reads back one thing, whether the user asked the run to stop.
 
-Write volume stays small: one transaction per stage-1 batch, per `on_log`, per sample batch, per evaluation and
-per checkpoint; progress and heartbeat share one row update at most every `progress_interval` seconds.
+Write volume stays small: two transactions per stage-1 batch (the shared reference samples, then the run's own V*
+rows), one per split at the end of stage 1 (the split's whole table as the run trains with it), one per `on_log`,
+per sample batch, per evaluation and per checkpoint; progress and heartbeat share one row update at most every
+`progress_interval` seconds. A kill between the two writes of a batch loses nothing: the run's rows are written
+again from the shared ones when it resumes (`app.worker`) and at the end of its stage 1.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from storage import Store, lifecycle
 
 # Loggers whose INFO lines go into the run's log; everything else only from WARNING up.
 VERBOSE_LOGGERS = ("a2po", "app")
+RUN_VALUE_KEYS = ("prompt_id", "v_star", "num_correct", "filtered")  # what `Store.set_run_values` reads
 
 
 class StoreRecorder(A2POCallback):
@@ -29,6 +33,8 @@ class StoreRecorder(A2POCallback):
         store: the database.
         run_id: the run whose rows are written (metrics, samples, evaluations, checkpoints, progress).
         value_set_id: where stage-1 values go (shared between runs with the same V* settings); None skips them.
+            The reference samples go there once; the V* and the filter this run trains with (its beta1 and
+            `filter_all_incorrect`, which the shared set does not depend on) go to the run's own rows.
         stop_event: an in-process stop request (e.g. set by the worker's SIGTERM handler), checked with the status.
         progress_interval: least seconds between two progress/heartbeat writes (stage changes always write).
         stop_poll_interval: least seconds between two reads of the run's status.
@@ -138,11 +144,15 @@ class StoreRecorder(A2POCallback):
                         total: int, **kwargs):
         if self.value_set_id is not None:
             self.store.add_values(self.value_set_id, split, records)
+            self.store.set_run_values(self.run_id, split, run_value_rows(records))
         self._write_progress(done / total if total else 1.0, real=True)
         self._maybe_stop(control, save=False)
 
     def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
-        # The value set's summary is written by `app.worker` from the stored rows of every split, once all are done.
+        # The split's whole table as the run trains with it: rows reused from the shared set, rescored with this
+        # run's beta1, and its own. The value set's summary is written by `app.worker` once every split is done.
+        if self.value_set_id is not None and values is not None:
+            self.store.set_run_values(self.run_id, split, run_value_rows(values), replace=True)
         self.stage = self._stage_before_values
         self._write_progress(1.0 if self.stage is None else 0.0, force=True)
         self.store.add_log(self.run_id, f"Stage 1 ({split}) done: " + ", ".join(
@@ -187,6 +197,15 @@ class StoreRecorder(A2POCallback):
                 if not os.path.isdir(row["path"]):
                     self.store.remove_checkpoint(self.run_id, row["path"])
             self.touch(real=True)
+
+
+def run_value_rows(records: Any) -> list[dict[str, Any]]:
+    """What a run's own V* rows keep of stage-1 records (a list of dicts or a `datasets.Dataset` table)."""
+    if hasattr(records, "select_columns"):  # a Dataset: its narrow columns only, not the completions
+        if not len(records):
+            return []
+        records = records.select_columns([c for c in RUN_VALUE_KEYS if c in records.column_names]).to_list()
+    return [{k: r.get(k) for k in RUN_VALUE_KEYS} for r in records]
 
 
 class StoreLogHandler(logging.Handler):

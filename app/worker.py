@@ -7,13 +7,16 @@ dead worker from a slow one.
 
 Stage-1 values live in a value set shared by every run with the same V* settings (`RunSpec.value_fingerprint`):
 the rows already stored are handed to the trainer (`A2POTrainer.set_optimal_values`), so stage 1 samples only the
-prompts still missing (none when the set is complete). SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops
-stage 1 after the current batch or stage 2 after the current step, the Trainer writes a full checkpoint, and the
-run ends "stopped" (or "interrupted" when the studio itself is shutting down, see `app.jobs`). Queuing the same
-run again resumes it: stage 1 continues with the prompts not yet done, and stage 2 continues from the latest
-complete checkpoint. Stage 2 also checkpoints every few minutes (`RunSpec.build_config`), so a SIGKILL or a power
-cut loses at most that much training; samples are functions of the seed (`a2po.rollout`), so the resumed run
-continues the same trajectory.
+prompts still missing (none when the set is complete). The set does not depend on beta1 or `filter_all_incorrect`:
+the trainer recomputes V* and the filter from the stored rewards, and what the run trains with is recorded as its
+own rows (`Store.set_run_values`), which every page of the run shows.
+
+SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops stage 1 after the current batch or stage 2 after
+the current step, the Trainer writes a full checkpoint, and the run ends "stopped" (or "interrupted" when the
+studio itself is shutting down, see `app.jobs`). Queuing the same run again resumes it: stage 1 continues with the
+prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also checkpoints every few
+minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training; samples are
+functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
 
 The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
 scheduler sees the worker exit and writes it. Fail points (`a2po.faults`) mark where the tests kill or hang it.
@@ -139,6 +142,25 @@ def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], n
         store.update_value_set_summary(value_set_id, summary)
 
 
+def _record_reused_values(store: Store, run: dict[str, Any], splits: dict[str, Any],
+                          known: dict[str, list[dict[str, Any]]], args) -> None:
+    """Give the run its own V* rows for the prompts stage 1 reuses from the shared set, before stage 1 starts (its
+    end writes the whole table again), so the run's pages show them while the rest is sampled: V* and the filter
+    recomputed from the stored rewards with the run's beta1, as the trainer does (`a2po.values.rescore`). Once per
+    run: a resumed run that has them already skips it."""
+    from a2po.values import prompt_id_for, rescore
+    from app.recorder import run_value_rows
+
+    have = run.get("value_counts") or {}
+    for name, rows in known.items():
+        if not rows or int(have.get(name) or 0) >= len(rows):
+            continue
+        # Only the prompts the trainer takes from the shared set: in the split, without a V* of their own.
+        reused = {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}
+        mine = [rescore(row, args.beta1, args.filter_all_incorrect) for row in rows if row["prompt_id"] in reused]
+        store.set_run_values(run["id"], name, run_value_rows(mine))
+
+
 def process_rank() -> tuple[int, int]:
     """(rank, number of processes) of this worker: (0, 1) alone, else as `accelerate launch` set them."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -247,10 +269,12 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             known[name] = [by_id[pid] for pid in ids[name]]
     for name, rows in known.items():
         trainer.set_optimal_values(rows, name)
-    check_stop()
-
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
     needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
+    if main:
+        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
+    check_stop()
+
     try:
         for split in needed:
             trainer.estimate_optimal_values(splits[split], split=split)

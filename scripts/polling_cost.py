@@ -89,8 +89,11 @@ def build(data_dir: Path, prompts: int, steps: int) -> dict[str, int]:
     done = store.create_run("finished-run", "train", {**SPEC, "name": "finished-run"}, model=SPEC["model"],
                             dataset="arithmetic")
     vs = store.get_or_create_value_set("finished", {})
+    store.update_run(done, value_set_id=vs)
     for first in range(0, prompts, 2000):
-        store.add_values(vs, "train", value_records(rng, first, min(2000, prompts - first)))
+        records = value_records(rng, first, min(2000, prompts - first))
+        store.add_values(vs, "train", records)
+        store.set_run_values(done, "train", records)
     store.mark_value_set_complete(vs, {})
     for step in range(1, steps + 1):
         train_step(store, done, step, rng)
@@ -122,7 +125,9 @@ def simulate(db: str, run_id: int, value_set_id: int, stage: str, interval: floa
     done = store.count_values(value_set_id, "train")
     while not stopping.wait(interval):
         if stage == "values":
-            store.add_values(value_set_id, "train", value_records(rng, done, 64))
+            records = value_records(rng, done, 64)
+            store.add_values(value_set_id, "train", records)
+            store.set_run_values(run_id, "train", records)
             done += 64
             store.add_log(run_id, f"stage 1: {done} prompts")
             store.heartbeat(run_id, progress=min(1.0, done / 100_000), progress_at=time.time())

@@ -91,6 +91,7 @@ def fill(store: Store, prompts: int, n: int, samples: int, metrics: int, seed: i
                                             for _ in range(n)],
                             "num_correct": correct, "filtered": correct == 0})
         store.add_values(value_set_id, "train", records)
+        store.set_run_values(run_id, "train", records)  # as the recorder writes each stage-1 batch
     store.mark_value_set_complete(value_set_id, {})
     timings["values"] = time.perf_counter() - start
     log(f"  {prompts} prompts x N={n}: {timings['values']:.1f} s")
@@ -203,8 +204,8 @@ def operations(store: Store, run_id: int, value_set_id: int, workdir: Path) -> l
            lambda: store.list_value_sets()),
         Op("poll", "stage-1 batch arrived: V* tabs data",
            lambda: store.get_values(value_set_id, "train"),
-           (lambda: (store.values_after(value_set_id, "train", _last_value_id(store, value_set_id) - 256),
-                     store.value_stats(value_set_id, "train"))) if has("value_stats") else None),
+           (lambda: (store.values_after(run_id, "train", _last_value_id(store, value_set_id) - 256),
+                     store.value_stats(run_id, "train"))) if has("value_stats") else None),
         Op("poll", "new metric rows (20)", lambda: store.get_metrics(run_id, after_id=ids["metrics"] - 20),
            lambda: store.get_metrics(run_id, after_id=ids["metrics"] - 20)),
         Op("poll", "new samples (100, newest first)",
@@ -215,28 +216,31 @@ def operations(store: Store, run_id: int, value_set_id: int, workdir: Path) -> l
         Op("poll", "/status", lambda: (store.get_run(run_id), _previous_status(store, run_id),
                                        store.get_value_set(value_set_id)),
            lambda: (store.get_run(run_id), store.latest_metrics(run_id), store.get_value_set(value_set_id))),
+        # What /status computes once per change of the run's V* rows (then cached for every later poll).
+        Op("update", "/status: the run's own V* summary", None,
+           (lambda: store.value_summary(run_id)) if has("value_summary") else None),
         Op("poll", "/metrics after the newest id", lambda: store.get_metrics(run_id, after_id=ids["metrics"]),
            lambda: store.get_metrics(run_id, after_id=ids["metrics"])),
         Op("poll", "Runs page (list_runs)", store.list_runs, store.list_runs),
         Op("view", "V* tab (summary, histogram, bars, table)",
            lambda: (store.get_values(value_set_id, "train"), store.value_splits(value_set_id)),
-           (lambda: (store.value_stats(value_set_id, "train"), store.values_page(value_set_id, "train", limit=200),
-                     store.value_splits(value_set_id))) if has("value_stats") else None),
+           (lambda: (store.value_stats(run_id, "train"), store.values_page(run_id, "train", limit=200),
+                     store.get_run(run_id)["value_counts"])) if has("value_stats") else None),
         Op("view", "V* table sorted by V* (descending)",
            lambda: sorted(store.get_values(value_set_id, "train"), key=lambda v: -(v["v_star"] or 0))[:200],
-           (lambda: store.values_page(value_set_id, "train", sort="v_star", descending=True, limit=200))
+           (lambda: store.values_page(run_id, "train", sort="v_star", descending=True, limit=200))
            if has("values_page") else None),
         Op("view", "V* table text search",
            lambda: [v for v in store.get_values(value_set_id, "train") if "what is 123 +" in v["prompt_text"].lower()],
-           (lambda: store.values_page(value_set_id, "train", text="What is 123 +", limit=200))
+           (lambda: store.values_page(run_id, "train", text="What is 123 +", limit=200))
            if has("values_page") else None),
         Op("view", "Filtered tab",
            lambda: [v for v in store.get_values(value_set_id, "train") if v["filtered"]],
-           (lambda: store.values_page(value_set_id, "train", filtered=True, limit=200))
+           (lambda: store.values_page(run_id, "train", filtered=True, limit=200))
            if has("values_page") else None),
         Op("view", "one prompt's completions",
            lambda: next(v for v in store.get_values(value_set_id, "train") if v["prompt_id"] == prompt_id),
-           (lambda: store.get_value(value_set_id, "train", prompt_id)) if has("get_value") else None),
+           (lambda: store.get_value(run_id, "train", prompt_id)) if has("get_value") else None),
         Op("view", "Training tab (metric series)", lambda: store.get_metrics(run_id),
            (lambda: store.metric_series(run_id, TRAIN_METRICS, max_points=1000))
            if has("metric_series") else None),
@@ -277,7 +281,7 @@ def export(plan: str, table: str, store: Store, run_id: int, path: Path) -> int:
                 "metrics": lambda: store.get_metrics(run_id)}[table]()
         path.write_text(export_csv(rows))
     else:
-        iterate = {"values": lambda: store.iter_values(run["value_set_id"], split=None),
+        iterate = {"values": lambda: store.iter_values(run_id, split=None),
                    "samples": lambda: store.iter_samples(run_id),
                    "metrics": lambda: store.iter_metrics(run_id)}[table]
         export_csv(iterate(), path)
@@ -375,7 +379,7 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
     def click_prompt() -> None:
         from app.ui import values
 
-        serialise([values.prompt_detail(store.get_value(value_set_id, "train", prompt_id), prompt_id)[1]])
+        serialise([values.prompt_detail(store.get_value(run_id, "train", prompt_id), prompt_id)[1]])
 
     def version() -> None:
         """What a page's timer asks every 2.5 s (`/run_version`), the snapshot re-read (as once a second)."""

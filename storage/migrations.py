@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LATEST = 4
+LATEST = 5
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
 SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
@@ -181,7 +181,42 @@ def _v4(con: sqlite3.Connection) -> None:
     """)
 
 
-STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+def _v5(con: sqlite3.Connection) -> None:
+    """Each run's own V* rows (`run_values`): the shared rows' V* and filter are those of the run that sampled them
+    first, while a run with another beta1 or `filter_all_incorrect` trained with its own. Older runs get their
+    value set's rows, which is what their pages showed (the rewards to recompute them are there, the beta1 a run
+    used by default is the library's, which storage does not know); a resumed run writes its own at its stage 1.
+    Also the per-split counts of those rows on the run, and a revision that moves when they are rewritten."""
+    _script(con, """
+        CREATE TABLE run_values (
+            id INTEGER NOT NULL PRIMARY KEY,
+            run_id INTEGER NOT NULL,
+            value_id INTEGER NOT NULL,
+            split VARCHAR(64) NOT NULL,
+            prompt_id VARCHAR(200) NOT NULL,
+            v_star FLOAT,
+            num_correct INTEGER,
+            filtered BOOLEAN NOT NULL,
+            UNIQUE (run_id, split, prompt_id),
+            FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE,
+            FOREIGN KEY(value_id) REFERENCES prompt_values (id) ON DELETE CASCADE
+        );
+        INSERT INTO run_values (run_id, value_id, split, prompt_id, v_star, num_correct, filtered)
+            SELECT r.id, p.id, p.split, p.prompt_id, p.v_star, p.num_correct, p.filtered
+            FROM runs r JOIN prompt_values p ON p.value_set_id = r.value_set_id
+            ORDER BY r.id, p.id;
+        CREATE INDEX ix_run_values_stats ON run_values (run_id, split, v_star, num_correct, filtered, value_id);
+        CREATE INDEX ix_run_values_order ON run_values (run_id, split, value_id);
+        CREATE INDEX ix_run_values_value_id ON run_values (value_id);
+        ALTER TABLE runs ADD COLUMN value_counts JSON NOT NULL DEFAULT '{}';
+        ALTER TABLE runs ADD COLUMN values_revision INTEGER NOT NULL DEFAULT 0;
+        UPDATE runs SET value_counts = coalesce((SELECT json_group_object(split, n) FROM
+                                                   (SELECT split, count(*) AS n FROM run_values v
+                                                    WHERE v.run_id = runs.id GROUP BY split)), '{}')
+    """)
+
+
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 assert sorted(STEPS) == list(range(1, LATEST + 1)), "one step per version, in order"
 
 

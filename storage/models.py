@@ -1,7 +1,9 @@
 """ORM tables of the studio database. Only `storage` imports this module; `Store` turns rows into plain dicts.
 
 Timestamps are Unix epoch seconds (floats): cheap to compare for staleness checks and easy to format in the UI.
-Child rows reference their run with ON DELETE CASCADE; value sets are shared between runs and outlive them.
+Child rows reference their run with ON DELETE CASCADE; value sets are shared between runs and outlive them. A
+value set holds each prompt's reference samples once (`prompt_values`); what each run trained with, its own V* and
+kept/filtered split recomputed from those samples with its beta1, is a narrow row per prompt of `run_values`.
 Run and value-set ids are AUTOINCREMENT: an id once used is never given to another run, so nothing that still
 names a deleted run (a bookmark, an export file, a log) can point at a new one.
 
@@ -83,10 +85,17 @@ class Run(Base):
     limit_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     # How far the parent has applied the journal of the run's chunk process (`Store.apply_journal`), in bytes.
     journal_offset: Mapped[int] = mapped_column(Integer, default=0)
+    # The run's own V* rows (`run_values`) per split ({"train": 128, "eval": 32}), and a revision that moves with
+    # each write that changed or removed one, or added one before the last (stage-1 order): what a page following
+    # only the new rows would miss. Kept by `Store.set_run_values`, so polls never count rows.
+    value_counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    values_revision: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class PromptValue(Base):
-    """Stage-1 result for one prompt: its V* estimate and the sampled completions behind it."""
+    """Stage-1 result for one prompt: the sampled completions and their rewards, shared by every run of the value
+    set. Its `v_star`, `num_correct` and `filtered` are those of the run that sampled it first; what each run shows
+    is its own `RunValue` row."""
 
     __tablename__ = "prompt_values"
     # The second index covers the V* histogram, the correct-count bars and the summary: they are computed from the
@@ -103,6 +112,30 @@ class PromptValue(Base):
     v_star: Mapped[float | None] = mapped_column(Float, nullable=True)
     rewards: Mapped[list[Any]] = mapped_column(default=list)
     completions: Mapped[list[Any]] = mapped_column(default=list)
+    num_correct: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: V* was given, not sampled
+    filtered: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class RunValue(Base):
+    """What one run trained with for one prompt: its V* (from the shared reference rewards, with the run's beta1),
+    the correct count and whether the run dropped the prompt. The text, rewards and completions stay in the shared
+    `prompt_values` row (`value_id`), stored once for every run of the same value set."""
+
+    __tablename__ = "run_values"
+    # The stats index covers the V* histogram, the correct-count bars, the summary and the pages sorted by V* or by
+    # correct count (with `value_id`, what the page then reads from `prompt_values`); the order index is the
+    # stage-1 order (the shared rows' ids) and what a poller asks for since it last looked.
+    __table_args__ = (UniqueConstraint("run_id", "split", "prompt_id"),
+                      Index("ix_run_values_stats", "run_id", "split", "v_star", "num_correct", "filtered", "value_id"),
+                      Index("ix_run_values_order", "run_id", "split", "value_id"),
+                      Index("ix_run_values_value_id", "value_id"))  # deleting shared rows finds their run rows
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(_run_fk())
+    value_id: Mapped[int] = mapped_column(ForeignKey("prompt_values.id", ondelete="CASCADE"))
+    split: Mapped[str] = mapped_column(String(64))
+    prompt_id: Mapped[str] = mapped_column(String(200))
+    v_star: Mapped[float | None] = mapped_column(Float, nullable=True)
     num_correct: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: V* was given, not sampled
     filtered: Mapped[bool] = mapped_column(Boolean, default=False)
 

@@ -42,6 +42,7 @@ from storage.models import (
     Metric,
     PromptValue,
     Run,
+    RunValue,
     Sample,
     ValueSet,
 )
@@ -49,7 +50,9 @@ from storage.models import (
 BUSY_TIMEOUT_MS = 30_000
 # A sample is correct when its reward is 1, as `a2po.values.CORRECT_THRESHOLD` counts it (storage does not import a2po).
 CORRECT_REWARD = 1.0 - 1e-6
-RUN_CHILD_TABLES = (Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
+RUN_CHILD_TABLES = (RunValue, Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
+# Run columns kept by `set_run_values` alone (they count the run's `run_values` rows).
+RUN_VALUE_FIELDS = frozenset({"value_counts", "values_revision"})
 # Columns a caller may change with `update_run` (id and created_at are fixed once the run exists).
 RUN_FIELDS = frozenset(c.key for c in Run.__table__.columns) - {"id", "created_at"}
 
@@ -254,6 +257,9 @@ class Store:
         if managed:
             raise ValueError(f"{sorted(managed)} change only through the run state machine: "
                              "Store.apply(run_id, lifecycle.<EVENT>) (storage/lifecycle.py).")
+        if set(fields) & RUN_VALUE_FIELDS:
+            raise ValueError(f"{sorted(set(fields) & RUN_VALUE_FIELDS)} count the run's V* rows: they change only "
+                             "through Store.set_run_values.")
         if fields.get("stage") is not None and fields["stage"] not in RUN_STAGES:
             raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(RUN_STAGES)} or None.")
         if "kind" in fields and fields["kind"] not in RUN_KINDS:
@@ -349,10 +355,14 @@ class Store:
             _update_value_set_summary(s, value_set_id, summary)
 
     def delete_value_set(self, value_set_id: int) -> bool:
-        """Remove a value set and its prompt values; runs that used it keep their own rows."""
+        """Remove a value set and its prompt values, with the V* rows of the runs that used it (they name its
+        rows); those runs keep everything else."""
         with self._write() as s:
+            users = select(Run.id).where(Run.value_set_id == value_set_id).scalar_subquery()
+            s.execute(delete(RunValue).where(RunValue.run_id.in_(users)))
             s.execute(delete(PromptValue).where(PromptValue.value_set_id == value_set_id))
-            s.execute(update(Run).where(Run.value_set_id == value_set_id).values(value_set_id=None))
+            s.execute(update(Run).where(Run.value_set_id == value_set_id)
+                      .values(value_set_id=None, value_counts={}, values_revision=Run.values_revision + 1))
             return s.execute(delete(ValueSet).where(ValueSet.id == value_set_id)).rowcount == 1
 
     # ------------------------------------------------------------------ prompt values
@@ -365,6 +375,15 @@ class Store:
         """
         with self._write() as s:
             return _add_values(s, value_set_id, split, records)
+
+    def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
+                       replace: bool = False) -> int:
+        """Record what run `run_id` trained with for prompts of one split: each row's `prompt_id`, `v_star`,
+        `num_correct`, `filtered` (a stage-1 record, recomputed with the run's beta1), over the shared rows of the
+        run's value set (rows without one, e.g. a V* given by the dataset, are left out). `replace`: `rows` is the
+        split's whole table, so the run's rows not in it go. Returns how many rows were added or changed."""
+        with self._write() as s:
+            return _set_run_values(s, run_id, split, rows, replace)
 
     def get_values(self, value_set_id: int, split: str | None = "train") -> list[dict[str, Any]]:
         """Stored prompt values of one split (all splits with `split=None`), in insertion order."""
@@ -551,35 +570,34 @@ class Store:
     # one short read per batch (a read transaction held open for a whole export would stop the WAL from being
     # checkpointed while a worker writes).
 
-    def value_stats(self, value_set_id: int, split: str = "train", bins: int = 30) -> dict[str, Any]:
-        """What the V* tab draws for one split, computed in SQL from the covering index `ix_prompt_values_stats`
-        alone (no wide row is read, whatever the size of the split):
+    def value_stats(self, run_id: int, split: str = "train", bins: int = 30) -> dict[str, Any]:
+        """What the V* tab draws for one split of a run (the V* and filter the run trained with), computed in SQL
+        from the covering index `ix_run_values_stats` alone (no wide row is read, whatever the size of the split):
 
         `count`, `filtered`, `with_v_star`, `mean_v_star`, `min_v_star`, `max_v_star`; `sampled` (prompts with
         reference samples), `num_samples` (N), `pass_at_1` and `pass_at_n` (the reference policy's, from the
         correct counts), `correct` (prompts with k correct samples, k = 0..N), and `histogram`: `start`, `width`
         and the per-bin counts of `kept` and `filtered` prompts (about `bins` bins of a round width).
         """
-        pv = PromptValue
-        where = (pv.value_set_id == value_set_id, pv.split == split)
+        rv = RunValue
+        where = (rv.run_id == run_id, rv.split == split)
         with self._read() as s:
             # Two index seeks (min and max read one entry each), then one pass over the index: grouped by its own
             # columns, so SQLite streams it without sorting. Binary rewards give 2 (N + 1) groups at most; a split
             # with more distinct V* values than `STATS_GROUPS` is binned in SQL instead (a sort of index entries).
-            lo = s.scalar(select(func.min(pv.v_star)).where(*where))
-            hi = s.scalar(select(func.max(pv.v_star)).where(*where))
+            lo = s.scalar(select(func.min(rv.v_star)).where(*where))
+            hi = s.scalar(select(func.max(rv.v_star)).where(*where))
             start, width, nbins = _histogram_bins(lo, hi, bins)
-            keys = (pv.v_star, pv.num_correct, pv.filtered)
-            groups = s.execute(select(*keys, func.count(), func.sum(pv.v_star)).where(*where).group_by(*keys)
+            keys = (rv.v_star, rv.num_correct, rv.filtered)
+            groups = s.execute(select(*keys, func.count(), func.sum(rv.v_star)).where(*where).group_by(*keys)
                                .limit(STATS_GROUPS + 1)).all()
             if len(groups) > STATS_GROUPS:
-                keys = (cast((pv.v_star - start) / width, Integer), pv.num_correct, pv.filtered)
-                groups = s.execute(select(*keys, func.count(), func.sum(pv.v_star)).where(*where)
+                keys = (cast((rv.v_star - start) / width, Integer), rv.num_correct, rv.filtered)
+                groups = s.execute(select(*keys, func.count(), func.sum(rv.v_star)).where(*where)
                                    .group_by(*keys)).all()
             else:
                 groups = [(None if v is None else int((v - start) / width), *rest) for v, *rest in groups]
-            n = s.scalar(select(func.json_array_length(pv.rewards)).where(*where, pv.num_correct.is_not(None))
-                         .limit(1)) or 0
+            n = self._num_samples(s, run_id, split)
         count = filtered = with_v = sampled = correct_sum = any_correct = 0
         v_sum = 0.0
         kept_bins, filtered_bins, correct = [0] * nbins, [0] * nbins, {}
@@ -604,55 +622,90 @@ class Store:
                 "correct": [correct.get(k, 0) for k in range(n + 1)] if sampled else [],
                 "histogram": {"start": start, "width": width, "kept": kept_bins, "filtered": filtered_bins}}
 
-    def values_page(self, value_set_id: int, split: str = "train", *, text: str | None = None,
+    @staticmethod
+    def _num_samples(s: Session, run_id: int, split: str) -> int:
+        """N, the reference samples per prompt, from one shared row of the split (0 when none was sampled)."""
+        rv, pv = RunValue, PromptValue
+        return s.scalar(select(func.json_array_length(pv.rewards)).select_from(rv).join(pv, pv.id == rv.value_id)
+                        .where(rv.run_id == run_id, rv.split == split, rv.num_correct.is_not(None)).limit(1)) or 0
+
+    def value_summary(self, run_id: int) -> dict[str, dict[str, Any]]:
+        """Per split of the run, what stage 1 gave it (`a2po.values.summarize`'s figures, from the run's own rows):
+        `num_prompts`, `num_filtered`, `mean_v_star`, `num_value_samples` (N), `pass_at_1`, `pass_at_n`. One pass
+        over the covering index per split."""
+        rv = RunValue
+        out: dict[str, dict[str, Any]] = {}
+        with self._read() as s:
+            counts = s.scalar(select(Run.value_counts).where(Run.id == run_id)) or {}
+            for split in sorted(name for name, rows in counts.items() if rows):
+                count, filtered, mean, sampled, correct_sum, any_correct = s.execute(
+                    select(func.count(), func.coalesce(func.sum(cast(rv.filtered, Integer)), 0), func.avg(rv.v_star),
+                           func.count(rv.num_correct), func.coalesce(func.sum(rv.num_correct), 0),
+                           func.coalesce(func.sum(cast(rv.num_correct > 0, Integer)), 0))
+                    .where(rv.run_id == run_id, rv.split == split)).one()
+                n = self._num_samples(s, run_id, split)
+                out[split] = {"num_prompts": count, "num_filtered": int(filtered), "mean_v_star": mean,
+                              "num_value_samples": n,
+                              "pass_at_1": correct_sum / (sampled * n) if sampled and n else None,
+                              "pass_at_n": any_correct / sampled if sampled else None}
+        return out
+
+    def values_page(self, run_id: int, split: str = "train", *, text: str | None = None,
                     filtered: bool | None = None, sort: str = "id", descending: bool = False, offset: int = 0,
                     limit: int = 200, text_chars: int = 300) -> list[dict[str, Any]]:
-        """One page of a split's prompts for a table: `id`, `prompt_id`, the first `text_chars` characters of
-        `prompt_text` (the templated text the model saw), `question` (what the user asked: the last user message),
-        `v_star`, `num_correct`, `filtered` (never the completions or rewards).
+        """One page of a run's prompts of one split for a table: `id` (the shared row's), `prompt_id`, the first
+        `text_chars` characters of `prompt_text` (the templated text the model saw), `question` (what the user
+        asked: the last user message), and the run's own `v_star`, `num_correct`, `filtered` (never the
+        completions or rewards).
 
         `sort` is one of `VALUE_SORTS` ("id" is the order stage 1 stored them in), ties broken by id; `text` keeps
         prompts whose text or id contains it (case-insensitive for ASCII); `filtered` keeps only the filtered
-        (True) or the kept (False) prompts. Without `text` the page is chosen from the covering index (sorting
+        (True) or the kept (False) prompts. Without `text` the page is chosen from the run's indexes (sorting
         100k index entries, not 100k rows with their completions) and only its rows are read.
         """
         if sort not in VALUE_SORTS:
             raise ValueError(f"Unknown sort {sort!r}: use one of {', '.join(VALUE_SORTS)}.")
-        pv = PromptValue
-        key = getattr(pv, sort)
-        order = [key.desc(), pv.id.desc()] if descending else [key.asc(), pv.id.asc()]
-        where = [pv.value_set_id == value_set_id, pv.split == split]
+        rv, pv = RunValue, PromptValue
+        key = rv.value_id if sort == "id" else getattr(rv, sort)
+        order = [key.desc(), rv.value_id.desc()] if descending else [key.asc(), rv.value_id.asc()]
+        where = [rv.run_id == run_id, rv.split == split]
         if filtered is not None:
-            where.append(pv.filtered == bool(filtered))
+            where.append(rv.filtered == bool(filtered))
+        page = select(rv.value_id)
         if text:
             pattern = _like_pattern(text)
-            where.append(or_(pv.prompt_text.like(pattern, escape="\\"), pv.prompt_id.like(pattern, escape="\\")))
-        page = select(pv.id).where(*where).order_by(*order).offset(max(0, offset)).limit(max(0, limit))
-        stmt = (select(pv.id, pv.prompt_id, func.substr(pv.prompt_text, 1, text_chars).label("prompt_text"),
-                       pv.prompt, pv.v_star, pv.num_correct, pv.filtered)
-                .where(pv.id.in_(page.scalar_subquery())).order_by(*order))
+            page = page.join(pv, pv.id == rv.value_id)
+            where.append(or_(pv.prompt_text.like(pattern, escape="\\"), rv.prompt_id.like(pattern, escape="\\")))
+        page = page.where(*where).order_by(*order).offset(max(0, offset)).limit(max(0, limit))
         with self._read() as s:
-            return _with_questions(self._rows(s, stmt))
+            ids = list(s.scalars(page))
+            # Then the page's rows by their ids, put in the page's order here: ordered in SQL, the planner would
+            # walk the whole split in the sort's index to find them.
+            stmt = (select(*_page_columns(text_chars)).select_from(rv).join(pv, pv.id == rv.value_id)
+                    .where(rv.run_id == run_id, rv.split == split, rv.value_id.in_(ids)))
+            rows = {row["id"]: row for row in self._rows(s, stmt)} if ids else {}
+        return _with_questions([rows[i] for i in ids if i in rows])
 
-    def get_value(self, value_set_id: int, split: str, prompt_id: str) -> dict[str, Any] | None:
-        """One prompt's stored row, with its rewards and completions (one index lookup), or None."""
-        stmt = select(PromptValue.__table__).where(PromptValue.value_set_id == value_set_id,
-                                                   PromptValue.split == split, PromptValue.prompt_id == str(prompt_id))
+    def get_value(self, run_id: int, split: str, prompt_id: str) -> dict[str, Any] | None:
+        """One prompt of a run: the shared row, with its rewards and completions, and the run's own `v_star`,
+        `num_correct`, `filtered` (two index lookups), or None."""
+        rv, pv = RunValue, PromptValue
+        stmt = (select(*_VALUE_ROW).select_from(rv).join(pv, pv.id == rv.value_id)
+                .where(rv.run_id == run_id, rv.split == split, rv.prompt_id == str(prompt_id)))
         with self._read() as s:
             rows = self._rows(s, stmt)
         return rows[0] if rows else None
 
-    def values_after(self, value_set_id: int, split: str | None = "train", after_id: int = 0,
+    def values_after(self, run_id: int, split: str | None = "train", after_id: int = 0,
                      limit: int | None = None) -> list[dict[str, Any]]:
-        """Prompt rows with id > `after_id`, oldest first, without their wide columns (as `values_page`): what
-        stage 1 stored since a poller last looked. Cost follows the rows after `after_id`, not the split's size."""
-        pv = PromptValue
-        # `+ 0`: no index on value_set_id, so SQLite walks the table from `after_id` on instead of the whole set.
-        stmt = (select(pv.id, pv.prompt_id, func.substr(pv.prompt_text, 1, 300).label("prompt_text"), pv.prompt,
-                       pv.v_star, pv.num_correct, pv.filtered)
-                .where(pv.id > after_id, (pv.value_set_id + 0) == value_set_id).order_by(pv.id))
+        """A run's prompt rows whose shared row's id is > `after_id`, oldest first, without their wide columns (as
+        `values_page`): what stage 1 gave the run since a poller last looked. Cost follows the rows after
+        `after_id`, not the split's size."""
+        rv, pv = RunValue, PromptValue
+        stmt = (select(*_page_columns(300)).select_from(rv).join(pv, pv.id == rv.value_id)
+                .where(rv.run_id == run_id, rv.value_id > after_id).order_by(rv.value_id))
         if split is not None:
-            stmt = stmt.where((pv.split + "") == split)
+            stmt = stmt.where(rv.split == split)
         if limit is not None:
             stmt = stmt.limit(limit)
         with self._read() as s:
@@ -707,15 +760,30 @@ class Store:
             picked.append(rows[-1])
         return [(int(step), float(at)) for step, at in picked]
 
-    def iter_values(self, value_set_id: int, split: str | None = None,
-                    batch: int = 2000) -> Iterator[dict[str, Any]]:
-        """Every stored prompt row of a value set (one split, or all), in id order, `batch` rows per read: the
-        memory of one batch whatever the size of the set."""
-        pv = PromptValue
-        where = [(pv.value_set_id + 0) == value_set_id]  # walk ids, not the index (see `values_after`)
-        if split is not None:
-            where.append((pv.split + "") == split)
-        yield from self._iterate(PromptValue, where, batch)
+    def iter_values(self, run_id: int, split: str | None = None, batch: int = 2000) -> Iterator[dict[str, Any]]:
+        """Every prompt row of a run (one split, or all, each in stage-1 order): the shared row's columns with the
+        run's own `v_star`, `num_correct`, `filtered`, `batch` rows per read: the memory of one batch whatever the
+        size of the set."""
+        rv, pv = RunValue, PromptValue
+        if split is None:
+            first = func.min(rv.value_id)
+            with self._read() as s:
+                splits = list(s.scalars(select(rv.split).where(rv.run_id == run_id).group_by(rv.split)
+                                        .order_by(first)))
+        else:
+            splits = [split]
+        for name in splits:
+            last = 0
+            while True:
+                stmt = (select(*_VALUE_ROW).select_from(rv).join(pv, pv.id == rv.value_id)
+                        .where(rv.run_id == run_id, rv.split == name, rv.value_id > last)
+                        .order_by(rv.value_id).limit(batch))
+                with self._read() as s:
+                    rows = self._rows(s, stmt)
+                yield from rows
+                if len(rows) < batch:
+                    break
+                last = rows[-1]["id"]
 
     def iter_samples(self, run_id: int, batch: int = 5000) -> Iterator[dict[str, Any]]:
         """Every sample row of a run, in id order, `batch` rows per read."""
@@ -748,6 +816,16 @@ class Store:
 
 VALUE_SORTS = ("id", "prompt_id", "v_star", "num_correct")
 STATS_GROUPS = 4096
+RUN_OWN = ("v_star", "num_correct", "filtered")  # what a run's row says of a prompt, over the shared row's values
+# A run's prompt row: the shared row's columns, in their order, with the run's own values in place of its.
+_VALUE_ROW = tuple(getattr(RunValue, c.key) if c.key in RUN_OWN else c for c in PromptValue.__table__.columns)
+
+
+def _page_columns(text_chars: int) -> tuple[Any, ...]:
+    """A table's columns of a run's prompt row: no completions or rewards, the start of the prompt text only."""
+    pv, rv = PromptValue, RunValue
+    return (pv.id, rv.prompt_id, func.substr(pv.prompt_text, 1, text_chars).label("prompt_text"), pv.prompt,
+            rv.v_star, rv.num_correct, rv.filtered)
 
 
 def _like_pattern(text: str) -> str:
@@ -848,6 +926,59 @@ def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Map
         s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
                   .values(counts={**counts, split: int(counts.get(split, 0)) + added}))
     return added
+
+
+def _set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[str, Any]], replace: bool = False,
+                    at: float | None = None) -> int:
+    """`Store.set_run_values` inside a transaction: only rows that are new or differ are written; the run's counts
+    move with them, and its revision with any write that changed or removed a row or added one before the last."""
+    value_set_id = s.scalar(select(Run.value_set_id).where(Run.id == run_id))
+    if value_set_id is None:
+        return 0
+    wanted: dict[str, tuple[float | None, int | None, bool]] = {}
+    for r in rows:
+        if r.get("prompt_id") is None:
+            raise ValueError("A run value row has no 'prompt_id': every stage-1 record needs one.")
+        wanted[str(r["prompt_id"])] = (_float(r.get("v_star")),
+                                       None if r.get("num_correct") is None else int(r["num_correct"]),
+                                       bool(r.get("filtered", False)))
+    rv, pv = RunValue, PromptValue
+    ids = list(wanted)
+    value_ids: dict[str, int] = {}
+    stored: dict[str, tuple[float | None, int | None, bool]] = {}
+    mine = (rv.run_id == run_id, rv.split == split)
+    for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
+        part = ids[start:start + 500]
+        value_ids.update(s.execute(select(pv.prompt_id, pv.id).where(
+            pv.value_set_id == value_set_id, pv.split == split, pv.prompt_id.in_(part))).all())
+        if not replace:
+            stored.update((pid, (v, k, bool(f))) for pid, v, k, f in s.execute(
+                select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine, rv.prompt_id.in_(part))))
+    if replace:
+        stored = {pid: (v, k, bool(f)) for pid, v, k, f in s.execute(
+            select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine))}
+    changed = [{"run_id": run_id, "value_id": value_ids[pid], "split": split, "prompt_id": pid, "v_star": v,
+                "num_correct": k, "filtered": f}
+               for pid, (v, k, f) in wanted.items() if pid in value_ids and stored.get(pid) != (v, k, f)]
+    last = s.scalar(select(func.max(rv.value_id)).where(*mine)) or 0
+    if changed:
+        stmt = insert(RunValue)
+        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "prompt_id"],
+                                          set_={k: stmt.excluded[k] for k in ("value_id", *RUN_OWN)})
+        s.execute(stmt, changed)
+    removed = [pid for pid in stored if pid not in wanted] if replace else []
+    for start in range(0, len(removed), 500):
+        s.execute(delete(RunValue).where(*mine, rv.prompt_id.in_(removed[start:start + 500])))
+    if changed or removed:
+        added = [row for row in changed if row["prompt_id"] not in stored]
+        # Rows only added after the last one (stage 1 going on) leave the revision: a page follows them by id.
+        rewritten = len(added) < len(changed) or removed or any(row["value_id"] < last for row in added)
+        counts = s.scalar(select(Run.value_counts).where(Run.id == run_id)) or {}
+        rows_now = len(stored) + len(added) - len(removed) if replace else int(counts.get(split, 0)) + len(added)
+        s.execute(update(Run).where(Run.id == run_id).values(
+            value_counts={**counts, split: rows_now},
+            values_revision=Run.values_revision + (1 if rewritten else 0)))
+    return len(changed)
 
 
 def _add_metrics(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], at: float | None = None) -> int:
@@ -962,6 +1093,7 @@ JOURNAL_OPS: dict[str, Any] = {
     "add_values": _on_value_set(_add_values),
     "mark_value_set_complete": _on_value_set(_mark_value_set_complete),
     "update_value_set_summary": _on_value_set(_update_value_set_summary),
+    "set_run_values": _on_run(_set_run_values),
     "add_metrics": _on_run(_add_metrics),
     "add_samples": _on_run(_add_samples),
     "add_evaluation": _on_run(_add_evaluation),

@@ -44,10 +44,12 @@ def page(tmp_path, monkeypatch):
     store = Store(tmp_path / "studio.db")
     run_id = store.create_run("poll", "train", SPEC)
     vs = store.get_or_create_value_set("fp", {})
-    store.add_values(vs, "train", [{"prompt_id": f"p{i}", "prompt": f"What is {i}?", "v_star": i / 4,
-                                    "rewards": [1.0] * i + [0.0] * (4 - i), "completions": ["x"] * 4,
-                                    "num_correct": i, "filtered": i == 0} for i in range(5)])
     put_in(store, run_id, "running", value_set_id=vs, stage="train", started_at=1.0)
+    records = [{"prompt_id": f"p{i}", "prompt": f"What is {i}?", "v_star": i / 4,
+                "rewards": [1.0] * i + [0.0] * (4 - i), "completions": ["x"] * 4,
+                "num_correct": i, "filtered": i == 0} for i in range(5)]
+    store.add_values(vs, "train", records)
+    store.set_run_values(run_id, "train", records)
     store.add_metrics(run_id, 1, {"loss": 1.0})
     counting = CountingStore(store)
     return Services(store=counting, jobs=None, data_dir=Path(tmp_path)), run_id, store
@@ -126,9 +128,10 @@ def test_many_sessions_share_one_computation_per_stage1_batch(page, monkeypatch)
     states = [run.refresh(services, run_id, None, *INPUTS)[0] for _ in range(30)]
     assert services.store.calls["value_stats"] == 1 and services.store.calls["get_values"] == 0
     services.store.calls.clear()
-    store.add_values(store.get_run(run_id)["value_set_id"], "train",
-                     [{"prompt_id": "new", "prompt": "What is new?", "v_star": 1.0, "rewards": [1.0] * 4,
-                       "completions": ["y"] * 4, "num_correct": 4}])
+    batch = [{"prompt_id": "new", "prompt": "What is new?", "v_star": 1.0, "rewards": [1.0] * 4,
+              "completions": ["y"] * 4, "num_correct": 4}]
+    store.add_values(store.get_run(run_id)["value_set_id"], "train", batch)
+    store.set_run_values(run_id, "train", batch)
     for state in states:
         moved = outputs(run.refresh(services, run_id, state, *INPUTS))
         assert "**6 prompts**" in moved["summary"] and "kept (5)" in moved["histogram"].plot and "table" in moved

@@ -28,22 +28,26 @@ def store(tmp_path) -> Store:
 
 def test_tables_show_the_question_and_the_detail_keeps_the_template(store):
     vs = store.get_or_create_value_set("fp", {})
+    run_id = store.create_run("r", "train", {}, model="m", dataset="d")
+    store.update_run(run_id, value_set_id=vs)
     question = "What is 17 + 25? Answer with a number."
-    store.add_values(vs, "train", [
+    records = [
         {"prompt_id": "p0", "prompt": [{"role": "user", "content": question}],
          "prompt_text": TEMPLATE.format(q=question), "v_star": 0.0, "rewards": [0.0, 0.0],
          "completions": ["41", "43"], "num_correct": 0, "filtered": True},
         {"prompt_id": "p1", "prompt": "plain 2 + 2", "prompt_text": "plain 2 + 2", "v_star": 0.5,
          "rewards": [1.0, 0.0], "completions": ["4", "5"], "num_correct": 1, "filtered": False},
-    ])
-    page = store.values_page(vs, "train")
+    ]
+    store.add_values(vs, "train", records)
+    store.set_run_values(run_id, "train", records)
+    page = store.values_page(run_id, "train")
     assert [row["question"] for row in page] == [question, "plain 2 + 2"]
-    assert store.values_after(vs, "train", 0)[0]["question"] == question
+    assert store.values_after(run_id, "train", 0)[0]["question"] == question
     frame = values_frame(page, 2)
     assert list(frame["question"]) == [question, "plain 2 + 2"]
     assert "system" not in frame["question"][0]
     assert list(filtered_frame(page, 2)["question"]) == [question]
-    text, completions = prompt_detail(store.get_value(vs, "train", "p0"), "p0")
+    text, completions = prompt_detail(store.get_value(run_id, "train", "p0"), "p0")
     assert "You are a helpful AI assistant" in text and list(completions["completion"]) == ["41", "43"]
     # Stage-2 samples: the recorder stores the question as the prompt text the table shows.
     frame = samples_frame([{"step": 1, "split": "train", "prompt_text": question, "completion": "42", "reward": 1.0,
@@ -125,7 +129,9 @@ def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(s
     rows = [{"prompt_id": f"{split}{i}", "prompt": "q", "prompt_text": "q", "v_star": 0.0, "rewards": [r, 0.0],
              "completions": ["a", "b"], "num_correct": int(r), "filtered": r == 0}
             for split, rs in (("train", [1.0, 1.0]), ("eval", [1.0, 0.0, 0.0, 0.0])) for i, r in enumerate(rs)]
-    store.add_values(vs, "train", [r for r in rows if r["prompt_id"].startswith("train")])
-    store.add_values(vs, "eval", [r for r in rows if r["prompt_id"].startswith("eval")])
-    rates = _eval_pass_rates(store, run_id, store.last_ids(run_id), store.get_value_set(vs))
+    store.update_run(run_id, value_set_id=vs)
+    for split in ("train", "eval"):
+        store.add_values(vs, split, [r for r in rows if r["prompt_id"].startswith(split)])
+        store.set_run_values(run_id, split, [r for r in rows if r["prompt_id"].startswith(split)])
+    rates = _eval_pass_rates(store, store.get_run(run_id), store.last_ids(run_id), store.get_value_set(vs))
     assert rates == {"pass@1": pytest.approx(1 / 8), "pass@N": pytest.approx(1 / 4)}  # the held-out prompts'

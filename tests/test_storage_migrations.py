@@ -1,7 +1,7 @@
 """Schema versions and migrations: a database written before versions existed (`tests/fixtures/studio-v0.db`,
 written by the code of commit 83b92c1, see `tests/fixtures/make_studio_v0.py`) and one of schema 3
 (`tests/fixtures/studio-v3.db`, commit 60d44ba, `make_studio_v3.py`) open, migrate without loss, and end up with
-exactly the schema a new database gets."""
+exactly the schema a new database gets; their runs keep the V* rows they showed."""
 
 from __future__ import annotations
 
@@ -128,6 +128,32 @@ def test_a_schema_3_database_migrates_without_loss(tmp_path):
     Store(fresh).close()
     store.close()
     assert schema(path) == schema(fresh)
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, FIXTURE_V3], ids=["v0", "v3"])
+def test_old_runs_get_their_value_sets_rows_as_their_own(fixture, tmp_path):
+    """Schema 5 gives each run its own V* rows; a run from before shows its value set's, as it did then."""
+    path = tmp_path / "studio.db"
+    shutil.copy(fixture, path)
+    con = sqlite3.connect(path)
+    stored = con.execute("SELECT split, prompt_id, v_star, num_correct, filtered FROM prompt_values "
+                         "WHERE value_set_id = 1 ORDER BY id").fetchall()
+    con.close()
+    store = Store(path)
+    runs = {r["id"]: r for r in store.list_runs()}
+    assert runs[1]["value_set_id"] == 1 and stored
+    mine = [(r["split"], r["prompt_id"], r["v_star"], r["num_correct"], int(r["filtered"]))
+            for r in store.iter_values(1)]
+    assert mine == stored
+    counts: dict[str, int] = {}
+    for split, *_ in stored:
+        counts[split] = counts.get(split, 0) + 1
+    assert runs[1]["value_counts"] == counts and runs[1]["values_revision"] == 0
+    assert store.value_stats(1, "train")["count"] == counts["train"]
+    assert [r["prompt_id"] for r in store.values_page(1, "train")] == [p for s, p, *_ in stored if s == "train"]
+    other = next(r for r in runs.values() if r["value_set_id"] is None)  # no value set: no rows
+    assert other["value_counts"] == {} and list(store.iter_values(other["id"])) == []
+    store.close()
 
 
 def test_a_newer_database_is_refused_untouched(tmp_path):

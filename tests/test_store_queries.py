@@ -32,14 +32,25 @@ def store(tmp_path) -> Store:
     return Store(tmp_path / "studio.db")
 
 
+def stage1(store: Store, run_id: int, value_set_id: int, split: str, records: list[dict]) -> None:
+    """What the recorder writes for a stage-1 batch: the shared rows, then the run's own."""
+    store.add_values(value_set_id, split, records)
+    store.set_run_values(run_id, split, records)
+
+
 @pytest.fixture
 def values(store) -> int:
+    """A run (its id) whose own V* rows are `CORRECT`'s prompts (train) and two eval prompts."""
     vs = store.get_or_create_value_set("fp", {})
-    store.add_values(vs, "train", [record(i, c) for i, c in enumerate(CORRECT)])
-    store.add_values(vs, "eval", [record(50, 2), {"prompt_id": "given", "prompt": "x", "v_star": 0.9}])
+    run_id = store.create_run("v", "train", SPEC)
+    store.update_run(run_id, value_set_id=vs)
+    stage1(store, run_id, vs, "train", [record(i, c) for i, c in enumerate(CORRECT)])
+    stage1(store, run_id, vs, "eval", [record(50, 2), {"prompt_id": "given", "prompt": "x", "v_star": 0.9}])
     other = store.get_or_create_value_set("other", {})
-    store.add_values(other, "train", [record(99, 4)])  # never counted with the first set
-    return vs
+    other_run = store.create_run("o", "train", SPEC)
+    store.update_run(other_run, value_set_id=other)
+    stage1(store, other_run, other, "train", [record(99, 4)])  # never counted with the first run
+    return run_id
 
 
 def test_value_stats_counts_histogram_bars_and_pass_rates(store, values):
@@ -109,7 +120,7 @@ def test_one_prompt_and_rows_newer_than_an_id(store, values):
     assert [r["prompt_id"] for r in rows] == [f"p{i:02d}" for i in range(10)] and "completions" not in rows[0]
     assert [r["prompt_id"] for r in store.values_after(values, "train", after_id=rows[6]["id"])] == ["p07", "p08",
                                                                                                     "p09"]
-    store.add_values(values, "train", [record(10, 1)])
+    stage1(store, values, store.get_run(values)["value_set_id"], "train", [record(10, 1)])
     assert [r["prompt_id"] for r in store.values_after(values, "train", after_id=rows[-1]["id"])] == ["p10"]
     assert [r["prompt_id"] for r in store.values_after(values, None, after_id=rows[-1]["id"])] == ["p50", "given",
                                                                                                   "p10"]
@@ -146,15 +157,16 @@ def test_streamed_iteration_equals_the_whole_tables(store, values):
     assert list(store.iter_samples(run_id, batch=4)) == store.get_samples(run_id, limit=None)
     assert list(store.iter_metrics(run_id, batch=3)) == store.get_metrics(run_id)
     assert list(store.iter_logs(run_id, batch=2)) == store.get_logs(run_id, limit=None)
-    assert list(store.iter_values(values, batch=3)) == store.get_values(values, split=None)
-    assert list(store.iter_values(values, "eval", batch=1)) == store.get_values(values, "eval")
+    vs = store.get_run(values)["value_set_id"]
+    assert list(store.iter_values(values, batch=3)) == store.get_values(vs, split=None)
+    assert list(store.iter_values(values, "eval", batch=1)) == store.get_values(vs, "eval")
     assert list(store.iter_samples(999)) == []
 
 
 def test_streamed_csv_export_equals_the_whole_table(store, values, tmp_path):
     path = tmp_path / "values.csv"
     assert export_csv(store.iter_values(values, batch=4), path) == 12
-    assert path.read_text() == export_csv(store.get_values(values, split=None))
+    assert path.read_text() == export_csv(store.get_values(store.get_run(values)["value_set_id"], split=None))
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert rows[0]["completions"] == '["answer 0 of 0", "answer 1 of 0", "answer 2 of 0", "answer 3 of 0"]'
     empty = tmp_path / "empty.csv"

@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from app import forms
+from app.ui import live
 from app.ui.common import Refused, Services, store_upload
 from storage.lifecycle import UNFINISHED
 
@@ -89,8 +90,12 @@ def register_api(services: Services) -> None:
         value_set = store.get_value_set(run["value_set_id"]) if run.get("value_set_id") else None
         values = None
         if value_set:
-            values = {"num_prompts": value_set["num_values"], "complete": bool(value_set["complete"]),
-                      "summary": value_set.get("summary")}
+            # The run's own figures (its beta1 and filter), computed once per change of its rows.
+            version = (tuple(sorted((run.get("value_counts") or {}).items())), run.get("values_revision"))
+            summary = live.SHARED.get(("value-summary", run["id"]), version,
+                                      lambda _prev: store.value_summary(run["id"]))
+            values = {"num_prompts": sum((run.get("value_counts") or {}).values()),
+                      "complete": bool(value_set["complete"]), "summary": summary}
         return {**run_summary(run), "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
                 "latest_metrics": store.latest_metrics(run["id"]), "values": values}
 

@@ -34,7 +34,7 @@ def table_rows(services: Services, table: str, run: dict[str, Any] | None) -> It
     if table == "samples":
         return store.iter_samples(run["id"])
     if table == "values":
-        return store.iter_values(run["value_set_id"], split=None) if run.get("value_set_id") else []
+        return store.iter_values(run["id"], split=None)  # the V* and filter this run trained with
     if table == "evaluations":
         return store.get_evaluations(run["id"])
     if table == "logs":

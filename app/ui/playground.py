@@ -130,11 +130,11 @@ def run_prompts(services: Services, run: dict[str, Any] | None) -> list[tuple[st
     question, not the chat template around it."""
     from a2po.data import prompt_question
 
-    if run is None or not run.get("value_set_id"):
+    if run is None:
         return []
     store, seen, out = services.store, set(), []
-    for split in store.value_splits(run["value_set_id"]):
-        for row in islice(store.iter_values(run["value_set_id"], split, batch=PROMPTS_PER_SPLIT), PROMPTS_PER_SPLIT):
+    for split in sorted(s for s, n in (run.get("value_counts") or {}).items() if n):
+        for row in islice(store.iter_values(run["id"], split, batch=PROMPTS_PER_SPLIT), PROMPTS_PER_SPLIT):
             question = prompt_question(row.get("prompt") if row.get("prompt") is not None else row["prompt_text"])
             if question and question not in seen and len(question) <= MAX_PROMPT_CHARS:
                 seen.add(question)

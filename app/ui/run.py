@@ -160,8 +160,13 @@ def _plot(spec: dict[str, Any]) -> PlotData:
     return PlotData(type="plotly", plot=charts.to_json(spec))
 
 
-def _count(value_set: dict[str, Any] | None, split: str) -> int:
-    return int(((value_set or {}).get("counts") or {}).get(split, 0))
+def _count(run: dict[str, Any] | None, split: str) -> int:
+    """The run's own V* rows of one split (`Store.set_run_values` keeps the count on the run's row)."""
+    return int(((run or {}).get("value_counts") or {}).get(split, 0))
+
+
+def _splits(run: dict[str, Any] | None) -> list[str]:
+    return sorted(s for s, n in ((run or {}).get("value_counts") or {}).items() if n)
 
 
 # ------------------------------------------------------------------ views, computed once per version
@@ -172,7 +177,7 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
     marker = f'<div id="run-live" data-run="{int(run["id"])}" hidden></div>'  # the run the poller asks about
     evaluations = store.get_evaluations(run["id"]) if run.get("best_eval_accuracy") is not None else []
     return {"header": header(run, evaluations),
-            "progress": marker + stage_progress(run, _count(value_set, split), value_set)}
+            "progress": marker + stage_progress(run, _count(run, split), value_set)}
 
 
 def _controls_view(store: Store, run: dict[str, Any]) -> dict[str, Any]:
@@ -183,65 +188,65 @@ def _controls_view(store: Store, run: dict[str, Any]) -> dict[str, Any]:
             **dict(zip(("stop", "resume", "delete"), _button_updates(run), strict=True))}
 
 
-def _stats(store: Store, value_set: dict[str, Any], split: str) -> dict[str, Any]:
-    """The split's aggregates (`Store.value_stats`), once per stored-prompt count for every run and session."""
-    version = (_count(value_set, split), bool(value_set.get("complete")))
-    return live.SHARED.get(("stats", value_set["id"], split), version,
-                           lambda _prev: store.value_stats(value_set["id"], split))
+def _stats(store: Store, run: dict[str, Any], split: str) -> dict[str, Any]:
+    """The split's aggregates of the run's own rows (`Store.value_stats`), once per change of them for every
+    session."""
+    version = (_count(run, split), run.get("values_revision"))
+    return live.SHARED.get(("stats", run["id"], split), version, lambda _prev: store.value_stats(run["id"], split))
 
 
 def _values_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | None, split: str) -> dict[str, Any]:
-    if value_set is None:
+    if value_set is None or not _splits(run):
         stats = {"count": 0, "filtered": 0, "num_samples": 0, "mean_v_star": None, "correct": [],
                  "histogram": {"start": 0.0, "width": 1.0, "kept": [], "filtered": []}}
         view = values.render(stats, [], split, None, None)
     else:
-        splits = sorted(s for s, n in (value_set.get("counts") or {}).items() if n)
         summary = (value_set.get("summary") or {}).get(split) or value_set.get("summary")
         expected = _expected_prompts(run)
         note = f" (of {expected}, still estimating)" if expected and run.get("stage") == "values" else ""
-        view = values.render(_stats(store, value_set, split), splits, split,
+        view = values.render(_stats(store, run, split), _splits(run), split,
                              summary if isinstance(summary, dict) else None, run.get("best_eval_accuracy"), note)
     return {k: _plot(v) if k in ("histogram", "correct_bar", "pass_rates") else v for k, v in view.items()}
 
 
-def _page(store: Store, value_set: dict[str, Any], split: str, order: str, search: str | None,
+def _page(store: Store, run: dict[str, Any], split: str, order: str, search: str | None,
           filtered: bool | None = None) -> list[dict[str, Any]]:
-    """One page of the table, shared per (split, order, search). In stage-1 order without a search a page that is
-    full never changes (rows are only added after it), and one that is not only needs the rows added since."""
+    """One page of the run's table, shared per (split, order, search). In stage-1 order without a search, while
+    the run's rows are only added after the last one (its revision unchanged), a page that is full never changes
+    and one that is not only needs the rows added since; anything else reads the page again."""
     sort, descending = values.ORDERS.get(order, ("id", False))
-    count = _count(value_set, split)
+    version = (_count(run, split), run.get("values_revision"))
     incremental = sort == "id" and not descending and not search
 
-    def compute(previous: tuple[int, list[dict[str, Any]]] | None) -> tuple[int, list[dict[str, Any]]]:
-        if incremental and previous is not None and previous[0] <= count:
+    def compute(previous: tuple[tuple[int, Any], list[dict[str, Any]]] | None
+                ) -> tuple[tuple[int, Any], list[dict[str, Any]]]:
+        if incremental and previous is not None and previous[0][1] == version[1] and previous[0][0] <= version[0]:
             rows = previous[1]
             if len(rows) >= values.PAGE_ROWS:
-                return count, rows
+                return version, rows
             if filtered is None:
-                new = store.values_after(value_set["id"], split, rows[-1]["id"] if rows else 0,
+                new = store.values_after(run["id"], split, rows[-1]["id"] if rows else 0,
                                          limit=values.PAGE_ROWS - len(rows))
-                return count, rows + new
-        return count, store.values_page(value_set["id"], split, text=search or None, filtered=filtered,
-                                        sort=sort, descending=descending, limit=values.PAGE_ROWS)
+                return version, rows + new
+        return version, store.values_page(run["id"], split, text=search or None, filtered=filtered,
+                                          sort=sort, descending=descending, limit=values.PAGE_ROWS)
 
-    key = ("page", value_set["id"], split, sort, descending, search or "", filtered)
-    return live.SHARED.get(key, count, compute)[1]
+    key = ("page", run["id"], split, sort, descending, search or "", filtered)
+    return live.SHARED.get(key, version, compute)[1]
 
 
-def _table_view(store: Store, value_set: dict[str, Any] | None, split: str, order: str,
+def _table_view(store: Store, run: dict[str, Any] | None, split: str, order: str,
                 search: str | None) -> dict[str, Any]:
-    if value_set is None:
+    if not _splits(run):
         return {"table_info": "", "table": values.values_frame([], 0)}
-    return values.render_table(_page(store, value_set, split, order, search), _stats(store, value_set, split),
-                               order, search)
+    return values.render_table(_page(store, run, split, order, search), _stats(store, run, split), order, search)
 
 
-def _filtered_view(store: Store, value_set: dict[str, Any] | None, split: str) -> dict[str, Any]:
-    if value_set is None:
+def _filtered_view(store: Store, run: dict[str, Any] | None, split: str) -> dict[str, Any]:
+    if not _splits(run):
         return values.render_filtered([], {"count": 0, "filtered": 0, "num_samples": 0})
-    rows = _page(store, value_set, split, "stage-1 order", None, filtered=True)
-    return values.render_filtered(rows, _stats(store, value_set, split))
+    rows = _page(store, run, split, "stage-1 order", None, filtered=True)
+    return values.render_filtered(rows, _stats(store, run, split))
 
 
 def _series(store: Store, run_id: int, metric_id: int) -> dict[str, Any]:
@@ -264,17 +269,18 @@ def _series(store: Store, run_id: int, metric_id: int) -> dict[str, Any]:
     return live.SHARED.get(("series", run_id), metric_id, compute)
 
 
-def _eval_pass_rates(store: Store, run_id: int, ids: dict[str, int],
+def _eval_pass_rates(store: Store, run: dict[str, Any], ids: dict[str, int],
                      value_set: dict[str, Any] | None) -> dict[str, float]:
     """The reference pass@1 and pass@N drawn beside the eval accuracy: on the held-out prompts it is measured on
     (their stage-1 split, "eval"), else none (the training prompts' rates would compare different prompts)."""
     def compute(_previous: Any) -> dict[str, float]:
-        if value_set is None or not _count(value_set, "eval"):
+        if value_set is None or not _count(run, "eval"):
             return {}
         summary = ((value_set.get("summary") or {}).get("eval")) if isinstance(value_set.get("summary"), dict) else None
-        return values.ceilings(_stats(store, value_set, "eval"), summary if isinstance(summary, dict) else None)
+        return values.ceilings(_stats(store, run, "eval"), summary if isinstance(summary, dict) else None)
 
-    return live.SHARED.get(("eval-rates", run_id), (ids["evaluations"], _count(value_set, "eval")), compute)
+    version = (ids["evaluations"], _count(run, "eval"), run.get("values_revision"))
+    return live.SHARED.get(("eval-rates", run["id"]), version, compute)
 
 
 def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartOptions,
@@ -425,7 +431,9 @@ def run_version(store: Store, run_id: int) -> dict[str, str]:
         return {"status": "gone"}
     run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
     active = run["status"] in UNFINISHED
-    counts = sorted(((value_set or {}).get("counts") or {}).items())
+    # The run's own V* rows: their counts, and a revision that moves with any change of them.
+    counts = sorted((run.get("value_counts") or {}).items())
+    revision = run.get("values_revision")
     complete = bool(value_set and value_set["complete"])
     full = all(n >= values.PAGE_ROWS for _, n in counts) and bool(counts)
     parts = {
@@ -433,10 +441,10 @@ def run_version(store: Store, run_id: int) -> dict[str, str]:
         "head": (run["status"], run.get("stage"), round(run.get("progress") or 0, 3), ids["evaluations"],
                  counts, complete, int(time.time() // 10) if active else 0),
         "controls": (run["status"], bool(run.get("error")), [split for split, n in counts if n]),
-        "values": (counts, complete, run.get("best_eval_accuracy"), (value_set or {}).get("summary")),
-        "table": (counts, complete),
-        "table_first": ("full", complete) if full else (counts, complete),
-        "filtered": (counts, complete),
+        "values": (counts, revision, complete, run.get("best_eval_accuracy"), (value_set or {}).get("summary")),
+        "table": (counts, revision, complete),
+        "table_first": ("full", complete) if full else (counts, revision, complete),
+        "filtered": (counts, revision, complete),
         "training": (ids["metrics"], ids["evaluations"]),
         "samples": (ids["samples"],),
         "logs": (ids["logs"],),
@@ -453,15 +461,14 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
     names = GROUPS[group][1]
     if snap is None:
         return [gr.skip()] * len(names)
-    run, value_set = snap["run"], snap["value_set"]
+    run = snap["run"]
     split, order, search = _inputs(split, order, search)
     versions = _versions(snap, chart, split, order, search, correct, text, step)
     out: dict[str, Any] = {}
     for view in GROUP_VIEWS[group]:
         out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step))
     if group == "controls":
-        splits = sorted(s for s, n in ((value_set or {}).get("counts") or {}).items() if n)
-        out["split"] = gr.Dropdown(choices=splits or [split], value=split)
+        out["split"] = gr.Dropdown(choices=_splits(run) or [split], value=split)
     if group == "idle":
         out["timer"] = gr.Timer(POLL_SECONDS, active=run["status"] in UNFINISHED)
     return [out.get(name, gr.skip()) for name in names]
@@ -476,8 +483,8 @@ def _versions(snap: dict[str, Any], chart: ChartOptions, split: str, order: str,
     """The current version of each view: what it would show, as ids and counts (compared with the shown ones)."""
     run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
     active = run["status"] in UNFINISHED
-    vs_version = (run.get("value_set_id"), split, _count(value_set, split), bool(value_set and value_set["complete"]),
-                  str((value_set or {}).get("summary")))
+    vs_version = (run.get("value_set_id"), split, _count(run, split), run.get("values_revision"),
+                  bool(value_set and value_set["complete"]), str((value_set or {}).get("summary")))
     return {
         # Header and progress: the elapsed time moves every 10 s while active.
         "header": (run["status"], run.get("stage"), round(run.get("progress") or 0, 3), run.get("error"),
@@ -488,8 +495,9 @@ def _versions(snap: dict[str, Any], chart: ChartOptions, split: str, order: str,
         # The first page in stage-1 order never changes once full: its rows are not sent again with each batch.
         "table_info": (vs_version, order, search),
         "table": (vs_version[:2], order, search, bool(value_set and value_set["complete"]),
-                  "full" if order == "stage-1 order" and not search and _count(value_set, split) >= values.PAGE_ROWS
-                  else _count(value_set, split)),
+                  ("full", run.get("values_revision"))
+                  if order == "stage-1 order" and not search and _count(run, split) >= values.PAGE_ROWS
+                  else (_count(run, split), run.get("values_revision"))),
         "filtered": vs_version,
         "training": (ids["metrics"], ids["evaluations"], chart, vs_version),
         "samples": (ids["samples"], training.sample_query(correct, text, step)),
@@ -562,11 +570,11 @@ def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: st
         keys = ("summary", "split") if view == "summary" else ("histogram", "correct_bar", "pass_rates")
         return {k: both[k] for k in keys}
     if view in ("table_info", "table"):
-        return {view: _table_view(store, value_set, split, order, search)[view]}
+        return {view: _table_view(store, run, split, order, search)[view]}
     if view == "filtered":
-        return _filtered_view(store, value_set, split)
+        return _filtered_view(store, run, split)
     if view == "training":
-        return _training_view(store, run_id, ids, chart, _eval_pass_rates(store, run_id, ids, value_set))
+        return _training_view(store, run_id, ids, chart, _eval_pass_rates(store, run, ids, value_set))
     if view == "samples":
         return _samples_view(store, run_id, ids["samples"], training.sample_query(correct, text, step))
     if view == "logs":
@@ -682,11 +690,10 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
 
     def show_prompt(run_id: int | None, split: str, evt: gr.SelectData):
         run = services.store.get_run(run_id) if run_id is not None else None
-        if run is None or not run.get("value_set_id") or not evt.row_value:
+        if run is None or not evt.row_value:
             return gr.skip(), gr.skip()
         prompt_id = str(evt.row_value[0])
-        return values.prompt_detail(services.store.get_value(run["value_set_id"], split or "train", prompt_id),
-                                    prompt_id)
+        return values.prompt_detail(services.store.get_value(run["id"], split or "train", prompt_id), prompt_id)
 
     vtab.table.select(show_prompt, [picker, vtab.split], [vtab.prompt_text, vtab.completions],
                       api_visibility="private")
