@@ -5,6 +5,7 @@
 
 from storage.export import export_csv
 from storage.models import RUN_KINDS, RUN_STAGES, RUN_STATUSES
-from storage.store import CORRECT_REWARD, Store
+from storage.store import CORRECT_REWARD, Admission, LimitReached, Store
 
-__all__ = ["CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Store", "export_csv"]
+__all__ = ["CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Admission", "LimitReached", "Store",
+           "export_csv"]
