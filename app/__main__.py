@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="A user who may launch runs (repeatable). Viewers need no login.")
     sharing.add_argument("--auth-file", type=Path, help="A file of USER:PASSWORD[:admin] lines.")
     sharing.add_argument("--hf-oauth", action="store_true", default=bool(os.environ.get("OAUTH_CLIENT_ID")),
-                         help="Sign in with Hugging Face (on by itself on a Space with hf_oauth: true).")
+                         help="Sign in with Hugging Face, on a Space only (on by itself with hf_oauth: true in "
+                              "its README header); elsewhere use --auth-file.")
     sharing.add_argument("--admin", action="append", default=[], metavar="NAME",
                          help="A Hugging Face user name (or password user) who may stop or delete any run.")
     sharing.add_argument("--allow-remote-code", action="store_true",
@@ -119,6 +120,11 @@ def prepare_environment(data_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    from app.auth import oauth_problem
+
+    problem = oauth_problem(args.hf_oauth)
+    if problem:
+        raise SystemExit(f"A*-PO Studio: {problem}")
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     prepare_environment(data_dir)

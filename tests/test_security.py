@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from tests.helpers import wait_for
-from tests.test_app_api import free_port, start_app, stop_app, tiny_spec
+from tests.test_app_api import ROOT, free_port, start_app, stop_app, tiny_spec
 
 
 def studio(tmp_path_factory, tiny_model_dir: str, name: str, *args: str, env: dict | None = None):
@@ -239,3 +241,49 @@ def test_hub_columns_are_probed_by_streaming(monkeypatch):
     monkeypatch.setattr(data, "load_dataset", fake_load_dataset)
     head = data.peek_dataset("openai/gsm8k", "train", "main", rows=3)
     assert calls == [True] and len(head) == 3 and head.column_names == ["question", "answer"]
+
+
+def run_app(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m app` run to its end (it is expected to refuse to start), in a clean offline environment."""
+    base = {k: v for k, v in os.environ.items() if k not in ("SYSTEM", "SPACE_ID", "OAUTH_CLIENT_ID",
+                                                              "OAUTH_CLIENT_SECRET", "OAUTH_SCOPES",
+                                                              "OPENID_PROVIDER_URL")}
+    return subprocess.run([sys.executable, "-m", "app", "--data-dir", str(tmp_path / "data"), "--port",
+                           str(free_port()), *args], cwd=ROOT, env={**base, "HF_HUB_OFFLINE": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+OAUTH_SPACE = {"SYSTEM": "spaces", "SPACE_ID": "teacher/studio", "OAUTH_CLIENT_ID": "id", "OAUTH_CLIENT_SECRET": "s",
+               "OAUTH_SCOPES": "openid profile", "OPENID_PROVIDER_URL": "https://huggingface.co"}
+
+
+def test_hf_oauth_is_refused_off_a_space(tmp_path):
+    # Off a Space, Gradio's login button would sign every visitor in as this machine's Hugging Face account.
+    for args, env in [(("--hf-oauth", "--admin", "teacher"), {}),
+                      ((), {"OAUTH_CLIENT_ID": "id"}),  # the variable that turns --hf-oauth on by itself
+                      (("--hf-oauth",), {**OAUTH_SPACE, "SYSTEM": "docker"}),  # OAuth variables but not a Space
+                      (("--hf-oauth",), {k: v for k, v in OAUTH_SPACE.items() if k != "SPACE_ID"})]:
+        result = run_app(tmp_path, *args, env=env)
+        assert result.returncode == 1, (args, env, result.stderr[-2000:])
+        assert "only on a Hugging Face Space" in result.stderr and "--auth-file" in result.stderr, result.stderr
+        assert not (tmp_path / "data" / "studio.db").exists()  # refused before anything started
+    # On a Space without `hf_oauth: true` in its README header, Gradio would fail at launch: said at once instead.
+    result = run_app(tmp_path, "--hf-oauth", env={"SYSTEM": "spaces", "SPACE_ID": "teacher/studio"})
+    assert result.returncode == 1 and "hf_oauth: true" in result.stderr and "OAUTH_CLIENT_ID" in result.stderr
+
+
+def test_the_space_is_detected_as_gradio_detects_it(monkeypatch):
+    from gradio.utils import get_space
+
+    from app.auth import oauth_problem, on_a_space
+
+    for env in [{}, {"SPACE_ID": "a/b"}, {"SYSTEM": "spaces"}, {"SYSTEM": "spaces", "SPACE_ID": "a/b"},
+                {"SYSTEM": "spaces", "SPACE_ID": ""}, {"SYSTEM": "docker", "SPACE_ID": "a/b"}]:
+        for name in ("SYSTEM", "SPACE_ID"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert on_a_space() == (get_space() is not None), env
+    assert oauth_problem(False, {}) is None  # no OAuth asked: nothing to refuse
+    assert "--auth-file" in oauth_problem(True, {})
+    assert oauth_problem(True, OAUTH_SPACE) is None or "gradio[oauth]" in oauth_problem(True, OAUTH_SPACE)
