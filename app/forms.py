@@ -8,8 +8,9 @@ goes through `check_spec(spec, policy)`. What it accepts:
 - in `config`, the form's hyper-parameters (`PARAMS`), each type-checked and bounded by the studio's `Limits`;
   fields that reach outside the run (remote code, hub pushes) only when the operator allowed them with a flag,
   and nothing else: `values_path`, `output_dir`, `report_to`, `deepspeed`, ... are refused;
-- datasets from the built-in generators, files inside the upload folder or `<data-dir>/datasets/`, hub ids that
-  look like hub ids (when the hub is allowed); models built in, under a model root, or hub ids;
+- datasets from the built-in generators, files inside `<data-dir>/datasets/` or received by Gradio's upload route
+  (the form's file box), hub ids that look like hub ids (when the hub is allowed); models built in, under a model
+  root, or hub ids;
 - the rewards the library knows (a reasoning-gym task is scored by its own checker).
 
 Every problem is reported at once, keyed by the field's path (`config.beta1`, `dataset.path`); the form shows
@@ -382,7 +383,7 @@ def _check_dataset_source(dataset: Any, policy: Policy, errors: dict[str, str]) 
         if not isinstance(path, str) or not path.strip():
             errors["dataset.path"] = "Upload a .jsonl, .csv or .parquet file."
             return None
-        resolved = policy.inside(path, policy.dataset_roots())
+        resolved = policy.inside(path, policy.dataset_roots()) or policy.received_upload(path)
         if resolved is None:
             errors["dataset.path"] = (f"{path} is not an uploaded file or a file in {policy.datasets_dir}: upload it "
                                       "(the form's file box, or the API's /upload_dataset).")

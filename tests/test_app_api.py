@@ -28,15 +28,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_app(data_dir: Path, port: int, *args: str) -> subprocess.Popen:
-    """`python -m app` on `port` (with more `args`), offline, logging to data_dir/app.log; returns once it answers
-    HTTP."""
+def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
+    """`python -m app` on `port` (with more `args`, started in `cwd`, with `env` added to the environment),
+    offline, logging to data_dir/app.log; returns once it answers HTTP."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **(env or {}))
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir), *args],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -287,3 +287,48 @@ def test_the_space_is_detected_as_gradio_detects_it(monkeypatch):
     assert oauth_problem(False, {}) is None  # no OAuth asked: nothing to refuse
     assert "--auth-file" in oauth_problem(True, {})
     assert oauth_problem(True, OAUTH_SPACE) is None or "gradio[oauth]" in oauth_problem(True, OAUTH_SPACE)
+
+
+def test_gradio_temp_dir_is_not_a_dataset_folder(tmp_path_factory, tiny_model_dir, tmp_path):
+    # An operator's GRADIO_TEMP_DIR may be a shared folder: of it, only files Gradio received as uploads are data.
+    shared = tmp_path / "shared-tmp"
+    (shared / ("a" * 64)).mkdir(parents=True)  # laid out like Gradio's upload folders, but not received here
+    for path in (shared / "notes.jsonl", shared / ("a" * 64) / "other-app.jsonl"):
+        path.write_text('{"question": "1+1?", "answer": "2"}\n' * 8)
+    proc, url, data_dir, model = studio(tmp_path_factory, tiny_model_dir, "tempdir",
+                                        env={"GRADIO_TEMP_DIR": str(shared)})
+    try:
+        client = Client(url, verbose=False)
+        for path in (shared / "notes.jsonl", shared / ("a" * 64) / "other-app.jsonl"):
+            with pytest.raises(AppError, match="is not an uploaded file"):
+                client.predict(spec={**tiny_spec(model, "shared"), "dataset": {"source": "file", "file": str(path)}},
+                               api_name="/launch")
+        assert client.predict(api_name="/list_runs") == []
+        # A file Gradio received (the route behind the form's file box) is accepted, and kept in datasets/.
+        import httpx
+
+        data = tmp_path / "mine.jsonl"
+        data.write_text('{"question": "2+2?", "answer": "4"}\n' * 8)
+        with data.open("rb") as f:
+            received = httpx.post(url + "gradio_api/upload", files={"files": f}, timeout=30).json()[0]
+        assert Path(received).is_relative_to(shared.resolve())
+        spec = {**tiny_spec(model, "received", max_steps=1), "dataset": {"source": "file", "file": received}}
+        run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
+        from storage import Store
+
+        kept = Path(Store(data_dir / "studio.db").get_run(run_id)["config"]["dataset"]["path"])
+        assert kept.parent == data_dir / "datasets" / "uploads" and kept.read_text() == data.read_text()
+    finally:
+        stop_app(proc)
+
+
+def test_the_studio_works_in_the_workers_empty_directory(tmp_path_factory, tiny_model_dir):
+    # A name that is not an absolute path inside the studio's folders is a hub id, in the studio's process as in
+    # its workers: both run in <data-dir>/cache/worker-cwd, never in the folder the operator started it from.
+    proc, _, data_dir, _ = studio(tmp_path_factory, tiny_model_dir, "cwd")
+    try:
+        worker_cwd = (data_dir / "cache" / "worker-cwd").resolve()
+        assert Path(f"/proc/{proc.pid}/cwd").resolve() == worker_cwd
+        assert list(worker_cwd.iterdir()) == []
+    finally:
+        stop_app(proc)

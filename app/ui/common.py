@@ -93,8 +93,8 @@ class Services:
         if dataset.get("source") != "file":
             return dataset
         path = Path(dataset["path"])
-        if self.policy.inside(path, [self.policy.uploads_dir]) is None:
-            return dataset
+        if self.policy.inside(path, self.policy.dataset_roots()) is not None:
+            return dataset  # else `check_spec` accepted it as a file Gradio received
         return {**dataset, "path": str(store_upload(self.policy, path))}
 
     def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:
