@@ -70,7 +70,9 @@ def test_preset_none_shows_the_library_defaults(page):
     # A2POConfig's own defaults (TRL's): 256 completion tokens, lr 5e-5, gradient checkpointing on.
     expect(page.locator("#field-max_completion_length input")).to_have_value("256")
     expect(page.locator("#field-learning_rate input")).to_have_value("0.00005")
+    page.get_by_text("Advanced", exact=True).click()
     expect(page.locator("#field-gradient_checkpointing input[type=checkbox]")).to_be_checked()
+    expect(page.locator("#field-lr_scheduler_type input")).to_have_value("linear")
     page.locator("#check-form").click()
     expect(page.locator("#launch-status")).to_contain_text("The form is valid")
     pick_preset(page, "Teaching demo")

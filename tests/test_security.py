@@ -62,11 +62,11 @@ ATTACKS = [
     ({"config": {"output_dir": "/tmp/elsewhere"}}, "config.output_dir: not allowed in a run spec"),
     ({"config": {"report_to": "wandb"}}, "config.report_to: not allowed in a run spec"),
     ({"config": {"dataloader_num_workers": 512}}, "config.dataloader_num_workers: not allowed in a run spec"),
-    ({"dataset": {"num_prompts": 10**12}}, "dataset.num_prompts: Number of prompts must be a whole number from 1"),
-    ({"dataset": {"eval_size": -5}}, "dataset.eval_size: Eval size must be a whole number from 0"),
-    ({"dataset": {"difficulty": 99}}, "dataset.difficulty: Difficulty (digits per operand) must be a whole number"),
-    ({"name": "x" * 1_000_000}, "name: Run name: text of 1 to 200 characters"),
-    ({"peft": {"r": 4, "target_modules": "all", "bogus": 1}}, "peft: null, or an object with r, lora_alpha"),
+    ({"dataset": {"num_prompts": 10**12}}, "dataset.num_prompts: Number of prompts must be at most 100000 on this"),
+    ({"dataset": {"eval_size": -5}}, "dataset.eval_size: dataset.eval_size must be a whole number >= 0"),
+    ({"dataset": {"difficulty": 99}}, "dataset.difficulty: dataset.difficulty must be a whole number from 1 to 4"),
+    ({"name": "x" * 1_000_000}, "name: Run name: at most 200 characters on this studio"),
+    ({"peft": {"r": 4, "target_modules": "all", "bogus": 1}}, "peft: peft must be null (no LoRA), or an object"),
     ({"model": "/etc"}, "model: /etc is not under a model folder of this studio"),
 ]
 
