@@ -23,7 +23,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from a2po.config import A2POConfig
-from a2po.presets import DEFAULT_PRESET, PRESETS, with_defaults
+from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS, with_defaults
 from a2po.runspec import RunSpec
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
@@ -36,7 +36,8 @@ class ScriptArguments:
     """What to train on: model, data and rewards (the rest is `A2POConfig`)."""
 
     preset: str = field(default=DEFAULT_PRESET, metadata={"help": "The run to start from (a2po.presets: "
-                                                                  f"{', '.join(PRESETS)}); flags change it."})
+                                                                  f"{', '.join([*PRESETS, NO_PRESET])}; none: the "
+                                                                  "library's defaults); flags change it."})
     model: str | None = field(default=None, metadata={"help": "Hub id, local path, or SmolLM2-135M-Instruct (the "
                                                               "offline default)."})
     dataset: str | None = field(default=None, metadata={"help": "'arithmetic', 'reasoning-gym', a "

@@ -5,12 +5,120 @@ Same argument names and defaults as TRL's experimental `A2POConfig`, plus a few 
 
 from __future__ import annotations
 
+import functools
+import math
+import types
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import TrainingArguments
 
 STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
+MAX_SEED = 2**32 - 1  # transformers' `set_seed` seeds numpy, which takes 0 .. 2**32 - 1
+
+
+class ConfigError(ValueError):
+    """Invalid `A2POConfig` values: `problems` maps each field to a sentence that names it and says what is valid."""
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        self.problems = dict(problems)
+        super().__init__("Invalid A2POConfig: " + "; ".join(self.problems.values()) + ".")
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` as an int when it is one (an int, a float such as 8.0, or text such as "8"), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = real_number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def real_number(value: Any) -> float | None:
+    """`value` as a finite float when it is a number (or text of one: YAML reads 1e-5 as text), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+@functools.cache
+def _plain_fields() -> dict[str, tuple[type, bool]]:
+    """Fields of a plain type (bool, int, float or str, maybe None): name -> (type, whether None is allowed)."""
+    out = {}
+    for name, hint in typing.get_type_hints(A2POConfig).items():
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
+        plain = [a for a in args if a is not type(None)]
+        if len(plain) == 1 and plain[0] in (bool, int, float, str):
+            out[name] = (plain[0], type(None) in args)
+    return out
+
+
+def coerce_field(name: str, value: Any) -> tuple[Any, str | None]:
+    """`value` converted to field `name`'s type (8.0 -> 8 for an int, "1e-5" -> 1e-05 for a float), and the problem
+    when it cannot be (a sentence naming the field), else None. Fields of other types pass unchanged."""
+    kind = _plain_fields().get(name)
+    if kind is None:
+        return value, None
+    expected, optional = kind
+    words = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}[expected]
+    problem = f"{name} must be {words}{' or null' if optional else ''} (got {value!r:.40})"
+    if value is None:
+        return value, None if optional else problem
+    if expected is bool or expected is str:
+        return value, None if isinstance(value, expected) else problem
+    if expected is int:
+        number = whole_number(value)
+        return (value, problem) if number is None else (number, None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value, None
+    number = real_number(value)
+    return (value, problem) if number is None else (number, None)
+
+
+def _range_problems(config: A2POConfig, skip: set[str]) -> dict[str, str]:
+    """What `config` holds out of range, by field (fields in `skip`, already of a wrong type, are not looked at)."""
+    rules = [
+        ("beta1", lambda v: v > 0, "beta1 must be > 0 (got {}); the paper uses 0.5"),
+        ("beta2", lambda v: v > 0, "beta2 must be > 0 (got {}); the paper uses 1e-3"),
+        ("num_value_samples", lambda v: v >= 1, "num_value_samples must be >= 1 (got {}); 8 is typical"),
+        ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1] (got {})"),
+        ("top_k", lambda v: v is None or v >= 1, "top_k must be >= 1 or None (got {})"),
+        ("temperature", lambda v: v > 0, "temperature must be > 0 (got {})"),
+        ("max_completion_length", lambda v: v is None or v >= 1, "max_completion_length must be >= 1 (got {})"),
+        ("max_prompt_length", lambda v: v is None or v >= 1, "max_prompt_length must be >= 1 or None (got {})"),
+        ("save_every_seconds", lambda v: v is None or v >= 0,
+         "save_every_seconds must be >= 0 (0 or None: off; got {})"),
+        ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"),
+        ("learning_rate", lambda v: v > 0, "learning_rate must be > 0 (got {})"),
+        ("num_train_epochs", lambda v: v > 0, "num_train_epochs must be > 0 (got {})"),
+        ("max_steps", lambda v: v == -1 or v >= 1,
+         "max_steps must be -1 (train for num_train_epochs) or >= 1 (got {})"),
+        ("per_device_train_batch_size", lambda v: v >= 1, "per_device_train_batch_size must be >= 1 (got {})"),
+        ("per_device_eval_batch_size", lambda v: v >= 1, "per_device_eval_batch_size must be >= 1 (got {})"),
+        ("gradient_accumulation_steps", lambda v: v >= 1, "gradient_accumulation_steps must be >= 1 (got {})"),
+        ("warmup_steps", lambda v: v >= 0, "warmup_steps must be >= 0 (steps, or a fraction < 1 of them; got {})"),
+        ("weight_decay", lambda v: v >= 0, "weight_decay must be >= 0 (got {})"),
+        ("max_grad_norm", lambda v: v >= 0, "max_grad_norm must be >= 0 (0: no clipping; got {})"),
+        ("logging_steps", lambda v: v > 0, "logging_steps must be > 0 (got {})"),
+        ("eval_steps", lambda v: v is None or v > 0, "eval_steps must be > 0 or None (got {})"),
+        ("save_steps", lambda v: v > 0, "save_steps must be > 0 (got {})"),
+        ("seed", lambda v: 0 <= v <= MAX_SEED, f"seed must be a whole number from 0 to {MAX_SEED} (got {{}})"),
+        ("data_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
+         f"data_seed must be a whole number from 0 to {MAX_SEED} or None (got {{}})"),
+        ("reward_weights", lambda v: v is None or isinstance(v, (list, tuple)) and all(real_number(w) is not None
+                                                                                    for w in v),
+         "reward_weights must be numbers (got {})"),
+    ]
+    return {name: message.format(getattr(config, name)) for name, valid, message in rules
+            if name not in skip and not valid(getattr(config, name))}
 
 
 def _bf16_available() -> bool:
@@ -84,31 +192,17 @@ class A2POConfig(TrainingArguments):
     def __post_init__(self) -> None:
         if self.bf16 is None:
             self.bf16 = not self.fp16 and not self.use_cpu and _bf16_available()
-        problems = []
-        if not self.beta1 > 0:
-            problems.append(f"beta1 must be > 0 (got {self.beta1}); the paper uses 0.5")
-        if not self.beta2 > 0:
-            problems.append(f"beta2 must be > 0 (got {self.beta2}); the paper uses 1e-3")
-        if self.num_value_samples < 1:
-            problems.append(f"num_value_samples must be >= 1 (got {self.num_value_samples}); 8 is typical")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k is not None and self.top_k < 1:
-            problems.append(f"top_k must be >= 1 or None (got {self.top_k})")
-        if not self.temperature > 0:
-            problems.append(f"temperature must be > 0 (got {self.temperature})")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            problems.append(f"max_completion_length must be >= 1 (got {self.max_completion_length})")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            problems.append(f"max_prompt_length must be >= 1 or None (got {self.max_prompt_length})")
-        if self.save_every_seconds is not None and not self.save_every_seconds >= 0:
-            problems.append(f"save_every_seconds must be >= 0 (0 or None: off; got {self.save_every_seconds})")
-        if self.value_batch_size is not None and self.value_batch_size < 1:
-            problems.append(f"value_batch_size must be >= 1 or None (got {self.value_batch_size})")
-        if self.reward_weights is not None and any(not isinstance(w, (int, float)) for w in self.reward_weights):
-            problems.append(f"reward_weights must be numbers (got {self.reward_weights})")
+        # Every problem at once, keyed by field: a run spec reports each as `config.<field>` (`a2po.runspec`).
+        problems = {}
+        for name in _plain_fields():
+            value, problem = coerce_field(name, getattr(self, name))
+            if problem:
+                problems[name] = problem
+            else:
+                setattr(self, name, value)
+        problems.update(_range_problems(self, skip=set(problems)))
         if problems:
-            raise ValueError("Invalid A2POConfig: " + "; ".join(problems) + ".")
+            raise ConfigError(problems)
         # transformers >= 5.2x renamed the field to `activation_checkpointing` and warns on the old name; ours keeps
         # the documented name (and its default True), so hand it over without the warning.
         if getattr(self, "activation_checkpointing", False) is None:

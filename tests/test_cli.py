@@ -17,8 +17,12 @@ TINY_RUN = ["--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4",
             "--filter_all_incorrect", "false"]  # a random tiny model never solves arithmetic
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def run(args, cwd, timeout=300):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # PYTHONPATH: the package of this tree, wherever the environment's editable install points.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "a2po", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -69,7 +73,7 @@ def test_run_spec_renders_the_equivalent_command():
 
 def test_two_processes_each_estimate_their_shard_and_all_see_all_values(tmp_path, tiny_model_dir):
     script = Path(__file__).parent / "distributed_script.py"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     # With no GPU, `--multi_gpu` starts two torchrun processes that talk over gloo on the CPU (`--cpu` alone would
     # start one process unless MPI is installed).
     result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -118,3 +122,11 @@ def test_system_prompt_flag_round_trips_and_none_is_kept_none():
         command, script, _, fields = parse(original.to_cli_args())
         again = spec_from_args(command, script, fields)
         assert again.dataset.get("system_prompt") == system_prompt
+
+
+def test_cli_refuses_seeds_out_of_range_before_loading_anything(tmp_path, tiny_model_dir):
+    for flag, value in (("--seed", "-1"), ("--seed", str(2**40)), ("--dataset_seed", "-1")):
+        result = run(["train", "--model", tiny_model_dir, *TINY_RUN, flag, value], tmp_path)
+        assert result.returncode != 0, (flag, value)
+        assert "seed must be a whole number from 0 to 4294967295" in result.stderr, result.stderr[-2000:]
+        assert "Stage 1" not in result.stderr  # refused where it entered, not after the model loaded
