@@ -109,7 +109,7 @@ def _range_problems(config: A2POConfig, skip: set[str]) -> dict[str, str]:
         ("max_grad_norm", lambda v: v >= 0, "max_grad_norm must be >= 0 (0: no clipping; got {})"),
         ("logging_steps", lambda v: v > 0, "logging_steps must be > 0 (got {})"),
         ("eval_steps", lambda v: v is None or v > 0, "eval_steps must be > 0 or None (got {})"),
-        ("save_steps", lambda v: v > 0, "save_steps must be > 0 (got {})"),
+        ("save_steps", lambda v: v >= 0, "save_steps must be >= 0 (0: no checkpoints by step count; got {})"),
         ("seed", lambda v: 0 <= v <= MAX_SEED, f"seed must be a whole number from 0 to {MAX_SEED} (got {{}})"),
         ("data_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
          f"data_seed must be a whole number from 0 to {MAX_SEED} or None (got {{}})"),

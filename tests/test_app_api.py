@@ -32,7 +32,9 @@ def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict
     """`python -m app` on `port` (with more `args`, started in `cwd`, with `env` added to the environment),
     offline, logging to data_dir/app.log; returns once it answers HTTP."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **(env or {}))
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **(env or {}))
+    # This tree's packages first (the venv may hold an editable install of another checkout), then the caller's.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir), *args],

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from storage import Store, export_csv, lifecycle
+from tests.helpers import put_in
 
 SPEC = {"name": "demo", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 8},
         "rewards": [{"name": "exact_match", "weight": 1.0}], "config": {"beta": 0.5}, "peft": None}
@@ -322,7 +323,7 @@ def test_create_run_counts_its_limits_in_the_inserting_transaction(tmp_path):
     assert len(store.list_runs()) == 2  # nothing stored for the refused run
     store.create_run("d", "train", SPEC, owner="bob", admission=per_owner)  # another owner's count
     store.create_run("e", "train", SPEC, admission=per_owner)  # no owner: no per-owner limit
-    store.update_run(first, status="finished")  # an ended run no longer counts
+    put_in(store, first, "finished")  # an ended run no longer counts
     store.create_run("f", "train", SPEC, owner="ann", admission=per_owner)
 
     with pytest.raises(LimitReached) as full:
