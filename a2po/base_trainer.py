@@ -103,7 +103,6 @@ class BaseTrainer(Trainer):
     """The shared part of `A2POTrainer` and `GRPOTrainer`; see their docstrings for the arguments."""
 
     _tag_names: list[str] = []
-    _method = "base"  # the name in default output folders and messages
     _eval_extra_metrics: tuple[str, ...] = ()  # per-prompt terms `_eval_batch` returns, averaged as eval metrics
     _non_binary_note = "accuracy counts only r >= 1 as correct."
 

@@ -81,7 +81,6 @@ class GRPOTrainer(BaseTrainer):
     """
 
     _tag_names = ["grpo"]
-    _method = "GRPO"
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
                  args: GRPOConfig | None = None, train_dataset: Dataset | None = None,
@@ -99,7 +98,7 @@ class GRPOTrainer(BaseTrainer):
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         self._buffer: list[dict[str, torch.Tensor]] | None = None  # the current generation, one dict per micro-batch
-        self._step: int | None = None  # micro-batches trained in this `train()` call, counted from step 0
+        self._step: int | None = None  # micro-batches trained, counted from the run's step 0 (set as training starts)
 
     def _needs_reference(self, args: GRPOConfig) -> bool:
         return args.beta != 0.0

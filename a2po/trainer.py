@@ -65,7 +65,6 @@ class A2POTrainer(BaseTrainer):
     """
 
     _tag_names = ["a2po"]
-    _method = "A2PO"
     _eval_extra_metrics = ("loss",)
     _non_binary_note = "A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct."
 

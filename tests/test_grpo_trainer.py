@@ -275,3 +275,9 @@ def test_two_processes_train_as_one_process_with_their_joint_batch(tmp_path, tin
         assert report["completion_tokens"] == one["completion_tokens"]
         assert {"generation_buffer.rank0.pt", "generation_buffer.rank1.pt"} <= set(report["checkpoint"])
     assert "generation_buffer.pt" in one["checkpoint"]
+
+
+def test_remove_unused_columns_keeps_the_prompts(tmp_path, tiny_model_dir):
+    trainer = GRPOTrainer(tiny_model_dir, coin, args=config(tmp_path, remove_unused_columns=True, max_steps=1),
+                          train_dataset=prompts(4))
+    assert trainer.train().global_step == 1

@@ -561,3 +561,18 @@ def test_evaluation_batches_are_announced_and_a_stop_interrupts_evaluation(tmp_p
     watcher.stop = False
     trainer.control.should_training_stop = True
     assert "eval_accuracy" in trainer.evaluate() and trainer.control.should_training_stop
+
+
+def test_remove_unused_columns_keeps_what_training_reads(tmp_path, tiny_model_dir):
+    """`remove_unused_columns=True` made the Trainer drop every column (none is a model input): training failed."""
+    seen = {}
+
+    def spy(prompts, completions, **columns):
+        seen.update(columns)
+        return [1.0] * len(completions)
+
+    data = prompts(4).add_column("v_star", [0.5] * 4)  # no stage 1: the reward sees stage 2's columns only
+    trainer = A2POTrainer(tiny_model_dir, spy, args=config(tmp_path, remove_unused_columns=True, max_steps=1),
+                          train_dataset=data)
+    assert trainer.train().global_step == 1
+    assert "parity" not in seen and set(trainer.train_dataset.column_names) == {"prompt", "prompt_id", "v_star"}
