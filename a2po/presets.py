@@ -91,13 +91,20 @@ def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
 
 def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, Any]:
     """`spec` completed from a preset (`preset`, else `spec["preset"]`, else the default): keys it gives win;
-    its `config` is merged key by key; a `dataset` of the preset's source is merged, one of another source
-    replaces the preset's. The result has no "preset" key."""
+    its `config` is merged key by key (for a method other than A*-PO, only the preset's settings that method has);
+    a `dataset` of the preset's source is merged, one of another source replaces the preset's. The result has no
+    "preset" key."""
     spec = dict(spec)
     name = preset or spec.get("preset") or DEFAULT_PRESET
     spec.pop("preset", None)
     base = preset_spec(name)
     out = {**base, **{k: copy.deepcopy(v) for k, v in spec.items() if k not in ("config", "dataset")}}
+    method = spec.get("method", "a2po")
+    if method != "a2po":  # a preset's A*-PO-only settings (N, beta1, ...) mean nothing to another method
+        from a2po.runspec import METHOD_CONFIG_FIELDS
+
+        fields = METHOD_CONFIG_FIELDS.get(method, set())
+        out["config"] = base["config"] = {k: v for k, v in base["config"].items() if k in fields}
     if isinstance(spec.get("config"), dict):
         out["config"] = {**base["config"], **copy.deepcopy(spec["config"])}
     elif "config" in spec:

@@ -1,4 +1,4 @@
-"""A run as plain data: model, dataset, rewards, A2POConfig fields, LoRA. One spec drives the CLI and the dashboard.
+"""A run as plain data: method, model, dataset, rewards, config fields, LoRA. One spec drives the CLI and the dashboard.
 
     {"name": "demo", "action": "train",            # "values" (stage 1 only) | "train" | "evaluate"
      "model": "SmolLM2-135M-Instruct",             # the offline default, a hub id or a local path
@@ -7,12 +7,14 @@
                                                    #     "prompt_column": ..., "answer_column": ..., "eval_size": ...}
                                                    # or {"source": "reasoning-gym", "task": ..., ...} (a2po.tasks)
      "rewards": [{"name": "exact_match", "weight": 1.0}],
-     "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field
+     "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field (GRPOConfig's for grpo)
      "peft": None or {"r": 16, "lora_alpha": 32},
      "num_processes": 1,                           # >1: `accelerate launch` (DDP on GPUs, gloo on the CPU)
      "fsdp": None,                                 # or "FULL_SHARD", ...: FSDP instead of DDP (GPUs only)
-     "runner": "worker"}                           # the studio's: one long worker process, or "chunked":
+     "runner": "worker",                           # the studio's: one long worker process, or "chunked":
                                                    # short chunks that each resume from disk (app.chunks)
+     "method": "a2po"}                             # or "grpo": GRPOTrainer, `config` holds GRPOConfig fields;
+                                                   # a spec without the key is A*-PO (and `to_dict` leaves it out)
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from a2po.config import MAX_SEED, A2POConfig, ConfigError, real_number, whole_number
+from a2po.config import MAX_SEED, A2POConfig, ConfigError, GRPOConfig, real_number, whole_number
 
 ACTIONS = ("values", "train", "evaluate")
+CONFIG_CLASSES = {"a2po": A2POConfig, "grpo": GRPOConfig}  # one config class per method, as in TRL
+METHODS = tuple(CONFIG_CLASSES)
 RUNNERS = ("worker", "chunked")  # how the studio executes a run (`app.jobs`, `app.chunks`); the CLI ignores it
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
@@ -43,6 +47,7 @@ DATASET_KEYS = {
 }
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout")
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(A2POConfig)}
+METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} for method, cls in CONFIG_CLASSES.items()}
 # What a studio or CLI run uses where its spec says nothing (A2POConfig itself keeps TRL's defaults).
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
                                        "save_every_seconds": 300.0, "save_total_limit": 2}
@@ -96,6 +101,9 @@ class RunSpec:
     # How the studio runs it: "worker" (one process from start to end) or "chunked" (a sequence of short chunks,
     # each restoring the run from its checkpoint and stored V*, as on a ZeroGPU Space; `app.chunks`). One process.
     runner: str = "worker"
+    # The method: "a2po" (A*-PO) or "grpo" (GRPO on the same engine, for comparison); `config` holds that method's
+    # config fields (A2POConfig's or GRPOConfig's).
+    method: str = "a2po"
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
@@ -110,8 +118,14 @@ class RunSpec:
         run = cls(**{k: copy.deepcopy(v) for k, v in spec.items() if k in _spec_keys()})
         if not isinstance(run.name, str) or not run.name.strip() or any(ord(c) < 32 for c in run.name):
             problems["name"] = f"name must be text on one line, not empty (got {run.name!r:.40})"
+        if run.method not in METHODS:
+            problems["method"] = f"method must be one of {', '.join(METHODS)} (got {run.method!r:.40})"
+            run.method = "a2po"  # check the rest against A*-PO's fields
         if run.action not in ACTIONS:
             problems["action"] = f"action must be one of {', '.join(ACTIONS)} (got {run.action!r:.40})"
+        elif run.action == "values" and run.method != "a2po":
+            problems["action"] = ("action 'values' is A*-PO's stage 1 (V* estimation), and GRPO has no stage 1: use "
+                                  "'train' or 'evaluate'")
         if not isinstance(run.model, str) or not run.model.strip():
             problems["model"] = (f"model is empty: give a hub id (org/name), a model folder or 'SmolLM2-135M-Instruct' "
                                  f"(got {run.model!r:.40})")
@@ -247,14 +261,15 @@ class RunSpec:
         return problems
 
     def _config_problems(self, valid: bool) -> dict[str, str]:
-        """Problems of `config`, by path (`config.beta1`: A2POConfig's own checks); converts its values to their
-        fields' types. `valid`: the name, dataset and rewards it is built with are valid (else stand-ins are)."""
+        """Problems of `config`, by path (`config.beta1`: the method's config's own checks); converts its values to
+        their fields' types. `valid`: the name, dataset and rewards it is built with are valid (else stand-ins are)."""
         from a2po.config import coerce_field
 
+        name, fields = self.config_class.__name__, METHOD_CONFIG_FIELDS[self.method]
         if not isinstance(self.config, dict):
-            return {"config": f"config must be an object of A2POConfig fields (got {self.config!r:.40})"}
-        problems = {f"config.{k}": f"{k} is not an A2POConfig field" for k in self.config if k not in CONFIG_FIELDS}
-        known = {k: v for k, v in self.config.items() if k in CONFIG_FIELDS}
+            return {"config": f"config must be an object of {name} fields (got {self.config!r:.40})"}
+        problems = {f"config.{k}": f"{k} is not a {name} field" for k in self.config if k not in fields}
+        known = {k: v for k, v in self.config.items() if k in fields}
         probe = self if valid else dataclasses.replace(self, name="a2po-run", dataset={}, rewards=[])
         try:
             dataclasses.replace(probe, config=known).build_config(_CHECK_DIR)
@@ -262,18 +277,26 @@ class RunSpec:
             problems.update({f"config.{k}": message for k, message in error.problems.items()})
         except (ValueError, TypeError) as error:  # TrainingArguments' own checks, which name no field
             problems["config"] = str(error)
-        self.config = {k: coerce_field(k, v)[0] for k, v in self.config.items()}
+        self.config = {k: coerce_field(k, v, self.config_class)[0] for k, v in self.config.items()}
         return problems
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["method"] == "a2po":  # specs stored before GRPO existed are A*-PO: keep them as they were
+            del out["method"]
+        return out
+
+    @property
+    def config_class(self) -> type[A2POConfig] | type[GRPOConfig]:
+        return CONFIG_CLASSES[self.method]
 
     # -- building the pieces ---------------------------------------------------------------------------------
 
-    def build_config(self, output_dir: str, **overrides: Any) -> A2POConfig:
-        """The `A2POConfig` of this run. Durable by default: a checkpoint (weights, optimizer, scheduler, RNG and
-        data position) every `save_steps` steps and every `save_every_seconds` (5 min) of training, the newest two
-        kept; `eval_steps` alone turns on periodic evaluation, as `save_steps` alone turns on step checkpoints."""
+    def build_config(self, output_dir: str, **overrides: Any) -> A2POConfig | GRPOConfig:
+        """The `A2POConfig` (or `GRPOConfig`) of this run. Durable by default: a checkpoint (weights, optimizer,
+        scheduler, RNG and data position) every `save_steps` steps and every `save_every_seconds` (5 min) of training,
+        the newest two kept; `eval_steps` alone turns on periodic evaluation, as `save_steps` alone turns on step
+        checkpoints."""
         values = {**RUN_CONFIG_DEFAULTS, **self.config, **overrides}
         if self.config.get("eval_steps") and "eval_strategy" not in self.config:
             values["eval_strategy"] = "steps"
@@ -282,7 +305,7 @@ class RunSpec:
         values["output_dir"] = output_dir
         values["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
         values.setdefault("run_name", self.name)
-        return A2POConfig(**values)
+        return self.config_class(**values)
 
     def build_datasets(self):
         """(train, eval) datasets; eval is held out from the same source (`eval_size` rows) or None."""
@@ -333,12 +356,16 @@ class RunSpec:
 
     def build_trainer(self, output_dir: str, callbacks: list | None = None, train_dataset=None, eval_dataset=None,
                       **config_overrides: Any):
-        """An `A2POTrainer` for this spec (datasets may be passed in, e.g. with known `v_star` values)."""
-        from a2po.trainer import A2POTrainer
+        """An `A2POTrainer` (or `GRPOTrainer`) for this spec (datasets may be passed in, e.g. with known `v_star`
+        values)."""
+        if self.method == "grpo":
+            from a2po.grpo_trainer import GRPOTrainer as trainer_class
+        else:
+            from a2po.trainer import A2POTrainer as trainer_class
 
         if train_dataset is None and eval_dataset is None:
             train_dataset, eval_dataset = self.build_datasets()
-        return A2POTrainer(model=self.model, reward_funcs=self.reward_funcs(),
+        return trainer_class(model=self.model, reward_funcs=self.reward_funcs(),
                            args=self.build_config(output_dir, **config_overrides), train_dataset=train_dataset,
                            eval_dataset=eval_dataset, callbacks=callbacks, peft_config=self.peft_config())
 
@@ -359,8 +386,11 @@ class RunSpec:
 
         default = preset_spec(DEFAULT_PRESET)
         out: dict[str, Any] = {"model": self.model, "run_name": self.name}
-        # The CLI starts from the default preset: a spec that leaves some of its settings out says so.
-        if set(default["config"]) - set(self.config):
+        if self.method != "a2po":
+            out["method"] = self.method
+        # The CLI starts from the default preset (the fields of this run's method): a spec that leaves some of its
+        # settings out says so.
+        if (set(default["config"]) & METHOD_CONFIG_FIELDS[self.method]) - set(self.config):
             out["preset"] = NO_PRESET
         d = self.dataset
         if d["source"] == "arithmetic":
@@ -413,7 +443,8 @@ class RunSpec:
         """This spec as a YAML file for `python -m a2po <action> --config FILE` (and the dashboard's Load)."""
         import yaml
 
-        header = f"# A*-PO run '{self.name}': python -m a2po {self.action} --config <this file>\n"
+        method = {"a2po": "A*-PO", "grpo": "GRPO"}[self.method]
+        header = f"# {method} run '{self.name}': python -m a2po {self.action} --config <this file>\n"
         return header + yaml.safe_dump(self.to_config_dict(), sort_keys=False, allow_unicode=True)
 
     def command(self) -> str:
