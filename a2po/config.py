@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
@@ -132,7 +132,7 @@ class _BaseConfig(TrainingArguments):
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]
 
     # (field, valid, message) for the fields every method shares; the subclasses add theirs (`_rules`).
-    RULES: tuple[Rule, ...] = (
+    RULES: ClassVar[tuple[Rule, ...]] = (
         ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1] (got {})"),
         ("temperature", lambda v: v > 0, "temperature must be > 0 (got {})"),
         ("max_completion_length", lambda v: v is None or v >= 1, "max_completion_length must be >= 1 or None (got {})"),
