@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # that spin-wait on 2 shared cores run up to 10x slower than one thread each.
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
 
-.PHONY: install app test lint bench chromium
+.PHONY: install app test stress lint bench chromium
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,12 @@ app: install
 test: install chromium
 	$(TEST_ENV) $(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/pytest -q
+
+# The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, and 10 examples
+# of the run state machine against real processes (`make test` runs 3 and 2).
+stress: install
+	$(TEST_ENV) A2PO_STRESS_RUNS=20 A2PO_MACHINE_EXAMPLES=10 $(VENV)/bin/pytest -q tests/test_chunks_stress.py \
+		tests/test_lifecycle_machine.py
 
 bench: install
 	$(PY) -m a2po.bench --size small

@@ -1,17 +1,25 @@
-"""Observer interface: how outside code (a dashboard, a logger, a test) watches an A*-PO run.
+"""Observer interface: how outside code (a dashboard, a logger, a test) watches an A*-PO or GRPO run.
 
-`A2POCallback` is a `transformers.TrainerCallback` with four extra events. Pass instances in
-`A2POTrainer(callbacks=[...])`. Standard Trainer events keep their usual meaning:
+`A2POCallback` is a `transformers.TrainerCallback` with a few extra events. Pass instances in
+`A2POTrainer(callbacks=[...])` or `GRPOTrainer(callbacks=[...])`. Standard Trainer events keep their usual meaning:
 
-- `on_log(args, state, control, logs=...)`: training metrics every `logging_steps`
-  (`loss`, `reward`, `v_star`, `advantage`, `implicit_reward`, `log_ratio`, `completion_length`, ...),
-  at step `state.global_step`; stage-1 summaries are logged as `values/<split>/...`.
-- `on_evaluate(args, state, control, metrics=...)`: `eval_accuracy`, `eval_loss`, `eval_reward`, ...
+- `on_log(args, state, control, logs=...)`: training metrics every `logging_steps`, at step `state.global_step`.
+  Both trainers log `loss, reward, reward_std, accuracy, completion_length, completion_clipped_frac, kl`,
+  `rewards/<func>`, `frac_nonfinite_loss` (the share of the window's micro-batches whose loss was NaN or inf, which
+  the Trainer's `logging_nan_inf_filter` hides from `loss`), `completion_tokens` (completion tokens sampled in
+  training so far, stage 1 not counted; a resumed run continues the count) and `peak_memory_gb` (the process's
+  peak RSS in GiB on a CPU, the CUDA allocator's peak on a GPU). A*-PO adds `v_star, advantage, implicit_reward,
+  log_ratio` (its `kl` is the mean sequence log-ratio log pi/pi_ref, GRPO's the per-token estimate of TRL) and
+  stage-1 summaries as `values/<split>/...` (with `runtime` and `completion_tokens`); GRPO adds
+  `frac_reward_zero_std` and `clip_ratio/...` (TRL's names), and logs `kl` only when beta > 0.
+- `on_evaluate(args, state, control, metrics=...)`: `eval_accuracy`, `eval_reward`, `eval_completion_length`,
+  and for A*-PO `eval_loss`, `eval_v_star`, ...
 - `on_step_end`: progress of stage 2 is `state.global_step / state.max_steps`.
 - `on_save`: a checkpoint was written under `args.output_dir`.
-- Setting `control.should_training_stop = True` from any event stops stage 2 after the current step, and
-  stage 1 after the current batch (then `estimate_optimal_values` raises `StageInterrupted`; the values
-  estimated so far were already delivered through `on_values_batch`).
+- Setting `control.should_training_stop = True` from any event stops stage 2 after the current step, stage 1
+  after the current batch (then `estimate_optimal_values` raises `StageInterrupted`; the values estimated so far
+  were already delivered through `on_values_batch`), and evaluation after the current batch (then `evaluate`
+  raises `StageInterrupted`).
 - Under several processes (`accelerate launch`) every process has its callbacks and they see the same events
   and data: `on_values_batch` and `on_samples` carry the rows of every process (gathered), and a stop (or a
   checkpoint, a log, an evaluation) asked by the callbacks of any one process happens on all of them at the same
@@ -26,10 +34,12 @@ A*-PO events (all arguments are keyword arguments; the library never imports a d
   `v_star`, `rewards` (N floats), `completions` (N strings), `num_correct`, `filtered`.
 - `on_values_end(split, values, summary)`: `values` is the full table (`datasets.Dataset`) for the split;
   `summary` holds `num_prompts`, `num_filtered`, `mean_v_star`, `pass_at_1`, `pass_at_n`, `num_value_samples`.
-- `on_samples(samples)`: the stage-2 completions of one training step, one dict per prompt with `step`,
-  `prompt_id`, `prompt_text` (what the model saw), `question` (what the user asked: the last user message),
-  `completion`, `reward`, `v_star`, `advantage`, `implicit_reward`,
-  `completion_length`, and `split` ("train" or "eval").
+- `on_samples(samples)`: the completions of one training step (or evaluation), one dict per completion with
+  `step`, `split` ("train" or the eval split), `prompt_id`, `sample_index` (0 for A*-PO and evaluation; 0..G-1
+  for GRPO's G completions of a prompt), `prompt_text` (what the model saw), `question` (what the user asked: the
+  last user message), `completion`, `reward`, `advantage`, `completion_length`, and `v_star`, `implicit_reward`
+  (A*-PO's; None for GRPO).
+- `on_evaluate_batch(split, done, total)`: one evaluation batch finished: `done` of `total` prompts of `split`.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import time
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 
 class StageInterrupted(RuntimeError):
@@ -59,6 +70,28 @@ class A2POCallback(TrainerCallback):
 
     def on_samples(self, args, state, control, *, samples: list[dict[str, Any]], **kwargs):
         pass
+
+    def on_evaluate_batch(self, args, state, control, *, split: str, done: int, total: int, **kwargs):
+        pass
+
+
+class RunCounters(TrainerCallback, ExportableState):
+    """Counters a resumed run continues from: kept in each checkpoint's `trainer_state.json` (`stateful_callbacks`,
+    saved by the Trainer with every checkpoint) and read back when training starts from one."""
+
+    def __init__(self, completion_tokens: int = 0) -> None:
+        self.completion_tokens = completion_tokens
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {}, "attributes": {"completion_tokens": self.completion_tokens}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = state.stateful_callbacks.get(type(self).__name__, {})
+        saved = saved[-1] if isinstance(saved, list) else saved
+        resumed = state.global_step > 0  # a fresh run starts at 0 (a second `train()` call too)
+        self.completion_tokens = saved.get("attributes", {}).get("completion_tokens", 0) if resumed else 0
+        # A checkpoint from before this counter has no entry, and the Trainer's save expects one.
+        state.stateful_callbacks[type(self).__name__] = self.state()
 
 
 class TimedCheckpoints(TrainerCallback):

@@ -1,4 +1,4 @@
-"""Command line: `python -m a2po {train,values,evaluate} [--config run.yaml] [--any_A2POConfig_field value]`.
+"""Command line: `python -m a2po {train,values,evaluate} [--method grpo] [--config run.yaml] [--any_field value]`.
 
     python -m a2po train --model SmolLM2-135M-Instruct --dataset arithmetic --reward exact_match --max_steps 50
     python -m a2po values --dataset data.jsonl --reward math_equivalence      # stage 1 only, saves the V* table
@@ -6,8 +6,10 @@
     python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
     python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
     python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
+    python -m a2po train --method grpo --num_generations 8 --beta 0.0 --loss_type dapo   # GRPO, same engine
 
-Every `A2POConfig` field is a flag; `--config` reads a YAML file of the same names (flags override it).
+Every field of the method's config (`A2POConfig`, or `GRPOConfig` with `--method grpo`) is a flag; `--config` reads
+a YAML file of the same names (flags override it).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from a2po.config import A2POConfig
-from a2po.presets import DEFAULT_PRESET, PRESETS, with_defaults
-from a2po.runspec import RunSpec
+from a2po.config import A2POConfig, GRPOConfig
+from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS, with_defaults
+from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
 
@@ -33,10 +35,13 @@ COMMANDS = ("train", "values", "evaluate")
 
 @dataclass
 class ScriptArguments:
-    """What to train on: model, data and rewards (the rest is `A2POConfig`)."""
+    """What to train on: method, model, data and rewards (the rest is the method's config)."""
 
+    method: str = field(default="a2po", metadata={"help": "a2po (A*-PO, the default) or grpo (GRPO on the same "
+                                                          "engine, for comparison): which config's flags apply."})
     preset: str = field(default=DEFAULT_PRESET, metadata={"help": "The run to start from (a2po.presets: "
-                                                                  f"{', '.join(PRESETS)}); flags change it."})
+                                                                  f"{', '.join([*PRESETS, NO_PRESET])}; none: the "
+                                                                  "library's defaults); flags change it."})
     model: str | None = field(default=None, metadata={"help": "Hub id, local path, or SmolLM2-135M-Instruct (the "
                                                               "offline default)."})
     dataset: str | None = field(default=None, metadata={"help": "'arithmetic', 'reasoning-gym', a "
@@ -100,6 +105,8 @@ def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -
                    "num_prompts": None, "eval_size": 64, "seed": 0, **given}
     run_name = config_fields.pop("run_name", None)
     partial: dict = {"action": command, "config": config_fields}
+    if script.method != "a2po":
+        partial["method"] = script.method
     if dataset:
         partial["dataset"] = dataset
     if script.model:
@@ -132,22 +139,39 @@ def _json_flag(flag: str, value: str | dict | list | None):
         raise SystemExit(f"{flag} must be JSON, e.g. '{{\"max_terms\": 3}}' (got {value!r}: {error}).") from None
 
 
-def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig, dict]:
+def _method_of(rest: list[str], from_file: dict) -> str:
+    """The `--method` of the command line (else of the YAML file, else "a2po"): it decides which config parses."""
+    method = from_file.get("method", "a2po")
+    for i, arg in enumerate(rest):
+        if arg == "--method" and i + 1 < len(rest):
+            method = rest[i + 1]
+        elif arg.startswith("--method="):
+            method = arg.split("=", 1)[1]
+    if method not in METHODS:
+        raise SystemExit(f"--method must be one of {', '.join(METHODS)} (got {method!r}).")
+    return method
+
+
+def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfig, dict]:
     if not argv or argv[0] not in COMMANDS:
-        raise SystemExit(f"usage: python -m a2po {{{','.join(COMMANDS)}}} [--config run.yaml] [options]\n"
-                         "Run `python -m a2po train --help` for every option.")
+        raise SystemExit(f"usage: python -m a2po {{{','.join(COMMANDS)}}} [--method grpo] [--config run.yaml] "
+                         "[options]\nRun `python -m a2po train --help` (or `train --method grpo --help`) for every "
+                         "option.")
     command, rest = argv[0], argv[1:]
-    parser = HfArgumentParser((ScriptArguments, A2POConfig))
-    parser.prog = f"python -m a2po {command}"
+    from_file = {}
     if "--config" in rest:
         i = rest.index("--config")
         with open(rest[i + 1]) as f:
-            parser.set_defaults(**(yaml.safe_load(f) or {}))
+            from_file = yaml.safe_load(f) or {}
         rest = rest[:i] + rest[i + 2:]
+    config_class = CONFIG_CLASSES[_method_of(rest, from_file)]
+    parser = HfArgumentParser((ScriptArguments, config_class))
+    parser.prog = f"python -m a2po {command}"
+    parser.set_defaults(**from_file)
     parser.set_defaults(output_dir=None)
     script, config = parser.parse_args_into_dataclasses(args=rest)
     # Only fields the user set (flags or YAML) go into the spec; defaults stay defaults.
-    defaults = A2POConfig.__dataclass_fields__
+    defaults = config_class.__dataclass_fields__
     given = {action.dest for action in parser._actions if action.dest in defaults and
              any(opt in rest for opt in action.option_strings)}
     given |= {k for k in parser._defaults if k in defaults} - {"output_dir"}
@@ -216,7 +240,8 @@ def spec_from_config_file(path: str, command: str = "train") -> RunSpec:
         raise ValueError(f"Not a readable YAML file: {error}") from None
     if not isinstance(loaded, dict):
         raise ValueError("A config file is a YAML mapping of flags, e.g. `learning_rate: 2.0e-5`.")
-    known = {f.name for f in fields(ScriptArguments)} | set(A2POConfig.__dataclass_fields__) | {"run_name"}
+    config_class = CONFIG_CLASSES.get(loaded.get("method", "a2po"), A2POConfig)
+    known = {f.name for f in fields(ScriptArguments)} | set(config_class.__dataclass_fields__) | {"run_name"}
     unknown = sorted(set(loaded) - known)
     if unknown:
         raise ValueError(f"Unknown settings in the config file: {', '.join(map(str, unknown))}.")

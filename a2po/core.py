@@ -1,4 +1,4 @@
-r"""The A*-PO math, in one place.
+r"""The math, in one place: A*-PO, and GRPO beside it.
 
 Stage 1 (offline, reference policy pi_ref, N samples y_1..y_N per prompt x, binary rewards r_i):
 
@@ -15,6 +15,15 @@ Stage 2 (on-policy, one sample y ~ pi(.|x) per prompt):
 
 summed over the completion tokens up to and including the first end-of-sequence token. beta2 * log_ratio is the
 implicit reward, r - V* the optimal-advantage estimate.
+
+GRPO, for comparison (`GRPOTrainer`; G samples y_1..y_G per prompt from the current policy, every step):
+
+    A_i = (r_i - mean_j r_j) / (std_j r_j + 1e-4)            (`group_advantages`)
+    loss = -mean over tokens of min(ratio_t * A_i, clip(ratio_t, 1 - eps, 1 + eps_high) * A_i) + beta * KL_t
+
+with ratio_t = pi(y_t) / pi_old(y_t); the aggregation over tokens is `loss_type`'s (`grpo_loss`). Where A*-PO
+samples once per prompt per step and regresses onto a target fixed before training, GRPO samples G times per prompt
+per step and compares the G samples with each other.
 """
 
 from __future__ import annotations
@@ -105,6 +114,88 @@ def a2po_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, rewards: torc
     advantage = (rewards - v_star).to(implicit_reward.dtype)
     loss = ((implicit_reward - advantage) ** 2).mean()
     stats = {"log_ratio": log_ratio.detach(), "implicit_reward": implicit_reward.detach(), "advantage": advantage}
+    return loss, stats
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int,
+                     scale_rewards: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO's advantages for rewards of shape (prompts * G,), grouped by prompt (row i * G + j is sample j of i).
+
+        A_i = r_i - mean_group(r)                              scale_rewards = "none"
+        A_i = (r_i - mean_group(r)) / (std_group(r) + 1e-4)    "group"
+        A_i = (r_i - mean_group(r)) / (std_batch(r) + 1e-4)    "batch" (std over all the rows given)
+
+    std is the sample standard deviation (Bessel's correction), as in TRL. A group whose rewards are all equal gets
+    A = 0 under every scaling: it carries no learning signal. Returns the advantages and the std of each row (its
+    group's, or the batch's for "batch"), whose zeros TRL logs as `frac_reward_zero_std`.
+    """
+    grouped = rewards.view(-1, num_generations)
+    mean = grouped.mean(dim=1).repeat_interleave(num_generations)
+    if scale_rewards == "batch":
+        std = (rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())).expand_as(rewards)
+    else:
+        std = grouped.std(dim=1).repeat_interleave(num_generations)
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
+    return advantages, std
+
+
+def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
+              advantages: torch.Tensor, mask: torch.Tensor, *, loss_type: str = "dapo", beta: float = 0.0,
+              epsilon_low: float = 0.2, epsilon_high: float = 0.2, max_completion_length: int | None = None,
+              num_items: torch.Tensor | float | None = None,
+              bias_correction_kl: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer` computes it (token-level ratios).
+
+    `logps`, `old_logps`, `ref_logps`: (rows, T) per-token log-probs of the completions under the policy, the
+    policy that sampled them (None: the same, detached: `num_iterations` = 1) and the reference; `advantages`
+    (rows,); `mask` (rows, T), 1 on the completion tokens that count. Per token t of row i:
+
+        ratio_t = exp(log pi(y_t) - log pi_old(y_t))
+        l_t = -min(ratio_t * A_i, clip(ratio_t, 1 - epsilon_low, 1 + epsilon_high) * A_i)
+        kl_t = exp(log pi_ref(y_t) - log pi(y_t)) - (log pi_ref(y_t) - log pi(y_t)) - 1      (>= 0)
+        l_t += beta * kl_t * ratio_t     (or beta * kl_t without `bias_correction_kl`)
+
+    and over the micro-batch, with m the mask:
+
+        grpo:     mean_i ( sum_t m l / max(sum_t m, 1) )          each completion weighs the same
+        bnpo:     sum m l / max(sum m, 1)                         each token of the micro-batch weighs the same
+        dr_grpo:  sum m l / (rows * max_completion_length)
+        dapo:     sum m l / num_items                             each token of the optimizer step weighs the same
+
+    `num_items` (dapo): the mask tokens of the optimizer step's whole batch (all micro-batches, all processes)
+    divided by the number of processes, so the micro-batch losses add up to the step's token mean. The other three
+    are micro-batch means: the trainer divides them by the number of micro-batches.
+
+    Returns the loss and detached statistics: per-token `kl` (beta > 0), and the masks `low_clipped` (ratio below
+    1 - epsilon_low with A < 0) and `high_clipped` (above 1 + epsilon_high with A > 0), whose means TRL logs.
+    """
+    old_logps = logps.detach() if old_logps is None else old_logps
+    advantages = advantages[:, None]
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    stats: dict[str, torch.Tensor] = {}
+    if beta != 0.0:
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if bias_correction_kl:
+            kl = kl * ratio
+        per_token = per_token + beta * kl
+        stats["kl"] = kl.detach()
+    mask = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+    elif loss_type == "dapo":
+        loss = (per_token * mask).sum() / num_items
+    else:
+        raise ValueError(f"Unknown loss_type {loss_type!r}: use grpo, dr_grpo, dapo or bnpo.")
+    stats["low_clipped"] = ((ratio < 1 - epsilon_low) & (advantages < 0)).detach()
+    stats["high_clipped"] = ((ratio > 1 + epsilon_high) & (advantages > 0)).detach()
     return loss, stats
 
 

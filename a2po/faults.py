@@ -15,8 +15,9 @@ Unset (always, outside tests) the points cost one dictionary lookup.
 
 Points in the library: `values_batch` (a stage-1 batch sampled and scored, not yet handed to the callbacks),
 `train_step` (a stage-2 step's completions sampled, before its loss and backward pass), `checkpoint` (a
-checkpoint's weights written, its optimizer, scheduler, RNG and trainer state not yet). The studio's worker adds
-its own (`app.worker`).
+checkpoint's weights written, its optimizer, scheduler, RNG and trainer state not yet), `evaluate_batch` (an
+evaluation batch decoded and scored). The studio's worker adds its own (`app.worker`: `worker_start`, `record_end`,
+`worker_exit`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ opens and the bare CLI command describe the same run. `with_defaults(spec)` fill
     "quick-look"      stage 1 only: V* of 64 prompts in about a minute
     "step-by-step-gpu" Qwen2.5-0.5B-Instruct on reasoning-gym word problems, 512-token reasoning (a GPU; hub model)
     "custom"          the teaching demo's settings as a starting point to edit
-    "none"            no preset: the library's own defaults (`A2POConfig`, TRL's) for whatever a spec leaves out
+    "none"            no preset: the library's own defaults for whatever a spec leaves out (`RunSpec`'s, and
+                      `A2POConfig`'s, which are TRL's, for its settings)
+
+Each preset is the one source of its run's defaults: a setting it does not name is the library's
+(`a2po.runspec.config_default`), in the CLI, the dashboard's form and its API alike.
 """
 
 from __future__ import annotations
@@ -67,27 +71,40 @@ PRESET_DESCRIPTIONS = {
                         "problems (reasoning-gym gsm_symbolic, <answer> tags, 512 tokens); needs the hub model (or its "
                         "folder) and a GPU.",
     "custom": "Custom: start from the demo's settings and change anything.",
+    "none": "No preset: the library's own defaults for every setting (A2POConfig's, which are TRL's: 256 "
+            "completion tokens, learning rate 5e-5, gradient checkpointing).",
 }
 
 
 def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
-    """A copy of preset `name` (a complete run spec)."""
+    """A copy of preset `name` (a complete run spec; "none": the library's defaults, `RunSpec()`, with an empty
+    config, so every setting is A2POConfig's)."""
+    if name == NO_PRESET:
+        from a2po.runspec import RunSpec
+
+        library = RunSpec().to_dict()
+        return {k: library[k] for k in ("name", "action", "model", "dataset", "rewards", "config", "peft")}
     if name not in PRESETS:
-        raise ValueError(f"Unknown preset {name!r}: use one of {', '.join(PRESETS)}.")
+        raise ValueError(f"Unknown preset {name!r}: use one of {', '.join([*PRESETS, NO_PRESET])}.")
     return copy.deepcopy(PRESETS[name])
 
 
 def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, Any]:
     """`spec` completed from a preset (`preset`, else `spec["preset"]`, else the default): keys it gives win;
-    its `config` is merged key by key; a `dataset` of the preset's source is merged, one of another source
-    replaces the preset's. The result has no "preset" key."""
+    its `config` is merged key by key (for a method other than A*-PO, only the preset's settings that method has);
+    a `dataset` of the preset's source is merged, one of another source replaces the preset's. The result has no
+    "preset" key."""
     spec = dict(spec)
     name = preset or spec.get("preset") or DEFAULT_PRESET
     spec.pop("preset", None)
-    if name == NO_PRESET:
-        return copy.deepcopy(spec)
     base = preset_spec(name)
     out = {**base, **{k: copy.deepcopy(v) for k, v in spec.items() if k not in ("config", "dataset")}}
+    method = spec.get("method", "a2po")
+    if method != "a2po":  # a preset's A*-PO-only settings (N, beta1, ...) mean nothing to another method
+        from a2po.runspec import METHOD_CONFIG_FIELDS
+
+        fields = METHOD_CONFIG_FIELDS.get(method, set())
+        out["config"] = base["config"] = {k: v for k, v in base["config"].items() if k in fields}
     if isinstance(spec.get("config"), dict):
         out["config"] = {**base["config"], **copy.deepcopy(spec["config"])}
     elif "config" in spec:

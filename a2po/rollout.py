@@ -147,12 +147,15 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
     return completions[:, :length]
 
 
-def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Sum over completion tokens (where `completion_mask` is 1) of log pi(y_t | x, y_<t); shape (batch,).
+def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """log pi(y_t | x, y_<t) of each completion token, 0 where `completion_mask` is 0; shape (batch, T).
 
-    Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax is gathered in
-    chunks (`core.token_logprobs`), so the full-vocabulary float32 log-softmax never exists for the whole sequence.
+    With `temperature`, pi is the tempered policy softmax(logits / temperature) that sampled the tokens (GRPO's
+    ratios, as in TRL). Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax
+    is gathered in chunks (`core.token_logprobs`), so the full-vocabulary float32 log-softmax never exists for the
+    whole sequence.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -161,5 +164,12 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=positions_from_mask(attention_mask), use_cache=False, **kwargs).logits
     logits = logits[:, -num_completion - 1:-1]
-    logps = token_logprobs(logits, completion_ids)
-    return (logps * completion_mask).sum(-1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return token_logprobs(logits, completion_ids) * completion_mask
+
+
+def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Sum over completion tokens (where `completion_mask` is 1) of log pi(y_t | x, y_<t); shape (batch,)."""
+    return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask).sum(-1)

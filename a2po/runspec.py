@@ -1,4 +1,4 @@
-"""A run as plain data: model, dataset, rewards, A2POConfig fields, LoRA. One spec drives the CLI and the dashboard.
+"""A run as plain data: method, model, dataset, rewards, config fields, LoRA. One spec drives the CLI and the dashboard.
 
     {"name": "demo", "action": "train",            # "values" (stage 1 only) | "train" | "evaluate"
      "model": "SmolLM2-135M-Instruct",             # the offline default, a hub id or a local path
@@ -7,12 +7,14 @@
                                                    #     "prompt_column": ..., "answer_column": ..., "eval_size": ...}
                                                    # or {"source": "reasoning-gym", "task": ..., ...} (a2po.tasks)
      "rewards": [{"name": "exact_match", "weight": 1.0}],
-     "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field
+     "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field (GRPOConfig's for grpo)
      "peft": None or {"r": 16, "lora_alpha": 32},
      "num_processes": 1,                           # >1: `accelerate launch` (DDP on GPUs, gloo on the CPU)
      "fsdp": None,                                 # or "FULL_SHARD", ...: FSDP instead of DDP (GPUs only)
-     "runner": "worker"}                           # the studio's: one long worker process, or "chunked":
+     "runner": "worker",                           # the studio's: one long worker process, or "chunked":
                                                    # short chunks that each resume from disk (app.chunks)
+     "method": "a2po"}                             # or "grpo": GRPOTrainer, `config` holds GRPOConfig fields;
+                                                   # a spec without the key is A*-PO (and `to_dict` leaves it out)
 """
 
 from __future__ import annotations
@@ -25,18 +27,54 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from a2po.config import A2POConfig
+from a2po.config import MAX_SEED, A2POConfig, ConfigError, GRPOConfig, real_number, whole_number
 
 ACTIONS = ("values", "train", "evaluate")
+CONFIG_CLASSES = {"a2po": A2POConfig, "grpo": GRPOConfig}  # one config class per method, as in TRL
+METHODS = tuple(CONFIG_CLASSES)
 RUNNERS = ("worker", "chunked")  # how the studio executes a run (`app.jobs`, `app.chunks`); the CLI ignores it
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                     "eval_size": 64}
+# The keys of a dataset of each source ("reasoning-gym": `a2po.tasks.SPEC_KEYS`).
+DATASET_KEYS = {
+    "arithmetic": {"source", "num_prompts", "difficulty", "operations", "seed", "eval_size", "system_prompt"},
+    "file": {"source", "path", "split", "config_name", "prompt_column", "answer_column", "num_prompts", "eval_size",
+             "seed", "system_prompt"},
+    "hub": {"source", "name", "split", "config_name", "prompt_column", "answer_column", "num_prompts", "eval_size",
+            "seed", "system_prompt"},
+}
+PEFT_KEYS = ("r", "lora_alpha", "lora_dropout")
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(A2POConfig)}
+METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} for method, cls in CONFIG_CLASSES.items()}
 # What a studio or CLI run uses where its spec says nothing (A2POConfig itself keeps TRL's defaults).
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
                                        "save_every_seconds": 300.0, "save_total_limit": 2}
+_CHECK_DIR = "/tmp/a2po-spec-check"  # an output_dir for building a config only to check it (nothing is written)
+
+
+def config_default(name: str) -> Any:
+    """What a run uses for config field `name` when its spec leaves it out: `RUN_CONFIG_DEFAULTS`, else
+    A2POConfig's own default (TRL's)."""
+    if name in RUN_CONFIG_DEFAULTS:
+        return RUN_CONFIG_DEFAULTS[name]
+    found = A2POConfig.__dataclass_fields__[name]
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default
+
+
+class SpecError(ValueError):
+    """An invalid run spec: `problems` maps each field's path (`config.beta1`, `dataset.num_prompts`, `rewards`) to
+    a sentence that names the field and the fix."""
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        self.problems = dict(problems)
+        super().__init__("Invalid run spec: " + "; ".join(f"{path}: {message}"
+                                                          for path, message in self.problems.items()) + ".")
+
+
+def _spec_keys() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunSpec))
 
 
 def _default_model() -> str:
@@ -63,68 +101,202 @@ class RunSpec:
     # How the studio runs it: "worker" (one process from start to end) or "chunked" (a sequence of short chunks,
     # each restoring the run from its checkpoint and stored V*, as on a ZeroGPU Space; `app.chunks`). One process.
     runner: str = "worker"
+    # The method: "a2po" (A*-PO) or "grpo" (GRPO on the same engine, for comparison); `config` holds that method's
+    # config fields (A2POConfig's or GRPOConfig's).
+    method: str = "a2po"
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
-        """Validate a spec; every problem is reported at once, naming the field and the fix."""
-        from a2po.rewards import REWARD_FUNCTIONS
-
+        """Validate a spec (the library's rules, for the CLI and the studio alike); every problem is reported at
+        once (`SpecError`), keyed by the field's path. The run it returns has its numbers converted (8.0 -> 8)."""
+        if not isinstance(spec, dict):
+            raise SpecError({"spec": f"a run spec is an object of {', '.join(_spec_keys())} (got {spec!r:.40})"})
         if "num_devices" in spec:  # specs stored before the field was renamed
             spec = {**{k: v for k, v in spec.items() if k != "num_devices"},
                     "num_processes": spec.get("num_processes", spec["num_devices"])}
-        unknown = set(spec) - {f.name for f in dataclasses.fields(cls)}
-        problems = [f"unknown spec keys {sorted(unknown)}"] if unknown else []
-        run = cls(**{k: copy.deepcopy(v) for k, v in spec.items() if k not in unknown})
-        run.dataset = {**DATASET_DEFAULTS, **run.dataset} if run.dataset.get("source", "arithmetic") == "arithmetic" \
-            else dict(run.dataset)
+        problems = {str(k): f"unknown spec key; use {', '.join(_spec_keys())}" for k in spec if k not in _spec_keys()}
+        run = cls(**{k: copy.deepcopy(v) for k, v in spec.items() if k in _spec_keys()})
+        if not isinstance(run.name, str) or not run.name.strip() or any(ord(c) < 32 for c in run.name):
+            problems["name"] = f"name must be text on one line, not empty (got {run.name!r:.40})"
+        if run.method not in METHODS:
+            problems["method"] = f"method must be one of {', '.join(METHODS)} (got {run.method!r:.40})"
+            run.method = "a2po"  # check the rest against A*-PO's fields
         if run.action not in ACTIONS:
-            problems.append(f"action must be one of {ACTIONS} (got {run.action!r})")
-        if not str(run.model).strip():
-            problems.append("model is empty: give a hub id, a local path or 'SmolLM2-135M-Instruct'")
-        from a2po.tasks import TASK_REWARD, TASK_SOURCE, reward_problems, validate_task_spec
+            problems["action"] = f"action must be one of {', '.join(ACTIONS)} (got {run.action!r:.40})"
+        elif run.action == "values" and run.method != "a2po":
+            problems["action"] = ("action 'values' is A*-PO's stage 1 (V* estimation), and GRPO has no stage 1: use "
+                                  "'train' or 'evaluate'")
+        if not isinstance(run.model, str) or not run.model.strip():
+            problems["model"] = (f"model is empty: give a hub id (org/name), a model folder or 'SmolLM2-135M-Instruct' "
+                                 f"(got {run.model!r:.40})")
+        problems.update(run._dataset_problems())
+        source = run.dataset.get("source") if isinstance(run.dataset, dict) else None
+        from a2po.tasks import TASK_REWARD, TASK_SOURCE
 
-        source = run.dataset.get("source")
         if source == TASK_SOURCE and "rewards" not in spec:  # a task is scored by its own checker
             run.rewards = [{"name": TASK_REWARD, "weight": 1.0}]
-        if source not in ("arithmetic", "file", "hub", TASK_SOURCE):
-            problems.append(f"dataset.source must be 'arithmetic', 'file', 'hub' or {TASK_SOURCE!r} (got {source!r})")
-        elif source == TASK_SOURCE:
-            problems += validate_task_spec(run.dataset)
-        problems += reward_problems(source, run.rewards)
-        if not run.rewards:
-            problems.append(f"rewards is empty: choose at least one of {sorted(REWARD_FUNCTIONS)}")
-        for reward in run.rewards:
-            if reward.get("name") not in REWARD_FUNCTIONS:
-                problems.append(f"unknown reward {reward.get('name')!r}; known: {sorted(REWARD_FUNCTIONS)}")
-        if isinstance(run.num_processes, bool) or not isinstance(run.num_processes, int) or run.num_processes < 1:
-            problems.append(f"num_processes must be a whole number >= 1 (got {run.num_processes!r})")
+        problems.update(run._reward_problems(source))
+        problems.update(run._peft_problems())
+        processes = whole_number(run.num_processes)
+        if processes is None or processes < 1:
+            problems["num_processes"] = f"num_processes must be a whole number >= 1 (got {run.num_processes!r:.40})"
+        else:
+            run.num_processes = processes
         if run.fsdp is not None and run.fsdp not in FSDP_STRATEGIES:
-            problems.append(f"fsdp must be None (DDP) or one of {FSDP_STRATEGIES} (got {run.fsdp!r})")
-        elif run.fsdp is not None and run.num_processes < 2:
-            problems.append("fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)")
+            problems["fsdp"] = f"fsdp must be None (DDP) or one of {', '.join(FSDP_STRATEGIES)} (got {run.fsdp!r:.40})"
+        elif run.fsdp is not None and processes is not None and processes < 2:
+            problems["fsdp"] = "fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)"
         if run.runner not in RUNNERS:
-            problems.append(f"runner must be one of {RUNNERS} (got {run.runner!r})")
-        elif run.runner == "chunked" and run.num_processes != 1:
-            problems.append("the chunked runner runs one process: set num_processes to 1 (or runner 'worker')")
-        if not isinstance(run.dataset.get("system_prompt", ""), (str, type(None))):
-            problems.append("dataset.system_prompt must be a string (\"\" for an empty system message) or null")
-        bad_fields = set(run.config) - CONFIG_FIELDS
-        if bad_fields:
-            problems.append(f"unknown A2POConfig fields {sorted(bad_fields)}")
+            problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {run.runner!r:.40})"
+        elif run.runner == "chunked" and processes not in (None, 1):
+            problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
+        problems.update(run._config_problems(valid=not {p.split(".")[0] for p in problems} & {"name", "dataset",
+                                                                                               "rewards"}))
         if problems:
-            raise ValueError("Invalid run spec: " + "; ".join(problems) + ".")
-        run.build_config("/tmp/a2po-spec-check")  # A2POConfig's own checks (beta1 > 0, ...)
+            raise SpecError(problems)
         return run
 
+    def _dataset_problems(self) -> dict[str, str]:
+        """Problems of `dataset`, by path (`dataset.num_prompts`); converts its numbers in place."""
+        from a2po.data import MAX_DIFFICULTY, OPERATIONS
+        from a2po.tasks import TASK_SOURCE, validate_task_spec
+
+        if not isinstance(self.dataset, dict):
+            return {"dataset": f"dataset must be an object such as {DATASET_DEFAULTS} (got {self.dataset!r:.40})"}
+        if self.dataset.get("source", "arithmetic") == "arithmetic":
+            self.dataset = {**DATASET_DEFAULTS, **self.dataset}
+        d, problems = self.dataset, {}
+        source = d.get("source")
+        if source == TASK_SOURCE:
+            for problem in validate_task_spec(d):
+                path, _, message = problem.partition(" ")
+                key = path if path.startswith("dataset.") and not path.endswith(":") else "dataset"
+                problems[key] = f"{problems[key]}; {problem}" if key in problems else problem
+            return problems
+        if source not in DATASET_KEYS:
+            return {"dataset.source": f"dataset.source must be one of {', '.join([*DATASET_KEYS, TASK_SOURCE])} "
+                                      f"(got {source!r:.40})"}
+        unknown = set(d) - DATASET_KEYS[source]
+        if unknown:
+            problems["dataset"] = f"dataset has keys {sorted(unknown)} that a {source} source does not use; use " \
+                                  f"{sorted(DATASET_KEYS[source])}"
+        wholes = {"eval_size": (0, None), "seed": (0, MAX_SEED), "num_prompts": (1, None)}
+        if source == "arithmetic":
+            wholes["difficulty"] = (1, MAX_DIFFICULTY)
+            operations = d.get("operations")
+            if not isinstance(operations, str) or not operations or set(operations) - set(OPERATIONS):
+                problems["dataset.operations"] = (f"dataset.operations must be some of {''.join(OPERATIONS)}, e.g. "
+                                                  f"'+-' (got {operations!r:.40})")
+        optional = {"eval_size"} if source == "arithmetic" else {"eval_size", "num_prompts"}
+        for key, (low, high) in wholes.items():
+            if d.get(key) is None and key in optional:
+                continue  # no held-out prompts; every row of the data
+            number = whole_number(d.get(key))
+            if number is None or number < low or (high is not None and number > high):
+                bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+                problems[f"dataset.{key}"] = f"dataset.{key} must be a whole number {bounds} (got {d.get(key)!r:.40})"
+            else:
+                d[key] = number
+        required = {"file": "path", "hub": "name"}.get(source)
+        if required and (not isinstance(d.get(required), str) or not d[required].strip()):
+            what = "a .jsonl, .json, .csv or .parquet file (or upload one)" if source == "file" else \
+                "a hub dataset id such as openai/gsm8k"
+            problems[f"dataset.{required}"] = f"dataset.{required} is empty: give {what}"
+        for key in ("prompt_column", "answer_column", "split", "config_name"):
+            if d.get(key) is not None and not isinstance(d[key], str):
+                problems[f"dataset.{key}"] = f"dataset.{key} must be text or null (got {d[key]!r:.40})"
+        if not isinstance(d.get("system_prompt", ""), (str, type(None))):
+            problems["dataset.system_prompt"] = ("dataset.system_prompt must be a string (\"\" for an empty system "
+                                                 "message) or null")
+        return problems
+
+    def _reward_problems(self, source: str | None) -> dict[str, str]:
+        """Problems of `rewards` (under "rewards"); gives each reward its weight as a float."""
+        from a2po.rewards import REWARD_FUNCTIONS
+        from a2po.tasks import reward_problems
+
+        known = ", ".join(REWARD_FUNCTIONS)
+        if not isinstance(self.rewards, list) or not self.rewards:
+            return {"rewards": f"rewards is empty: choose at least one of {known}"}
+        problems, seen = [], set()
+        for reward in self.rewards:
+            name = reward.get("name") if isinstance(reward, dict) else None
+            weight = real_number(reward.get("weight", 1.0)) if isinstance(reward, dict) else None
+            if not isinstance(reward, dict) or set(reward) - {"name", "weight"}:
+                problems.append(f"each reward is {{\"name\": ..., \"weight\": ...}} (got {reward!r:.60})")
+            elif name not in REWARD_FUNCTIONS:
+                problems.append(f"unknown reward {name!r:.40}; known: {known}")
+            elif weight is None or weight <= 0:
+                problems.append(f"the weight of {name} must be a number > 0 (got {reward.get('weight')!r:.40})")
+            elif name in seen:
+                problems.append(f"reward {name} is listed twice")
+            seen.add(name)
+        if not problems:
+            self.rewards = [{"name": r["name"], "weight": float(r.get("weight", 1.0))} for r in self.rewards]
+            problems = reward_problems(source, self.rewards)
+        return {"rewards": "; ".join(problems)} if problems else {}
+
+    def _peft_problems(self) -> dict[str, str]:
+        """Problems of `peft` (None, or LoRA's r, lora_alpha and lora_dropout), by path."""
+        if self.peft is None or self.peft is False:
+            self.peft = None
+            return {}
+        if not isinstance(self.peft, dict) or set(self.peft) - set(PEFT_KEYS):
+            return {"peft": f"peft must be null (no LoRA), or an object with r, lora_alpha and optionally lora_dropout "
+                            f"(got {self.peft!r:.60})"}
+        problems = {}
+        rank = whole_number(self.peft.get("r", 16))
+        if rank is None or rank < 1:
+            problems["peft.r"] = f"peft.r (the LoRA rank) must be a whole number >= 1 (got {self.peft.get('r')!r:.40})"
+        elif "r" in self.peft:
+            self.peft["r"] = rank
+        alpha = real_number(self.peft.get("lora_alpha", 32))
+        if alpha is None or alpha <= 0:
+            problems["peft.lora_alpha"] = (f"peft.lora_alpha must be a number > 0 (got "
+                                           f"{self.peft.get('lora_alpha')!r:.40})")
+        dropout = real_number(self.peft.get("lora_dropout", 0.0))
+        if dropout is None or not 0 <= dropout < 1:
+            problems["peft.lora_dropout"] = (f"peft.lora_dropout must be in [0, 1) (got "
+                                             f"{self.peft.get('lora_dropout')!r:.40})")
+        return problems
+
+    def _config_problems(self, valid: bool) -> dict[str, str]:
+        """Problems of `config`, by path (`config.beta1`: the method's config's own checks); converts its values to
+        their fields' types. `valid`: the name, dataset and rewards it is built with are valid (else stand-ins are)."""
+        from a2po.config import coerce_field
+
+        name, fields = self.config_class.__name__, METHOD_CONFIG_FIELDS[self.method]
+        if not isinstance(self.config, dict):
+            return {"config": f"config must be an object of {name} fields (got {self.config!r:.40})"}
+        problems = {f"config.{k}": f"{k} is not a {name} field" for k in self.config if k not in fields}
+        known = {k: v for k, v in self.config.items() if k in fields}
+        probe = self if valid else dataclasses.replace(self, name="a2po-run", dataset={}, rewards=[])
+        try:
+            dataclasses.replace(probe, config=known).build_config(_CHECK_DIR)
+        except ConfigError as error:
+            problems.update({f"config.{k}": message for k, message in error.problems.items()})
+        except (ValueError, TypeError) as error:  # TrainingArguments' own checks, which name no field
+            problems["config"] = str(error)
+        self.config = {k: coerce_field(k, v, self.config_class)[0] for k, v in self.config.items()}
+        return problems
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["method"] == "a2po":  # specs stored before GRPO existed are A*-PO: keep them as they were
+            del out["method"]
+        return out
+
+    @property
+    def config_class(self) -> type[A2POConfig] | type[GRPOConfig]:
+        return CONFIG_CLASSES[self.method]
 
     # -- building the pieces ---------------------------------------------------------------------------------
 
-    def build_config(self, output_dir: str, **overrides: Any) -> A2POConfig:
-        """The `A2POConfig` of this run. Durable by default: a checkpoint (weights, optimizer, scheduler, RNG and
-        data position) every `save_steps` steps and every `save_every_seconds` (5 min) of training, the newest two
-        kept; `eval_steps` alone turns on periodic evaluation, as `save_steps` alone turns on step checkpoints."""
+    def build_config(self, output_dir: str, **overrides: Any) -> A2POConfig | GRPOConfig:
+        """The `A2POConfig` (or `GRPOConfig`) of this run. Durable by default: a checkpoint (weights, optimizer,
+        scheduler, RNG and data position) every `save_steps` steps and every `save_every_seconds` (5 min) of training,
+        the newest two kept; `eval_steps` alone turns on periodic evaluation, as `save_steps` alone turns on step
+        checkpoints."""
         values = {**RUN_CONFIG_DEFAULTS, **self.config, **overrides}
         if self.config.get("eval_steps") and "eval_strategy" not in self.config:
             values["eval_strategy"] = "steps"
@@ -133,7 +305,7 @@ class RunSpec:
         values["output_dir"] = output_dir
         values["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
         values.setdefault("run_name", self.name)
-        return A2POConfig(**values)
+        return self.config_class(**values)
 
     def build_datasets(self):
         """(train, eval) datasets; eval is held out from the same source (`eval_size` rows) or None."""
@@ -184,12 +356,16 @@ class RunSpec:
 
     def build_trainer(self, output_dir: str, callbacks: list | None = None, train_dataset=None, eval_dataset=None,
                       **config_overrides: Any):
-        """An `A2POTrainer` for this spec (datasets may be passed in, e.g. with known `v_star` values)."""
-        from a2po.trainer import A2POTrainer
+        """An `A2POTrainer` (or `GRPOTrainer`) for this spec (datasets may be passed in, e.g. with known `v_star`
+        values)."""
+        if self.method == "grpo":
+            from a2po.grpo_trainer import GRPOTrainer as trainer_class
+        else:
+            from a2po.trainer import A2POTrainer as trainer_class
 
         if train_dataset is None and eval_dataset is None:
             train_dataset, eval_dataset = self.build_datasets()
-        return A2POTrainer(model=self.model, reward_funcs=self.reward_funcs(),
+        return trainer_class(model=self.model, reward_funcs=self.reward_funcs(),
                            args=self.build_config(output_dir, **config_overrides), train_dataset=train_dataset,
                            eval_dataset=eval_dataset, callbacks=callbacks, peft_config=self.peft_config())
 
@@ -210,8 +386,11 @@ class RunSpec:
 
         default = preset_spec(DEFAULT_PRESET)
         out: dict[str, Any] = {"model": self.model, "run_name": self.name}
-        # The CLI starts from the default preset: a spec that leaves some of its settings out says so.
-        if set(default["config"]) - set(self.config):
+        if self.method != "a2po":
+            out["method"] = self.method
+        # The CLI starts from the default preset (the fields of this run's method): a spec that leaves some of its
+        # settings out says so.
+        if (set(default["config"]) & METHOD_CONFIG_FIELDS[self.method]) - set(self.config):
             out["preset"] = NO_PRESET
         d = self.dataset
         if d["source"] == "arithmetic":
@@ -264,7 +443,8 @@ class RunSpec:
         """This spec as a YAML file for `python -m a2po <action> --config FILE` (and the dashboard's Load)."""
         import yaml
 
-        header = f"# A*-PO run '{self.name}': python -m a2po {self.action} --config <this file>\n"
+        method = {"a2po": "A*-PO", "grpo": "GRPO"}[self.method]
+        header = f"# {method} run '{self.name}': python -m a2po {self.action} --config <this file>\n"
         return header + yaml.safe_dump(self.to_config_dict(), sort_keys=False, allow_unicode=True)
 
     def command(self) -> str:

@@ -2,7 +2,9 @@
 
 The data folder (`--data-dir`, else `$A2PO_STUDIO_DATA`, else ~/.local/share/a2po-studio) holds the database
 (studio.db), run outputs and checkpoints, exports, and the caches (converted default model, Gradio uploads).
-One studio serves a data folder at a time: a second one on the same folder says so and exits.
+One studio serves a data folder at a time: a second one on the same folder says so and exits. Like its workers, it
+works in the empty folder `<data-dir>/cache/worker-cwd`, so a dataset or model name never means a folder of the
+directory it was started from.
 
 Signals: SIGTERM (`docker stop`, a Space restart, systemd) stops the deployment: every worker saves a checkpoint
 and stops, its run becomes "interrupted", and the next start resumes it (unless `--no-resume`). Give it time:
@@ -53,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="A user who may launch runs (repeatable). Viewers need no login.")
     sharing.add_argument("--auth-file", type=Path, help="A file of USER:PASSWORD[:admin] lines.")
     sharing.add_argument("--hf-oauth", action="store_true", default=bool(os.environ.get("OAUTH_CLIENT_ID")),
-                         help="Sign in with Hugging Face (on by itself on a Space with hf_oauth: true).")
+                         help="Sign in with Hugging Face, on a Space only (on by itself with hf_oauth: true in "
+                              "its README header); elsewhere use --auth-file.")
     sharing.add_argument("--admin", action="append", default=[], metavar="NAME",
                          help="A Hugging Face user name (or password user) who may stop or delete any run.")
     sharing.add_argument("--allow-remote-code", action="store_true",
@@ -108,17 +111,41 @@ def build_policy(args: argparse.Namespace, data_dir: Path):
                   zerogpu=zerogpu_enabled())
 
 
+# Folders named by the environment: made absolute, since the studio and its workers leave the folder they were
+# started in (`enter_worker_cwd`).
+PATH_VARIABLES = ("GRADIO_TEMP_DIR", "A2PO_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+
+
 def prepare_environment(data_dir: Path) -> None:
     """No telemetry, and every cache under the data folder (unless the user set one already)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("GRADIO_TEMP_DIR", str(data_dir / "cache" / "gradio"))
     os.environ.setdefault("A2PO_CACHE_DIR", str(data_dir / "cache" / "models"))
+    for name in PATH_VARIABLES:
+        if os.environ.get(name):
+            os.environ[name] = str(Path(os.environ[name]).expanduser().resolve())
     os.environ[DATA_ENV] = str(data_dir)  # worker processes inherit it
+
+
+def enter_worker_cwd(data_dir: Path) -> Path:
+    """Work in the empty folder the workers get (`<data-dir>/cache/worker-cwd`, `app.jobs`): a dataset or model name
+    then means in this process what it means in a worker (a hub id, unless an absolute path inside the studio's
+    folders), never a folder of wherever the operator started the studio. Call it once every path given on the
+    command line is resolved."""
+    cwd = data_dir / "cache" / "worker-cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    os.chdir(cwd)
+    return cwd
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    from app.auth import oauth_problem
+
+    problem = oauth_problem(args.hf_oauth)
+    if problem:
+        raise SystemExit(f"A*-PO Studio: {problem}")
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     prepare_environment(data_dir)
@@ -152,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
               "data folder with --db-snapshot-every (docs/spaces.md).", file=sys.stderr, flush=True)
     store = Store(db_path)
     # --- end database ---
+    enter_worker_cwd(data_dir)
     # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
     # (app.zerogpu); no process of the studio itself ever gets one.
     from app.chunks import DEFAULT_BUDGET

@@ -8,7 +8,8 @@ when the operator asks for one.
   keeps a token in the browser (`gr.BrowserState`); an API client gets one from `/login` and sends it in the
   `x-a2po-token` header (or `Authorization: Bearer ...`).
 - On a Space with `hf_oauth: true` in its header: Gradio's "Sign in with Hugging Face" button; the user is
-  `hf:<username>`; `--admin NAME` (repeatable) names admins.
+  `hf:<username>`; `--admin NAME` (repeatable) names admins. Only there (`oauth_problem`): off a Space, Gradio
+  mocks the login with the machine's own Hugging Face profile, so every visitor would be that user.
 
 A user stops, resumes or deletes only their own runs unless admin; each run records who launched it. Tokens are
 HMAC-signed with a secret kept in the data folder, so they survive restarts, and expire after `TOKEN_DAYS`.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import importlib.util
 import os
 import secrets
 import time
@@ -55,6 +57,38 @@ def profile_of(request: Any) -> dict[str, Any] | None:
     if info.get("expires_at") is not None and info["expires_at"] < time.time():
         return None
     return info.get("userinfo")
+
+
+# What Gradio's real OAuth routes read (`gradio.oauth._add_oauth_routes`); a Space with `hf_oauth: true` sets them.
+OAUTH_VARIABLES = ("OAUTH_CLIENT_ID", "OAUTH_CLIENT_SECRET", "OAUTH_SCOPES", "OPENID_PROVIDER_URL")
+
+
+def on_a_space(environ: Mapping[str, str] | None = None) -> bool:
+    """True on a Hugging Face Space, by Gradio's own rule (`gradio.utils.get_space`), which decides between its real
+    OAuth routes and the mocked ones."""
+    env = os.environ if environ is None else environ
+    return env.get("SYSTEM") == "spaces" and env.get("SPACE_ID") is not None
+
+
+def oauth_problem(oauth: bool, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why Hugging Face sign-in may not be turned on here, or None. Off a Space, Gradio's login button signs every
+    visitor in as the Hugging Face account this machine is logged in to (`gradio.oauth._add_mocked_oauth_routes`):
+    every visitor would act as that user, an admin if `--admin` names it."""
+    if not oauth:
+        return None
+    env = os.environ if environ is None else environ
+    if not on_a_space(env):
+        return ("Hugging Face sign-in (--hf-oauth, on by itself when OAUTH_CLIENT_ID is set) works only on a Hugging "
+                "Face Space: elsewhere Gradio signs every visitor in as this machine's own Hugging Face account. "
+                "Give users passwords with --auth-file FILE (lines USER:PASSWORD[:admin]) instead, and unset "
+                "OAUTH_CLIENT_ID if it is set.")
+    missing = [name for name in OAUTH_VARIABLES if not env.get(name)]
+    if missing:
+        return (f"--hf-oauth on this Space needs `hf_oauth: true` in the Space's README header, which sets "
+                f"{', '.join(OAUTH_VARIABLES)} ({', '.join(missing)} missing).")
+    if not all(importlib.util.find_spec(name) for name in ("authlib", "itsdangerous")):
+        return "--hf-oauth needs Gradio's OAuth extras: pip install 'gradio[oauth]'."
+    return None
 
 
 class Auth:

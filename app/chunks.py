@@ -324,6 +324,9 @@ def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, A
                     error=f"Stopped: its chunk process {how}.")
         return "stopped"
     failures = int(run["auto_resumes"] or 0) + 1
+    if run.get("stage") == "eval":
+        how += (" while evaluating: one evaluation may take longer than a chunk may last (lower eval_size or "
+                "per_device_eval_batch_size, or give chunks more time with --chunk-seconds)")
     if not lifecycle.may_auto_resume(run):
         message = (f"Chunk processes of this run died {failures} times in a row (the last {how}); giving up. Last "
                    f"lines of its output:\n{tail(run_log_path(data_dir, run_id))}")

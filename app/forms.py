@@ -1,45 +1,43 @@
 """The one allow-list of run specs, and the launch form on top of it.
 
 Every way to start a run (the launch form, the named API, a YAML config loaded in the form, "clone this run")
-goes through `check_spec(spec, policy)`. What it accepts:
+goes through `check_spec(spec, policy)`. A missing key takes its preset's value (`a2po.presets.with_defaults`;
+a setting the preset does not name, the library's own default). Whether a spec is *valid* is the library's
+verdict (`a2po.runspec.RunSpec.from_dict`, which the CLI runs too); this module adds only the studio's *policy*:
 
-- top-level keys `name, action, model, dataset, rewards, config, peft, num_processes, fsdp, runner` (and `preset`, which
-  `a2po.presets.with_defaults` resolves first; `num_devices` is the old name of `num_processes`);
-- in `config`, the form's hyper-parameters (`PARAMS`), each type-checked and bounded by the studio's `Limits`;
-  fields that reach outside the run (remote code, hub pushes) only when the operator allowed them with a flag,
-  and nothing else: `values_path`, `output_dir`, `report_to`, `deepspeed`, ... are refused;
-- datasets from the built-in generators, files inside the upload folder or `<data-dir>/datasets/`, hub ids that
-  look like hub ids (when the hub is allowed); models built in, under a model root, or hub ids;
-- the rewards the library knows (a reasoning-gym task is scored by its own checker).
+- in `config`, only the form's hyper-parameters (`PARAMS`), each bounded by the studio's `Limits`; fields that
+  reach outside the run (remote code, hub pushes) only when the operator allowed them with a flag, and nothing
+  else: `values_path`, `output_dir`, `report_to`, `deepspeed`, ... are refused;
+- datasets from the built-in generators, files inside `<data-dir>/datasets/` or received by Gradio's upload route
+  (the form's file box), hub ids that look like hub ids (when the hub is allowed); models built in, under a model
+  root, or hub ids; at most the studio's numbers of prompts, samples, tokens, steps, processes...
 
-Every problem is reported at once, keyed by the field's path (`config.beta1`, `dataset.path`); the form shows
-each next to its field. Apart from looking at the file system, everything here is a pure function.
+Every problem, the library's and the policy's, is reported at once, each once, keyed by the field's path
+(`config.beta1`, `dataset.path`); the form shows each next to its field. Apart from looking at the file system,
+everything here is a pure function.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a2po.data import MAX_DIFFICULTY
-from a2po.presets import DEFAULT_PRESET, preset_spec, with_defaults
+from a2po.data import OPERATIONS
+from a2po.presets import DEFAULT_PRESET, NO_PRESET, preset_spec, with_defaults
 from app.policy import Limits, Policy
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 HUB_DATASET = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[\w.-]{1,96}$")  # "gsm8k" or "openai/gsm8k"
 SAFE_NAME = re.compile(r"^[\w.-]{1,64}$")  # a hub config or split name
-ARITHMETIC_OPERATIONS = "+-*"
-ACTIONS = ("values", "train", "evaluate")
+ARITHMETIC_OPERATIONS = "".join(OPERATIONS)  # the form's check boxes
 FORM_ERROR = "_form"
 """Error key for problems that belong to no single field."""
-SPEC_KEYS = ("name", "action", "model", "dataset", "rewards", "config", "peft", "num_processes", "fsdp", "runner")
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 # Config fields that reach outside the run: the studio sets them itself (or they read and write where a stranger
 # must not point them), so a spec never does.
@@ -58,14 +56,12 @@ SAFE_MODEL_INIT_KWARGS = ("revision", "attn_implementation", "dtype", "torch_dty
 
 @dataclass(frozen=True)
 class Param:
-    """One hyper-parameter of the form: an A2POConfig field with its default and how to check it."""
+    """One hyper-parameter of the form: an A2POConfig field, how the form shows it and the limit bounding it
+    (its default is the preset's, else the library's: `default_value`; its validity is the library's)."""
 
     key: str
     label: str
-    default: Any
     kind: str  # "int", "float", "bool" or "choice"
-    # "pos" (> 0), "ge1" (>= 1), "ge0" (>= 0), "prob" (in (0, 1]), "steps" (-1 or >= 1)
-    check: str = ""
     advanced: bool = False
     info: str = ""
     limit: str = ""  # the `Limits` field bounding it from above
@@ -73,50 +69,41 @@ class Param:
 
 
 PARAMS: list[Param] = [
-    Param("num_value_samples", "N: reference samples per prompt", 8, "int", "ge1", limit="max_value_samples",
+    Param("num_value_samples", "N: reference samples per prompt", "int", limit="max_value_samples",
           info="Stage 1 samples N completions per prompt to estimate V*."),
-    Param("beta1", "β₁ (V* temperature)", 0.5, "float", "pos", info="Soft-max temperature of the V* estimate."),
-    Param("beta2", "β₂ (KL temperature)", 1e-3, "float", "pos", info="Scale of the implicit reward in stage 2."),
-    Param("learning_rate", "Learning rate", 2e-5, "float", "pos"),
-    Param("max_steps", "Max steps", -1, "int", "steps", limit="max_steps", info="-1: train for num_train_epochs."),
-    Param("per_device_train_batch_size", "Batch size (prompts per step)", 8, "int", "ge1", limit="max_batch_size"),
-    Param("max_completion_length", "Max completion tokens", 16, "int", "ge1", limit="max_completion_length",
+    Param("beta1", "β₁ (V* temperature)", "float", info="Soft-max temperature of the V* estimate."),
+    Param("beta2", "β₂ (KL temperature)", "float", info="Scale of the implicit reward in stage 2."),
+    Param("learning_rate", "Learning rate", "float"),
+    Param("max_steps", "Max steps", "int", limit="max_steps", info="-1: train for num_train_epochs."),
+    Param("per_device_train_batch_size", "Batch size (prompts per step)", "int", limit="max_batch_size"),
+    Param("max_completion_length", "Max completion tokens", "int", limit="max_completion_length",
           info="Arithmetic answers are short; use 256+ for step-by-step math."),
-    Param("temperature", "Sampling temperature", 1.0, "float", "pos"),
-    Param("num_train_epochs", "Epochs", 3.0, "float", "pos", advanced=True, limit="max_epochs"),
-    Param("lr_scheduler_type", "Learning-rate schedule", "constant", "choice", advanced=True, choices=SCHEDULERS),
-    Param("warmup_steps", "Warm-up (steps, or a fraction < 1 of all steps)", 0.0, "float", "ge0", advanced=True,
+    Param("temperature", "Sampling temperature", "float"),
+    Param("num_train_epochs", "Epochs", "float", advanced=True, limit="max_epochs"),
+    Param("lr_scheduler_type", "Learning-rate schedule", "choice", advanced=True, choices=SCHEDULERS),
+    Param("warmup_steps", "Warm-up (steps, or a fraction < 1 of all steps)", "float", advanced=True,
           limit="max_steps"),
-    Param("weight_decay", "Weight decay", 0.0, "float", "ge0", advanced=True),
-    Param("max_grad_norm", "Gradient clipping (max norm)", 1.0, "float", "pos", advanced=True),
-    Param("max_prompt_length", "Max prompt tokens", 512, "int", "ge1", advanced=True, limit="max_prompt_length"),
-    Param("top_p", "top-p", 1.0, "float", "prob", advanced=True),
-    Param("top_k", "top-k (0: off)", 0, "int", "ge0", advanced=True),
-    Param("gradient_accumulation_steps", "Gradient accumulation steps", 1, "int", "ge1", advanced=True,
+    Param("weight_decay", "Weight decay", "float", advanced=True),
+    Param("max_grad_norm", "Gradient clipping (max norm; 0: off)", "float", advanced=True),
+    Param("max_prompt_length", "Max prompt tokens", "int", advanced=True, limit="max_prompt_length"),
+    Param("top_p", "top-p", "float", advanced=True),
+    Param("top_k", "top-k (0: off)", "int", advanced=True),
+    Param("gradient_accumulation_steps", "Gradient accumulation steps", "int", advanced=True, limit="max_batch_size"),
+    Param("gradient_checkpointing", "Gradient checkpointing (less memory, slower)", "bool", advanced=True),
+    Param("value_batch_size", "Stage-1 prompts per batch (0: 256 sequences)", "int", advanced=True,
           limit="max_batch_size"),
-    Param("gradient_checkpointing", "Gradient checkpointing (less memory, slower)", False, "bool", advanced=True),
-    Param("value_batch_size", "Stage-1 prompts per batch (0: 256 sequences)", 0, "int", "ge0", advanced=True,
-          limit="max_batch_size"),
-    Param("per_device_eval_batch_size", "Evaluation batch size", 8, "int", "ge1", advanced=True,
-          limit="max_batch_size"),
-    Param("logging_steps", "Log every N steps", 1, "int", "ge1", advanced=True),
-    Param("eval_steps", "Evaluate every N steps (0: only at the end)", 0, "int", "ge0", advanced=True),
-    Param("save_steps", "Checkpoint every N steps (0: by time only)", 0, "int", "ge0", advanced=True),
-    Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", 300, "int", "ge0",
-          advanced=True),
-    Param("seed", "Seed", 0, "int", advanced=True, info="Stage-1 samples and training follow from it."),
-    Param("filter_all_incorrect", "Drop prompts no reference sample solved", True, "bool", advanced=True),
-    Param("use_cpu", "Force CPU", False, "bool", advanced=True),
+    Param("per_device_eval_batch_size", "Evaluation batch size", "int", advanced=True, limit="max_batch_size"),
+    Param("logging_steps", "Log every N steps", "int", advanced=True),
+    Param("eval_steps", "Evaluate every N steps (0: only at the end)", "int", advanced=True),
+    Param("save_steps", "Checkpoint every N steps", "int", advanced=True),
+    Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", "int", advanced=True),
+    Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
+    Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True),
+    Param("use_cpu", "Force CPU", "bool", advanced=True),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
-ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "save_steps"}
-DATASET_KEYS = {
-    "arithmetic": {"source", "num_prompts", "difficulty", "operations", "seed", "eval_size", "system_prompt"},
-    "file": {"source", "path", "file", "prompt_column", "answer_column", "num_prompts", "eval_size", "seed", "split",
-             "system_prompt"},
-    "hub": {"source", "name", "config_name", "split", "prompt_column", "answer_column", "num_prompts", "eval_size",
-            "seed", "system_prompt"},
-}
+# Settings whose 0 on the form means None (off, or the library's automatic choice).
+ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps"}
 # Where each spec field is shown on the form (config fields keep their own names).
 FORM_KEYS = {"dataset.source": "dataset_source", "dataset.num_prompts": "num_prompts",
              "dataset.difficulty": "difficulty", "dataset.operations": "operations", "dataset.seed": "data_seed",
@@ -165,57 +152,32 @@ class FormResult:
 # ---------------------------------------------------------------------------------------------------------- values
 
 def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool) or (isinstance(value, str) and not value.strip()):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    """A number to hold against a limit (None: not a number, which the library reports)."""
+    from a2po.config import real_number
+
+    return real_number(value)
 
 
-def _whole(value: Any, low: int | None = None, high: int | None = None) -> int | None:
-    number = _number(value)
-    if number is None or number != int(number):
-        return None
-    number = int(number)
-    if (low is not None and number < low) or (high is not None and number > high):
-        return None
-    return number
+def default_value(key: str) -> Any:
+    """What a run uses for setting `key` when neither its spec nor its preset names it: the library's default."""
+    from a2po.runspec import config_default
+
+    return config_default(key)
 
 
 def check_param(param: Param, value: Any, limits: Limits) -> tuple[Any, str | None]:
-    """Convert and check a value for `param`; returns (value, error message or None)."""
-    if param.kind == "bool":
-        if not isinstance(value, bool):
-            return None, f"{param.label}: true or false (got {value!r:.40})."
-        return value, None
-    if param.kind == "choice":
-        if value not in param.choices:
-            return None, f"{param.label}: one of {', '.join(param.choices)} (got {value!r:.40})."
-        return value, None
-    number = _number(value)
-    if number is None:
-        return None, f"{param.label}: enter a number."
-    if param.kind == "int":
-        if number != int(number):
-            return None, f"{param.label} must be a whole number (got {number:g})."
-        number = int(number)
-    message = {
-        "pos": "must be > 0" if not number > 0 else None,
-        "ge1": "must be at least 1" if number < 1 else None,
-        "ge0": "must be 0 or more" if number < 0 else None,
-        "prob": "must be in (0, 1]" if not 0 < number <= 1 else None,
-        "steps": "must be -1 (use epochs) or at least 1" if number != -1 and number < 1 else None,
-    }.get(param.check)
-    if message:
-        return None, f"{param.label} {message} (got {number:g})."
+    """The studio's policy on a value for `param`: at most its limit, one of the form's choices; 0 means None
+    (off) for the `ZERO_MEANS_NONE` settings. Returns (value, problem or None); whether the value is valid at all
+    is the library's to say."""
+    if param.kind == "choice" and value not in param.choices:
+        return value, f"{param.label}: one of {', '.join(param.choices)} on this studio (got {value!r:.40})."
+    number = _number(value) if param.kind in ("int", "float") else None
     high = getattr(limits, param.limit) if param.limit else None
-    if high is not None and number > high:
-        return None, f"{param.label} must be at most {high:g} on this studio (got {number:g})."
+    if number is not None and high is not None and number > high:
+        return value, f"{param.label} must be at most {high:g} on this studio (got {number:g})."
     if param.key in ZERO_MEANS_NONE and number == 0:
         return None, None
-    return number, None
+    return value, None
 
 
 def limit_info(param: Param, limits: Limits) -> str:
@@ -309,155 +271,92 @@ def _hub_cache_file(repo_id: str, name: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------- dataset
 
 MAX_SYSTEM_PROMPT = 4000  # characters
+MAX_COLUMN_NAME = 200  # characters
+MAX_PROCESSES = 64  # per run, whatever the machine (the job manager also holds a run to the machine's devices)
 
 
-def _check_dataset(dataset: Any, policy: Policy, errors: dict[str, str]) -> dict[str, Any] | None:
-    """The clean `dataset` of a spec, or None with `errors` filled in (keys `dataset.<field>`)."""
-    out = _check_dataset_source(dataset, policy, errors)
-    system_prompt = dataset.get("system_prompt") if isinstance(dataset, Mapping) else None
-    if system_prompt is not None and (not isinstance(system_prompt, str) or len(system_prompt) > MAX_SYSTEM_PROMPT):
-        errors["dataset.system_prompt"] = (f"The system prompt is text of at most {MAX_SYSTEM_PROMPT} characters "
-                                           "(empty: an empty system message; null: the chat template's own).")
-        return None
-    if out is not None:
-        # Always said (None: the chat template's own), so a stored spec keeps meaning the same under any preset.
-        out["system_prompt"] = system_prompt
-    return out
-
-
-def _check_dataset_source(dataset: Any, policy: Policy, errors: dict[str, str]) -> dict[str, Any] | None:
-    limits = policy.limits
+def _check_dataset(dataset: Any, policy: Policy, errors: dict[str, str]) -> Any:
+    """The dataset as the studio states it (the API's "file" key read as "path", a file's path resolved, the
+    system prompt always said, a file or hub dataset at most the prompt limit long), with `errors` filled in for
+    what the studio's policy refuses (keys `dataset.<field>`). Whether it is valid is the library's to say."""
     if not isinstance(dataset, Mapping):
-        errors["dataset"] = "must be an object such as {\"source\": \"arithmetic\", \"num_prompts\": 128}."
-        return None
-    source = dataset.get("source", "arithmetic")
-    if source == "reasoning-gym":
-        return _check_task_dataset(dataset, limits, errors)
-    if source not in DATASET_KEYS:
-        errors["dataset.source"] = (f"Unknown dataset source {source!r}: use arithmetic, file, hub or "
-                                    "reasoning-gym.")
-        return None
-    unknown = set(dataset) - DATASET_KEYS[source]
-    if unknown:
-        errors["dataset"] = (f"unknown keys {sorted(unknown)} for a {source} dataset; use "
-                             f"{sorted(DATASET_KEYS[source])}.")
-    out: dict[str, Any] = {"source": source}
-    eval_size = _whole(dataset.get("eval_size", 0), 0, limits.max_eval_size)
-    if eval_size is None:
-        errors["dataset.eval_size"] = f"Eval size must be a whole number from 0 to {limits.max_eval_size}."
-    seed = _whole(dataset.get("seed", 0), -2**31, 2**31 - 1)
-    if seed is None:
-        errors["dataset.seed"] = "Seed must be a whole number."
-    if source == "arithmetic":
-        num_prompts = _whole(dataset.get("num_prompts"), 1, limits.max_prompts)
-        if num_prompts is None:
-            errors["dataset.num_prompts"] = (f"Number of prompts must be a whole number from 1 to "
-                                             f"{limits.max_prompts}.")
-        difficulty = _whole(dataset.get("difficulty", 1), 1, MAX_DIFFICULTY)
-        if difficulty is None:
-            errors["dataset.difficulty"] = (f"Difficulty (digits per operand) must be a whole number, 1 to "
-                                            f"{MAX_DIFFICULTY}.")
-        operations = dataset.get("operations", "+")
-        operations = "".join(operations) if isinstance(operations, list) else operations
-        if not isinstance(operations, str) or not operations or set(operations) - set(ARITHMETIC_OPERATIONS):
-            errors["dataset.operations"] = f"Pick at least one operation among {' '.join(ARITHMETIC_OPERATIONS)}."
-        out.update(num_prompts=num_prompts, difficulty=difficulty, operations=operations, seed=seed,
-                   eval_size=eval_size)
+        return dataset
+    limits, out = policy.limits, dict(dataset)
+    for key, label, high in (("num_prompts", "Number of prompts", limits.max_prompts),
+                             ("eval_size", "Eval size", limits.max_eval_size)):
+        number = _number(out.get(key))
+        if number is not None and number > high:
+            errors[f"dataset.{key}"] = f"{label} must be at most {high} on this studio (got {number:g})."
+    system_prompt = out.get("system_prompt")
+    if isinstance(system_prompt, str) and len(system_prompt) > MAX_SYSTEM_PROMPT:
+        errors["dataset.system_prompt"] = (f"The system prompt is text of at most {MAX_SYSTEM_PROMPT} characters on "
+                                           "this studio (empty: an empty system message; null: the chat template's "
+                                           "own).")
+    # Always said (None: the chat template's own), so a stored spec keeps meaning the same under any preset.
+    out["system_prompt"] = system_prompt
+    source = out.get("source", "arithmetic")
+    if source == "reasoning-gym" and not out.get("settings"):
+        out.pop("settings", None)  # {} and no settings are the same task defaults: one spec for both
+    if source == "arithmetic" and isinstance(out.get("operations"), list):
+        out["operations"] = "".join(map(str, out["operations"]))  # the form's check boxes
+    if source not in ("file", "hub"):
         return out
-    # file and hub: at most the studio's prompt limit, even when the data has more rows
-    num_prompts = dataset.get("num_prompts")
-    num_prompts = limits.max_prompts if num_prompts in (None, "") else _whole(num_prompts, 1, limits.max_prompts)
-    if num_prompts is None:
-        errors["dataset.num_prompts"] = f"Number of prompts must be a whole number from 1 to {limits.max_prompts}."
-    columns = {}
+    # What the library reads where these are left out, said explicitly; at most the studio's prompt limit, even
+    # when the data has more rows.
+    if out.get("num_prompts") in (None, ""):
+        out["num_prompts"] = limits.max_prompts
+    out.setdefault("eval_size", 0)
+    out.setdefault("seed", 0)
+    out["split"] = out.get("split") or "train"
+    out["config_name"] = out.get("config_name") or None
     for key in ("prompt_column", "answer_column"):
-        value = dataset.get(key)
-        if value not in (None, "") and (not isinstance(value, str) or len(value) > 200):
-            errors[f"dataset.{key}"] = "A column name: text of at most 200 characters."
-        columns[key] = value or None
-    out.update(num_prompts=num_prompts, eval_size=eval_size, seed=seed, **columns)
+        out[key] = out.get(key) or None
+        if isinstance(out[key], str) and len(out[key]) > MAX_COLUMN_NAME:
+            errors[f"dataset.{key}"] = f"A column name: text of at most {MAX_COLUMN_NAME} characters on this studio."
     if source == "file":
         # "file" is the API's name (gradio_client would take any {"path": ...} object for a file to download).
-        path = dataset.get("file", dataset.get("path"))
-        if not isinstance(path, str) or not path.strip():
-            errors["dataset.path"] = "Upload a .jsonl, .csv or .parquet file."
-            return None
-        resolved = policy.inside(path, policy.dataset_roots())
-        if resolved is None:
-            errors["dataset.path"] = (f"{path} is not an uploaded file or a file in {policy.datasets_dir}: upload it "
-                                      "(the form's file box, or the API's /upload_dataset).")
-        elif not resolved.is_file():
-            errors["dataset.path"] = f"No file at {path}."
-        elif resolved.suffix.lower() not in DATA_SUFFIXES:
-            errors["dataset.path"] = (f"Unsupported file type {resolved.suffix!r}: use {', '.join(DATA_SUFFIXES)}.")
-        out["path"] = str(resolved) if resolved is not None else path
+        path = out.pop("file", out.get("path"))
+        out["path"] = path
+        if isinstance(path, str) and path.strip():
+            out["path"] = _check_data_file(path, policy, errors)
+        out.pop("config_name")
         return out
-    name = dataset.get("name")
-    if not isinstance(name, str) or not HUB_DATASET.match(name) or ".." in name:
-        errors["dataset.name"] = "Enter a hub dataset id such as openai/gsm8k (a local path is not a hub id)."
-    elif not policy.allow_hub:
-        errors["dataset.name"] = "Hub datasets are off on this studio: upload a file instead."
-    for key, default in (("config_name", None), ("split", "train")):
-        value = dataset.get(key) or default
-        if value is not None and (not isinstance(value, str) or not SAFE_NAME.match(value)):
+    name = out.get("name")
+    if isinstance(name, str) and name.strip():
+        if not HUB_DATASET.match(name) or ".." in name:
+            errors["dataset.name"] = "Enter a hub dataset id such as openai/gsm8k (a local path is not a hub id)."
+        elif not policy.allow_hub:
+            errors["dataset.name"] = "Hub datasets are off on this studio: upload a file instead."
+    for key in ("config_name", "split"):
+        if isinstance(out[key], str) and not SAFE_NAME.match(out[key]):
             errors[f"dataset.{key}"] = "Letters, digits, '.', '_' or '-' only."
-        out[key] = value
-    out["name"] = name
     return out
 
 
-def _check_task_dataset(dataset: Mapping[str, Any], limits: Limits, errors: dict[str, str]) -> dict[str, Any] | None:
-    from a2po import tasks
-
-    problems = tasks.validate_task_spec(dict(dataset))
-    for key, high in (("num_prompts", limits.max_prompts), ("eval_size", limits.max_eval_size)):
-        value = _number(dataset.get(key))
-        if value is not None and value > high:
-            problems.append(f"dataset.{key} must be at most {high} on this studio (got {value:g})")
-    for problem in problems:
-        path, _, message = problem.partition(" ")
-        key = path if path.startswith("dataset.") and not path.endswith(":") else "dataset"
-        errors[key] = (errors[key] + "; " if key in errors else "") + (message if key != "dataset" else problem)
-    if problems:
-        return None
-    out = dict(dataset)
-    if not out.get("settings"):
-        out.pop("settings", None)  # {} and no settings are the same task defaults: one spec for both
-    return out
+def _check_data_file(path: str, policy: Policy, errors: dict[str, str]) -> str:
+    """A data file's resolved path when the studio lets runs read it (in `<data-dir>/datasets`, or received by
+    Gradio's upload route), else `path` with the reason in `errors["dataset.path"]`."""
+    resolved = policy.inside(path, policy.dataset_roots()) or policy.received_upload(path)
+    if resolved is None:
+        errors["dataset.path"] = (f"{path} is not an uploaded file or a file in {policy.datasets_dir}: upload it "
+                                  "(the form's file box, or the API's /upload_dataset).")
+        return path
+    if not resolved.is_file():
+        errors["dataset.path"] = f"No file at {path}."
+    elif resolved.suffix.lower() not in DATA_SUFFIXES:
+        errors["dataset.path"] = f"Unsupported file type {resolved.suffix!r}: use {', '.join(DATA_SUFFIXES)}."
+    return str(resolved)
 
 
 # ---------------------------------------------------------------------------------------------------------- spec
 
-def _check_rewards(rewards: Any, errors: dict[str, str]) -> list[dict[str, Any]]:
-    from a2po.rewards import REWARD_FUNCTIONS
-
-    if not isinstance(rewards, list) or not rewards:
-        errors["rewards"] = f"Pick at least one reward function ({', '.join(REWARD_FUNCTIONS)})."
-        return []
-    out = []
-    for reward in rewards:
-        name = reward.get("name") if isinstance(reward, Mapping) else None
-        if not isinstance(reward, Mapping) or set(reward) - {"name", "weight"}:
-            errors["rewards"] = "Each reward is {\"name\": ..., \"weight\": ...}."
-        elif name not in REWARD_FUNCTIONS:
-            errors["rewards"] = f"Unknown reward {name!r}: use one of {', '.join(REWARD_FUNCTIONS)}."
-        else:
-            weight = _number(reward.get("weight", 1.0))
-            if weight is None or not 0 < weight <= 100:
-                errors["rewards"] = f"Weight of {name} must be a number > 0 and <= 100 (got {reward.get('weight')})."
-            elif name in {r["name"] for r in out}:
-                errors["rewards"] = f"Reward {name} is listed twice."
-            else:
-                out.append({"name": name, "weight": weight})
-    return out
-
-
-def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> dict[str, Any]:
+def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> Any:
+    """The settings the studio lets a spec make (the form's, and those the operator's flags open), within its
+    limits; a refused one is left out, with the reason in `errors` (keys `config.<field>`)."""
     from a2po.runspec import CONFIG_FIELDS
 
     if not isinstance(config, Mapping):
-        errors["config"] = "must be an object of hyper-parameters, e.g. {\"learning_rate\": 1e-5}."
-        return {}
+        return config
     out: dict[str, Any] = {}
     allowed_outside = policy.allowed_operator_fields()
     for key, value in config.items():
@@ -466,7 +365,7 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> dict[s
             clean, message = check_param(PARAM_BY_KEY[key], value, policy.limits)
             if message:
                 errors[path] = message
-            elif clean is not None:
+            elif clean is not None or key not in ZERO_MEANS_NONE:  # else off: the library's default
                 out[key] = clean
         elif key in policy.operator_fields():
             if key not in allowed_outside:
@@ -495,124 +394,81 @@ def _operator_reason(key: str) -> str:
 
 
 def _check_operator_value(key: str, value: Any) -> str | None:
-    if key in ("trust_remote_code", "push_to_hub", "hub_private_repo", "hub_always_push"):
-        return None if isinstance(value, bool) else "true or false."
     if key == "model_init_kwargs":
         if not isinstance(value, Mapping) or set(value) - set(SAFE_MODEL_INIT_KWARGS):
             return f"an object with some of {', '.join(SAFE_MODEL_INIT_KWARGS)}."
         return None
     if key == "hub_model_id":
         return None if isinstance(value, str) and HUB_ID.match(value) else "a hub id like org/name."
-    return None if isinstance(value, str) and len(value) <= 200 else "text of at most 200 characters."
-
-
-def _check_peft(peft: Any, limits: Limits, errors: dict[str, str]) -> dict[str, Any] | None:
-    if peft is None or peft is False:
-        return None
-    if not isinstance(peft, Mapping) or set(peft) - {"r", "lora_alpha", "lora_dropout"}:
-        errors["peft"] = "null, or an object with r, lora_alpha and optionally lora_dropout."
-        return None
-    out: dict[str, Any] = {}
-    r = _whole(peft.get("r", 16), 1, limits.max_lora_rank)
-    if r is None:
-        errors["peft.r"] = f"LoRA rank must be a whole number from 1 to {limits.max_lora_rank}."
-    alpha = _number(peft.get("lora_alpha", 32))
-    if alpha is None or not 0 < alpha <= 4096:
-        errors["peft.lora_alpha"] = "LoRA alpha must be > 0 and at most 4096."
-    out.update(r=r, lora_alpha=alpha)
-    if "lora_dropout" in peft:
-        dropout = _number(peft["lora_dropout"])
-        if dropout is None or not 0 <= dropout < 1:
-            errors["peft.lora_dropout"] = "LoRA dropout must be in [0, 1)."
-        out["lora_dropout"] = dropout
-    return out
+    if key in ("hub_strategy", "hub_revision"):
+        return None if not isinstance(value, str) or len(value) <= 200 else "text of at most 200 characters."
+    return None  # a flag (trust_remote_code, push_to_hub, ...): its type is the library's to check
 
 
 def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResult:
-    """Check a run spec against the allow-list and the studio's policy (see the module docstring); a missing key
-    takes the default preset's value, `preset` picks another preset. Returns the clean spec or every problem."""
+    """Check a run spec: the library's verdict on it (`RunSpec.from_dict`) and the studio's policy (see the module
+    docstring); a missing key takes its preset's value (`preset` picks one; the default: the teaching demo), a
+    setting the preset does not name the library's default. Returns the clean spec, or every problem, each once."""
+    from a2po.runspec import RunSpec, SpecError
+
     if not isinstance(spec, Mapping):
         return SpecResult(None, {"spec": "The spec must be a JSON object."})
-    errors: dict[str, str] = {}
     if "num_devices" in spec:  # the old name of num_processes (specs stored, exported or cloned before the rename)
         spec = {k: v for k, v in spec.items() if k != "num_devices"} | {
             "num_processes": spec.get("num_processes", spec["num_devices"])}
-    unknown = set(spec) - {*SPEC_KEYS, "preset"}
-    for key in sorted(unknown):
-        errors[key] = f"unknown spec key; use {', '.join(SPEC_KEYS)} (or preset)."
     try:
-        full = with_defaults({k: v for k, v in spec.items() if k not in unknown})
+        full = with_defaults(dict(spec))
     except ValueError as error:
-        return SpecResult(None, {**errors, "preset": str(error)})
+        return SpecResult(None, {"preset": str(error)})
+    errors: dict[str, str] = {}
     limits = policy.limits
-    name = full.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > limits.max_name_length \
-            or any(ord(c) < 32 for c in name):
-        errors["name"] = f"Run name: text of 1 to {limits.max_name_length} characters on one line."
-    action = full.get("action")
-    if action not in ACTIONS:
-        errors["action"] = f"Unknown action {action!r}: use one of {', '.join(ACTIONS)}."
-    problem = check_model(full.get("model"), policy, offline=offline)
-    if problem:
-        errors["model"] = problem
-    dataset = _check_dataset(full.get("dataset"), policy, errors)
-    rewards = _check_rewards(full.get("rewards"), errors)
-    if dataset is not None and rewards:
-        from a2po.tasks import reward_problems
-
-        for message in reward_problems(dataset.get("source"), rewards):
-            errors["rewards"] = message
-    # Every form setting, explicit: a stored spec says what ran (the studio's defaults are the preset's, then the
-    # form's), whatever the library's defaults become.
+    name, model = full.get("name"), full.get("model")
+    if isinstance(name, str) and len(name) > limits.max_name_length:
+        errors["name"] = f"Run name: at most {limits.max_name_length} characters on this studio (got {len(name)})."
+    if isinstance(model, str) and model.strip():
+        problem = check_model(model, policy, offline=offline)
+        if problem:
+            errors["model"] = problem
+    # Every form setting, explicit: a stored spec says what ran (the preset's value, else the library's default),
+    # whatever the library's defaults become.
     given = full.get("config")
-    config = _check_config({**{p.key: p.default for p in PARAMS}, **given} if isinstance(given, Mapping) else given,
-                           policy, errors)
-    peft = _check_peft(full.get("peft"), limits, errors)
-    num_processes = _whole(full.get("num_processes", 1), 1, 64)
-    if num_processes is None:
-        errors["num_processes"] = ("Processes / GPUs: a whole number from 1 to 64 (one process per GPU; on a "
-                                   "machine without GPUs, processes on the CPU).")
-    from a2po.runspec import FSDP_STRATEGIES
-
-    fsdp = full.get("fsdp")
-    if fsdp is not None and fsdp not in FSDP_STRATEGIES:
-        errors["fsdp"] = f"FSDP: null (DDP) or one of {', '.join(FSDP_STRATEGIES)}."
-    elif fsdp is not None and num_processes is not None and num_processes < 2:
-        errors["fsdp"] = "FSDP shards the model across processes: set num_processes to 2 or more."
-    from a2po.runspec import RUNNERS
-
-    runner = full.get("runner", "worker")
-    if runner not in RUNNERS:
-        errors["runner"] = f"Runner: one of {', '.join(RUNNERS)} (chunked: short chunks, as on a ZeroGPU Space)."
-    elif runner == "chunked" and num_processes not in (None, 1):
-        errors["runner"] = "The chunked runner runs one process: set num_processes to 1."
+    if isinstance(given, Mapping):
+        given = {**{p.key: default_value(p.key) for p in PARAMS}, **given}
+    candidate = {**full, "dataset": _check_dataset(full.get("dataset"), policy, errors),
+                 "config": _check_config(given, policy, errors)}
+    peft = full.get("peft")
+    rank = _number(peft.get("r")) if isinstance(peft, Mapping) else None
+    if rank is not None and rank > limits.max_lora_rank:
+        errors["peft.r"] = f"LoRA rank must be at most {limits.max_lora_rank} on this studio (got {rank:g})."
+    processes = _number(full.get("num_processes"))
+    if processes is not None and processes > MAX_PROCESSES:
+        errors["num_processes"] = f"Processes / GPUs: at most {MAX_PROCESSES} per run (got {processes:g})."
+    try:
+        run = RunSpec.from_dict(candidate)
+    except SpecError as invalid:
+        for path, message in invalid.problems.items():
+            message += "."
+            errors[path] = f"{errors[path]} {message}" if path in errors else message
+        return SpecResult(None, errors)
     if errors:
         return SpecResult(None, errors)
-    clean = {"name": name.strip(), "action": action, "model": full["model"].strip(), "dataset": dataset,
-             "rewards": rewards, "config": config, "peft": peft, "num_processes": num_processes}
-    if fsdp is not None:
-        clean["fsdp"] = fsdp
-    if runner != "worker":
-        clean["runner"] = runner
-    problem = library_check(clean)
-    return SpecResult(None, {"spec": problem}) if problem else SpecResult(clean)
+    clean = {"name": run.name.strip(), "action": run.action, "model": run.model.strip(), "dataset": run.dataset,
+             "rewards": run.rewards, "config": run.config, "peft": run.peft, "num_processes": run.num_processes}
+    if run.fsdp is not None:
+        clean["fsdp"] = run.fsdp
+    if run.runner != "worker":
+        clean["runner"] = run.runner
+    return SpecResult(clean)
 
 
-def validate_spec(spec: Any, policy: Policy, offline: bool = False) -> str | None:
-    """Every problem of a spec given directly (the API), in one message naming each field; None when valid."""
-    result = check_spec(spec, policy, offline=offline)
-    return None if result.ok else result.message()
-
-
-def library_check(spec: Mapping[str, Any]) -> str | None:
-    """The library's own verdict on a spec (`RunSpec.from_dict`), or None when it accepts it."""
-    from a2po.runspec import RunSpec
-
-    try:
-        RunSpec.from_dict(dict(spec))
-    except (ValueError, TypeError, KeyError) as exc:
-        return str(exc)
-    return None
+def check_dataset(dataset: Any, policy: Policy) -> SpecResult:
+    """A dataset alone, as `check_spec` checks it in a spec (for a preview while other fields have problems): the
+    clean dataset in `spec`, or its problems."""
+    result = check_spec({"preset": "none", "dataset": dataset}, policy)
+    errors = {k: v for k, v in result.errors.items() if k.split(".")[0] == "dataset"}
+    if errors or result.spec is None:
+        return SpecResult(None, errors or result.errors)
+    return SpecResult(result.spec["dataset"])
 
 
 def command_line(spec: Mapping[str, Any]) -> str:
@@ -634,19 +490,21 @@ def default_run_name(model: str, dataset: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------- form
 
 def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The launch form's flat field values for a spec (a preset, a loaded YAML config, a cloned run)."""
-    spec = with_defaults(dict(spec))
+    """The launch form's flat field values for a spec (a preset, a loaded YAML config, a cloned run): what the spec
+    leaves out shows the library's default, as it would run."""
+    from a2po.runspec import DATASET_DEFAULTS
+
+    spec = with_defaults(dict(spec), NO_PRESET)
     form: dict[str, Any] = {**FORM_FIELDS_DEFAULTS, "name": spec["name"], "action": spec["action"],
                             "model": spec["model"],
                             "num_processes": spec.get("num_processes", spec.get("num_devices", 1))}
-    form.update({p.key: p.default for p in PARAMS})
-    form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in spec["config"].items()
+    config = {**{p.key: default_value(p.key) for p in PARAMS}, **spec["config"]}
+    form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
-    dataset = spec["dataset"]
-    source = dataset.get("source", "arithmetic")
-    form.update(dataset_source=source, num_prompts=dataset.get("num_prompts", 128),
-                difficulty=dataset.get("difficulty", 2), operations=dataset.get("operations", "+"),
-                data_seed=dataset.get("seed", 0), eval_size=dataset.get("eval_size", 0))
+    dataset = {**DATASET_DEFAULTS, **spec["dataset"]}
+    source = dataset["source"]
+    form.update(dataset_source=source, num_prompts=dataset["num_prompts"], difficulty=dataset["difficulty"],
+                operations=dataset["operations"], data_seed=dataset["seed"], eval_size=dataset["eval_size"] or 0)
     if source == "hub":
         form.update(hub_name=dataset.get("name", ""), hub_config=dataset.get("config_name") or "",
                     hub_split=dataset.get("split") or "train")
@@ -695,7 +553,7 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
         elif source == "file":
             dataset["path"] = str(form.get("file_path") or "").strip()
     dataset["system_prompt"] = None if form.get("template_system_prompt", True) else form.get("system_prompt") or ""
-    config = {p.key: form.get(p.key, p.default) for p in PARAMS}
+    config = {p.key: form[p.key] if p.key in form else default_value(p.key) for p in PARAMS}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()
     rewards = [{"name": n, "weight": w} for n, w in (form.get("rewards") or {}).items()]

@@ -359,7 +359,7 @@ class JobManager:
 
     # ------------------------------------------------------------------ queue
 
-    def submit(self, spec: dict[str, Any], owner: str | None = None) -> int:
+    def submit(self, spec: dict[str, Any], owner: str | None = None, admission: Any = None) -> int:
         """Validate a run spec (see `a2po.runspec`) and queue it; returns the run id. Raises ValueError on a bad
         spec, and nothing is stored then."""
         from a2po.runspec import RunSpec
@@ -374,7 +374,7 @@ class JobManager:
         model, dataset = describe_spec(clean)
         # `num_devices`: the GPUs the run takes, one per process (on a CPU-only machine it takes the machine).
         run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset, owner=owner,
-                                       num_devices=run.num_processes)
+                                       num_devices=run.num_processes, admission=admission)
         self.store.add_log(run_id, f"Queued: {run.action} {model} on {dataset}.")
         return run_id
 

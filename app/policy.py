@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ class Policy:
     allow_hub: bool = True  # hub models and datasets (downloads); off by default with --public
     model_roots: tuple[Path, ...] = ()  # folders local models may come from, besides <data-dir>/models
     zerogpu: bool = False  # a ZeroGPU Space: runs train a LoRA adapter unless their spec says otherwise
+    # The files Gradio's upload route received (`gr.Blocks.upload_file_set`, shared once the dashboard is built).
+    received_uploads: Collection[str] = field(default_factory=set, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
@@ -103,11 +106,6 @@ class Policy:
         """Where dataset files live: files put there by the operator, and API uploads (`uploads/`)."""
         return self.data_dir / "datasets"
 
-    @property
-    def uploads_dir(self) -> Path:
-        """Gradio's upload folder (files picked in the launch form land here)."""
-        return Path(os.environ.get("GRADIO_TEMP_DIR") or self.data_dir / "cache" / "gradio").resolve()
-
     def local_model_roots(self) -> list[Path]:
         """Folders a local model may be read from: `<data-dir>/models`, the operator's `--model-root`s, and the
         cache holding the converted default model."""
@@ -116,7 +114,16 @@ class Policy:
         return [self.data_dir / "models", *self.model_roots, default_cache_dir().expanduser().resolve()]
 
     def dataset_roots(self) -> list[Path]:
-        return [self.datasets_dir.resolve(), self.uploads_dir]
+        return [self.datasets_dir.resolve()]
+
+    def received_upload(self, path: str | os.PathLike[str]) -> Path | None:
+        """`path` resolved if Gradio received it as an upload in this process (a file picked in the launch form),
+        else None. Gradio's folder (`GRADIO_TEMP_DIR`) may hold anything else the operator keeps there, and other
+        apps' uploads: only the files its upload route wrote count."""
+        path = Path(path).expanduser()
+        if not path.is_absolute() or os.path.abspath(path) not in self.received_uploads:
+            return None
+        return path.resolve()
 
     @staticmethod
     def inside(path: str | os.PathLike[str], roots: list[Path]) -> Path | None:

@@ -41,6 +41,8 @@ class StoreRecorder(A2POCallback):
         deadline: a `time.monotonic()` time by which the run should stop (a chunk's budget, `app.chunks`), or
             None. It stops as a stop request does, at the last batch or step that still ends before it (judged
             from the duration of the previous one); `deadline_reached` then tells it apart from a user's stop.
+            An evaluation due at a step that would not end in time is not run: the run stops there with a
+            checkpoint (`deferred_evaluation`), and the next chunk evaluates first.
     """
 
     def __init__(self, store: Store, run_id: int, value_set_id: int | None = None, *,
@@ -62,6 +64,9 @@ class StoreRecorder(A2POCallback):
         self._unit_started: float | None = None  # when the current stage-1 batch or training step began
         self._unit_seconds = 0.0  # how long the last one took
         self._made_progress = False  # whether this process has recorded real progress yet
+        self._eval_seconds: float | None = None  # how long this process's last evaluation took
+        self.final_evaluation = False  # the caller evaluates after the last step (`app.worker.run_job`)
+        self.deferred_evaluation = False  # an evaluation due now was left for the next chunk
 
     # ------------------------------------------------------------------ helpers
 
@@ -166,9 +171,25 @@ class StoreRecorder(A2POCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._write_progress(state.global_step / state.max_steps if state.max_steps else 0.0, real=True)
-        if state.max_steps and state.global_step >= state.max_steps:
+        last = bool(state.max_steps and state.global_step >= state.max_steps)
+        evaluation_due = control.should_evaluate or (last and self.final_evaluation)
+        if self.deadline is not None and evaluation_due and not self._evaluation_fits():
+            # Left for the next chunk, which starts with it: an evaluation cut off at the deadline would lose the
+            # steps since the last checkpoint (the Trainer evaluates before it saves).
+            self.deferred_evaluation = self.deadline_reached = self.stopped = True
+            control.should_evaluate = False
+            control.should_training_stop = control.should_save = control.should_log = True
+            self.store.add_log(self.run_id, f"The evaluation of step {state.global_step} is left for the next "
+                                            "chunk: it would not end before this chunk's deadline.")
+            return
+        if last:
             return  # the last step: training ends here anyway (stopped here, a resume would train one step more)
         self._maybe_stop(control, save=True)
+
+    def _evaluation_fits(self) -> bool:
+        """Whether an evaluation started now ends before the deadline, judged from the last one this process ran
+        (none yet: it does not, and the next chunk starts with it)."""
+        return self._eval_seconds is not None and time.monotonic() + self._eval_seconds < self.deadline
 
     def on_train_end(self, args, state, control, **kwargs):
         self._write_progress(state.global_step / state.max_steps if state.max_steps else 1.0, force=True)
@@ -186,6 +207,9 @@ class StoreRecorder(A2POCallback):
         if metrics:
             self.store.add_evaluation(self.run_id, state.global_step, metrics)
             self.touch(real=True)
+            runtimes = [float(v) for k, v in metrics.items() if k.endswith("_runtime") and isinstance(v, (int, float))]
+            if runtimes:
+                self._eval_seconds = max(runtimes)
 
     def on_save(self, args, state, control, **kwargs):
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -286,8 +287,16 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     if spec.action == "train":
         checkpoint = resume_checkpoint(store, run_id, output_dir) if main else None
         checkpoint = _from_main(trainer, checkpoint)
-        if checkpoint and main:
-            logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint, extra={"flush_now": True})
+        if recorder is not None:
+            recorder.final_evaluation = trainer.eval_dataset is not None
+        if checkpoint:
+            evaluated = {e["step"] for e in store.get_evaluations(run_id)} if main else set()
+            pending = main and evaluation_pending(trainer, checkpoint, evaluated)
+            # An evaluation due at the checkpoint's step that never ran (a chunk left it for the next one) runs
+            # first, on the checkpoint's weights.
+            trainer.evaluate_on_resume = _from_main(trainer, pending)
+            if main:
+                logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint, extra={"flush_now": True})
         trainer.train(resume_from_checkpoint=checkpoint)
         if _any_process(trainer, stopper.stopped):
             raise StopRequested(f"Run {run_id} stopped at step {trainer.state.global_step}.")
@@ -306,6 +315,20 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             recorder.set_stage("eval")
         trainer.evaluate()
     return "finished"
+
+
+def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
+    """Whether the checkpoint's step was due for a periodic evaluation (every `eval_steps`) that is not among the
+    `evaluated` steps. (The evaluation after the last step is the job's own, after training.)"""
+    if trainer.eval_dataset is None:
+        return False
+    args = trainer.args
+    step = int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
+    every = args.eval_steps if str(args.eval_strategy) in ("steps", "IntervalStrategy.STEPS") else None
+    if every is not None and every < 1 and args.max_steps > 0:  # a fraction of the run, as the Trainer reads it
+        every = math.ceil(args.max_steps * every)
+    last = args.max_steps > 0 and step >= args.max_steps
+    return bool(every) and step % int(every) == 0 and not last and step not in evaluated
 
 
 def checkpoint_complete(path: str | os.PathLike[str]) -> bool:

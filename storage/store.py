@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,36 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class LimitReached(ValueError):
+    """A run `create_run` did not add: `count` runs already fill the `limit` of `what` ("queue" or "owner")."""
+
+    def __init__(self, what: str, count: int, limit: int) -> None:
+        self.what, self.count, self.limit = what, count, limit
+        super().__init__(f"{count} runs already fill the {what} limit of {limit}.")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Limits a new run must fit in (None: no limit): the queued runs of everyone together, and the runs of its
+    owner in `owner_statuses` (a run without an owner is not counted against any)."""
+
+    queue_size: int | None = None
+    per_owner: int | None = None
+    owner_statuses: tuple[str, ...] = lifecycle.UNFINISHED
+
+    def check(self, session: Session, owner: str | None) -> None:
+        """Raise `LimitReached` if one more run would exceed a limit (inside the inserting transaction)."""
+        if self.queue_size is not None:
+            queued = session.scalar(select(func.count()).select_from(Run).where(Run.status == lifecycle.QUEUED))
+            if queued >= self.queue_size:
+                raise LimitReached("queue", queued, self.queue_size)
+        if self.per_owner is not None and owner is not None:
+            mine = session.scalar(select(func.count()).select_from(Run).where(
+                Run.owner == owner, Run.status.in_(self.owner_statuses)))
+            if mine >= self.per_owner:
+                raise LimitReached("owner", mine, self.per_owner)
+
+
 class Store:
     """Read and write runs, V* sets, metrics, samples, evaluations, checkpoints and logs in one SQLite file.
 
@@ -221,13 +252,18 @@ class Store:
     # ------------------------------------------------------------------ runs
 
     def create_run(self, name: str, kind: str, spec: dict[str, Any], model: str = "", dataset: str = "",
-                   parent_run_id: int | None = None, owner: str | None = None, num_devices: int = 1) -> int:
+                   parent_run_id: int | None = None, owner: str | None = None, num_devices: int = 1,
+                   admission: Admission | None = None) -> int:
         """Add a queued run; `spec` (the whole run spec, minus any credential in it) is stored as its config.
-        Returns the new run id (never one a deleted run had)."""
+        Returns the new run id (never one a deleted run had). With `admission`, its limits are counted in the
+        transaction that inserts the run (`BEGIN IMMEDIATE`: no other writer in between), so launches that arrive
+        together cannot pass a limit together; `LimitReached` when the run would exceed one, and nothing is stored."""
         if kind not in RUN_KINDS:
             raise ValueError(f"Unknown run kind {kind!r}: use one of {', '.join(RUN_KINDS)}.")
         now = _now()
         with self._write(durable=True) as s:
+            if admission is not None:
+                admission.check(s, owner)
             run = Run(name=name, kind=kind, status="queued", config=_json_safe(migrations.scrub_secrets(spec)),
                       model=model, dataset=dataset, created_at=now, queued_at=now, parent_run_id=parent_run_id,
                       progress=0.0, owner=owner, num_devices=int(num_devices), auto_resumes=0, launch_failures=0)

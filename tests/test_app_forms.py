@@ -29,6 +29,12 @@ def policy(studio) -> Policy:
     return Policy(studio)
 
 
+def problems(spec, policy: Policy) -> str | None:
+    """Every problem of a spec given directly (as the API does), in one message; None when it is valid."""
+    result = forms.check_spec(spec, policy)
+    return None if result.ok else result.message()
+
+
 def form(**changes) -> dict:
     values = forms.default_form()
     values.update(changes)
@@ -76,7 +82,7 @@ def test_spec_for_tiny_model_with_lora_and_two_rewards(policy, studio):
 
 
 @pytest.mark.parametrize(("model", "message"), [
-    ("", "Choose a model"),
+    ("", "model is empty"),
     ("/nonexistent/model/dir", "is not under a model folder of this studio"),
     ("not a model!", "Unknown model"),
     ("../../etc", "is not under a model folder"),
@@ -107,19 +113,21 @@ def test_hub_models_need_the_cache_offline_and_the_hub_allowed(studio):
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("beta1", 0, "β₁ (V* temperature) must be > 0 (got 0)"),
+    ("beta1", 0, "beta1 must be > 0 (got 0)"),
     ("beta1", -0.5, "must be > 0"),
     ("beta2", 0, "must be > 0"),
-    ("learning_rate", "abc", "enter a number"),
-    ("num_value_samples", 0, "must be at least 1"),
+    ("learning_rate", "abc", "learning_rate must be a number (got 'abc')"),
+    ("learning_rate", None, "learning_rate must be a number (got None)"),
+    ("num_value_samples", 0, "must be >= 1"),
     ("per_device_train_batch_size", 2.5, "must be a whole number"),
-    ("max_steps", 0, "must be -1 (use epochs) or at least 1"),
+    ("max_steps", 0, "must be -1 (train for num_train_epochs) or >= 1"),
     ("top_p", 1.5, "must be in (0, 1]"),
     ("temperature", 0, "must be > 0"),
-    ("top_k", -1, "must be 0 or more"),
+    ("top_k", -1, "top_k must be >= 1 or None"),
     ("num_value_samples", 1000, "must be at most 256 on this studio (got 1000)"),
     ("lr_scheduler_type", "sawtooth", "one of constant"),
-    ("warmup_steps", -1, "must be 0 or more"),
+    ("warmup_steps", -1, "must be >= 0"),
+    ("use_cpu", "yes", "use_cpu must be true or false"),
 ])
 def test_impossible_hyper_parameters(policy, field, value, message):
     errors = errors_of(policy, **{field: value})
@@ -132,21 +140,21 @@ def test_limits_bound_the_form_and_are_named(studio):
     errors = errors_of(public, num_value_samples=32, max_completion_length=4096, num_prompts=5000)
     assert errors["num_value_samples"].endswith("must be at most 16 on this studio (got 32).")
     assert "at most 512" in errors["max_completion_length"]
-    assert "from 1 to 2000" in errors["num_prompts"]
+    assert "at most 2000 on this studio (got 5000)" in errors["num_prompts"]
     # The teaching demo stays within the public limits.
     assert forms.validate_form(form(), public).ok
 
 
 def test_arithmetic_dataset_errors(policy):
-    assert "from 0 to" in errors_of(policy, eval_size=-1)["eval_size"]
-    assert "from 1 to" in errors_of(policy, num_prompts=0)["num_prompts"]
-    assert "from 1 to 100000" in errors_of(policy, num_prompts=10**12)["num_prompts"]
-    assert "Pick at least one operation" in errors_of(policy, operations="")["operations"]
-    assert "1 to 4" in errors_of(policy, difficulty=99)["difficulty"]
+    assert "must be a whole number >= 0" in errors_of(policy, eval_size=-1)["eval_size"]
+    assert "must be a whole number >= 1" in errors_of(policy, num_prompts=0)["num_prompts"]
+    assert "at most 100000 on this studio" in errors_of(policy, num_prompts=10**12)["num_prompts"]
+    assert "dataset.operations must be some of +-*" in errors_of(policy, operations="")["operations"]
+    assert "from 1 to 4" in errors_of(policy, difficulty=99)["difficulty"]
 
 
 def test_file_datasets_only_from_the_studio(policy, studio, tmp_path):
-    assert "Upload" in errors_of(policy, dataset_source="file", file_path="")["file_path"]
+    assert "or upload one" in errors_of(policy, dataset_source="file", file_path="")["file_path"]
     assert "No file at" in errors_of(policy, dataset_source="file",
                                      file_path=str(studio / "datasets" / "x.jsonl"))["file_path"]
     bad = studio / "datasets" / "data.txt"
@@ -192,8 +200,8 @@ def test_column_checks(policy, studio):
 
 
 def test_reward_and_lora_errors(policy):
-    assert "Pick at least one reward" in errors_of(policy, rewards={})["rewards"]
-    assert "Weight of exact_match must be a number > 0" in errors_of(policy, rewards={"exact_match": 0})["rewards"]
+    assert "rewards is empty: choose at least one of" in errors_of(policy, rewards={})["rewards"]
+    assert "the weight of exact_match must be a number > 0" in errors_of(policy, rewards={"exact_match": 0})["rewards"]
     errors = errors_of(policy, lora=True, lora_r=0, lora_alpha=-1)
     assert set(errors) == {"lora_r", "lora_alpha"}
     assert forms.validate_form(form(lora=False, lora_r=0), policy).ok  # ignored while LoRA is off
@@ -213,8 +221,8 @@ def test_command_line_renders_the_spec(policy):
 
 def test_api_specs_go_through_the_same_allow_list(policy, studio):
     tiny = str(studio / "models" / "tiny")
-    assert forms.validate_spec({"model": tiny, "config": {"max_steps": 3}}, policy) is None
-    message = forms.validate_spec({"model": "/etc", "colour": "red", "config": {"beta1": 0, "values_path": "/etc/x",
+    assert problems({"model": tiny, "config": {"max_steps": 3}}, policy) is None
+    message = problems({"model": "/etc", "colour": "red", "config": {"beta1": 0, "values_path": "/etc/x",
                                    "trust_remote_code": True, "report_to": "wandb", "dataloader_num_workers": 512,
                                    "output_dir": "/tmp/x", "logging_dir": "/tmp/y", "hub_token": "hf_x",
                                    "push_to_hub": True, "nonsense": 1},
@@ -229,17 +237,18 @@ def test_api_specs_go_through_the_same_allow_list(policy, studio):
                  "config.hub_token: not allowed in a run spec: it is a credential",
                  "config.push_to_hub: reaches outside the run (the run would write to the Hugging Face hub",
                  "--allow-hub-push", "config.nonsense: unknown setting", "dataset.path: /etc/passwd is not an "
-                 "uploaded file", "peft: null, or an object", "name: Run name: text of 1 to 200 characters"):
+                 "uploaded file", "peft: peft must be null (no LoRA), or an object",
+                 "name: Run name: at most 200 characters on this studio"):
         assert part in message, part
     assert len(message) < 4000  # the 1 MB name is not echoed
-    assert forms.validate_spec([1, 2], policy) == "Invalid run spec: spec: The spec must be a JSON object."
-    assert "Unknown preset" in forms.validate_spec({"preset": "nope"}, policy)
+    assert problems([1, 2], policy) == "Invalid run spec: spec: The spec must be a JSON object."
+    assert "Unknown preset" in problems({"preset": "nope"}, policy)
     # The operator's flags open exactly their fields.
     opened = Policy(studio, allow_remote_code=True, allow_hub_push=True)
-    assert forms.validate_spec({"config": {"trust_remote_code": True, "push_to_hub": True,
+    assert problems({"config": {"trust_remote_code": True, "push_to_hub": True,
                                            "hub_model_id": "me/model"}}, opened) is None
-    assert "config.hub_token" in forms.validate_spec({"config": {"hub_token": "x"}}, opened)
-    assert "model_init_kwargs" in forms.validate_spec({"config": {"model_init_kwargs": {"token": "x"}}}, opened)
+    assert "config.hub_token" in problems({"config": {"hub_token": "x"}}, opened)
+    assert "model_init_kwargs" in problems({"config": {"model_init_kwargs": {"token": "x"}}}, opened)
 
 
 def test_task_datasets_through_the_allow_list(policy):
@@ -247,9 +256,9 @@ def test_task_datasets_through_the_allow_list(policy):
     result = forms.check_spec(spec, policy)
     assert result.ok, result.errors
     assert result.spec["rewards"] == [{"name": "task_checker", "weight": 1.0}]
-    wrong = forms.validate_spec({**spec, "rewards": [{"name": "exact_match"}]}, policy)
+    wrong = problems({**spec, "rewards": [{"name": "exact_match"}]}, policy)
     assert "scored by its task's own answer checker" in wrong
-    assert "dataset.task" in forms.validate_spec({"dataset": {"source": "reasoning-gym", "task": "nope"}}, policy)
+    assert "dataset.task" in problems({"dataset": {"source": "reasoning-gym", "task": "nope"}}, policy)
 
 
 def test_spec_to_form_round_trip(policy, studio):
@@ -294,8 +303,69 @@ def test_system_prompt_through_the_form_and_the_allow_list(policy):
     assert forms.spec_to_form(spec)["template_system_prompt"] is True
     spec = forms.validate_form({**form, "system_prompt": "Answer tersely."}, policy).spec
     assert forms.spec_to_form(spec)["system_prompt"] == "Answer tersely."
-    result = forms.validate_spec({"dataset": {"source": "arithmetic", "num_prompts": 8, "system_prompt": 5}}, policy)
-    assert "system prompt" in str(result)
-    result = forms.validate_spec({"dataset": {"source": "arithmetic", "num_prompts": 8,
+    result = problems({"dataset": {"source": "arithmetic", "num_prompts": 8, "system_prompt": 5}}, policy)
+    assert "dataset.system_prompt: dataset.system_prompt must be a string" in str(result)
+    result = problems({"dataset": {"source": "arithmetic", "num_prompts": 8,
                                               "system_prompt": "x" * 5000}}, policy)
     assert "at most" in str(result)
+
+
+def test_preset_none_gives_the_library_defaults(policy, studio, tmp_path):
+    from a2po.runspec import RunSpec
+
+    tiny = str(studio / "models" / "tiny")
+    given = {"preset": "none", "name": "plain", "model": tiny, "rewards": [{"name": "exact_match", "weight": 1.0}],
+             "dataset": {"source": "arithmetic", "num_prompts": 8, "eval_size": 0}, "config": {"max_steps": 3}}
+    spec = forms.check_spec(given, policy).spec
+    assert spec is not None, forms.check_spec(given, policy).errors
+    # What the library runs for a spec that leaves a setting out (A2POConfig's defaults, TRL's), setting by setting.
+    library = RunSpec(dataset={"source": "arithmetic", "eval_size": 0}).build_config(str(tmp_path))
+    ran = RunSpec.from_dict(spec).build_config(str(tmp_path))
+    for param in forms.PARAMS:
+        if param.key != "max_steps":
+            assert getattr(ran, param.key) == getattr(library, param.key), param.key
+    assert ran.max_steps == 3
+    config = spec["config"]
+    assert (config["max_completion_length"], config["learning_rate"], config["gradient_checkpointing"]) == \
+        (256, 5e-5, True)
+    # The form on preset none shows the same values, and an empty spec under it is the library's whole default run.
+    form = forms.default_form("none")
+    assert (form["max_completion_length"], form["learning_rate"], form["gradient_checkpointing"]) == (256, 5e-5, True)
+    assert forms.validate_form(form, policy).spec == forms.check_spec({"preset": "none"}, policy).spec
+    default = RunSpec()
+    bare = forms.check_spec({"preset": "none"}, policy).spec
+    assert (bare["name"], bare["model"], bare["rewards"]) == (default.name, default.model, default.rewards)
+    assert {k: bare["dataset"][k] for k in default.dataset} == default.dataset
+
+
+@pytest.mark.parametrize(("config", "path", "rule"), [
+    ({"beta1": 0}, "config.beta1", "beta1 must be > 0"),
+    ({"warmup_steps": -1}, "config.warmup_steps", "warmup_steps must be >= 0"),
+    ({"per_device_train_batch_size": 2.5}, "config.per_device_train_batch_size", "must be a whole number"),
+    ({"seed": -1}, "config.seed", "seed must be a whole number from 0 to 4294967295"),
+    ({"seed": 2**40}, "config.seed", "seed must be a whole number from 0 to 4294967295"),
+])
+def test_each_rule_is_the_librarys_reported_once_by_field(policy, config, path, rule):
+    from a2po.presets import with_defaults
+    from a2po.runspec import RunSpec, SpecError
+
+    result = forms.check_spec({"config": config}, policy)
+    assert list(result.errors) == [path] and rule in result.errors[path]
+    assert result.message().count(rule) == 1
+    # The same rule, from the library (which the CLI runs): the allow-list adds nothing of its own.
+    with pytest.raises(SpecError) as refused:
+        RunSpec.from_dict(with_defaults({"config": config}))
+    assert list(refused.value.problems) == [path] and refused.value.problems[path] in result.errors[path]
+
+
+def test_seeds_are_refused_where_they_enter(policy):
+    errors = errors_of(policy, seed=-1, data_seed=2**40)
+    assert "seed must be a whole number from 0 to 4294967295 (got -1)" in errors["seed"]
+    assert "from 0 to 4294967295" in errors["data_seed"]
+    assert forms.validate_form(form(seed=2**32 - 1, data_seed=0), policy).ok
+
+
+def test_policy_and_library_problems_are_reported_together(policy):
+    result = forms.check_spec({"config": {"num_value_samples": 1000, "beta1": 0, "values_path": "/etc/x"}}, policy)
+    assert set(result.errors) == {"config.num_value_samples", "config.beta1", "config.values_path"}
+    assert "at most 256 on this studio" in result.errors["config.num_value_samples"]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from a2po.runspec import RunSpec
@@ -17,8 +18,12 @@ TINY_RUN = ["--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4",
             "--filter_all_incorrect", "false"]  # a random tiny model never solves arithmetic
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def run(args, cwd, timeout=300):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # PYTHONPATH: the package of this tree, wherever the environment's editable install points.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "a2po", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -69,7 +74,7 @@ def test_run_spec_renders_the_equivalent_command():
 
 def test_two_processes_each_estimate_their_shard_and_all_see_all_values(tmp_path, tiny_model_dir):
     script = Path(__file__).parent / "distributed_script.py"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     # With no GPU, `--multi_gpu` starts two torchrun processes that talk over gloo on the CPU (`--cpu` alone would
     # start one process unless MPI is installed).
     result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -118,3 +123,76 @@ def test_system_prompt_flag_round_trips_and_none_is_kept_none():
         command, script, _, fields = parse(original.to_cli_args())
         again = spec_from_args(command, script, fields)
         assert again.dataset.get("system_prompt") == system_prompt
+
+
+def test_cli_refuses_seeds_out_of_range_before_loading_anything(tmp_path, tiny_model_dir):
+    for flag, value in (("--seed", "-1"), ("--seed", str(2**40)), ("--dataset_seed", "-1")):
+        result = run(["train", "--model", tiny_model_dir, *TINY_RUN, flag, value], tmp_path)
+        assert result.returncode != 0, (flag, value)
+        assert "seed must be a whole number from 0 to 4294967295" in result.stderr, result.stderr[-2000:]
+        assert "Stage 1" not in result.stderr  # refused where it entered, not after the model loaded
+
+
+GRPO_RUN = ["--method", "grpo", "--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4", "--reward",
+            "exact_match", "--num_generations", "4", "--max_completion_length", "4",
+            "--per_device_train_batch_size", "8", "--max_steps", "2", "--use_cpu", "true", "--save_strategy", "no",
+            "--beta", "0.04", "--loss_type", "grpo"]
+
+
+def test_cli_trains_grpo_and_refuses_its_values_action(tmp_path, tiny_model_dir):
+    out = tmp_path / "grpo"
+    result = run(["train", "--model", tiny_model_dir, "--output_dir", str(out), *GRPO_RUN], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "model.safetensors").exists() and "Stage 1" not in result.stderr
+    final = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"eval_accuracy"')][-1])
+    assert 0.0 <= final["eval_accuracy"] <= 1.0 and "eval_loss" not in final
+    saved = torch.load(out / "training_args.bin", weights_only=False)
+    assert type(saved).__name__ == "GRPOConfig" and (saved.num_generations, saved.beta) == (4, 0.04)
+    result = run(["values", "--model", tiny_model_dir, *GRPO_RUN], tmp_path)
+    assert result.returncode != 0 and "GRPO has no stage 1" in result.stderr
+
+
+def test_run_spec_method_grpo_validates_and_round_trips():
+    from a2po.cli import parse, spec_from_args
+    from a2po.config import GRPOConfig
+    from a2po.presets import with_defaults
+
+    given = {"name": "g", "method": "grpo", "model": "m", "dataset": {"source": "arithmetic", "num_prompts": 8,
+                                                                      "eval_size": 4},
+             "config": {"num_generations": 4, "beta": 0.04, "max_steps": 3, "per_device_train_batch_size": 8}}
+    spec = RunSpec.from_dict(given)
+    assert spec.method == "grpo" and spec.to_dict()["method"] == "grpo"
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    config = spec.build_config("/tmp/grpo-spec")
+    assert isinstance(config, GRPOConfig) and config.prompts_per_step == 2
+    command, script, _, fields = parse(spec.to_cli_args())
+    again = spec_from_args(command, script, fields)
+    assert again.method == "grpo" and again.config == spec.config and again.dataset == spec.dataset
+    assert spec.command().startswith("python -m a2po train --model m --run_name g --method grpo")
+
+    # A*-PO specs stay as they were stored (no `method` key); a preset gives GRPO only the settings it has.
+    a2po = RunSpec.from_dict({k: v for k, v in given.items() if k not in ("method", "config")})
+    assert "method" not in a2po.to_dict() and a2po.method == "a2po" and "method" not in a2po.to_config_dict()
+    preset = with_defaults({"method": "grpo"})
+    assert "num_value_samples" not in preset["config"] and preset["config"]["learning_rate"] == 1e-5
+    assert RunSpec.from_dict(preset).config_class is GRPOConfig
+
+    for bad, message in [({"config": {"num_value_samples": 8}}, "num_value_samples is not a GRPOConfig field"),
+                         ({"action": "values"}, "GRPO has no stage 1"),
+                         ({"method": "ppo"}, "method must be one of"),
+                         ({"config": {"num_generations": 3}}, "multiple of num_generations")]:
+        with pytest.raises(ValueError, match=message):
+            RunSpec.from_dict({**given, **bad})
+
+
+def test_grpo_yaml_round_trips(tmp_path):
+    from a2po.cli import spec_from_config_file
+
+    spec = RunSpec.from_dict({"name": "g", "method": "grpo", "model": "m", "config": {"num_generations": 2,
+                                                                                       "loss_type": "dr_grpo",
+                                                                                       "scale_rewards": "none"}})
+    path = tmp_path / "grpo.yaml"
+    path.write_text(spec.to_yaml())
+    assert spec.to_yaml().startswith("# GRPO run 'g'")
+    loaded = spec_from_config_file(str(path))
+    assert loaded.method == "grpo" and loaded.config == spec.config and loaded.dataset == spec.dataset

@@ -194,3 +194,34 @@ def test_zerogpu_chunks_are_asked_to_stop_never_signalled(tmp_path, tiny_model_d
         manager.stop(run_id)
         thread.join(timeout=60)
         manager.close()
+
+
+def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny_model_dir, zerogpu, monkeypatch):
+    """ZeroGPU ends a call that runs past its duration (budget + margin; the fake `spaces` does too). An evaluation
+    that starts near a chunk's deadline would run past it every time and fail the run: it is left for the next chunk,
+    which starts with it."""
+    from app.ui.common import Services
+
+    monkeypatch.setattr(zerogpu, "CHUNK_MARGIN", 4.0)
+    monkeypatch.setenv("A2PO_FAULTS", "evaluate_batch@1+=delay")  # each evaluation batch takes 2 s more: 4 s each
+    store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=4.0, watchdog_after=None)
+    services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
+    driver = zerogpu.ChunkDriver(services)
+    spec = chunk_spec(tiny_model_dir, max_steps=8, save_steps=0, eval_steps=2, per_device_eval_batch_size=1)
+    spec["dataset"]["eval_size"] = 2
+    run_id = manager.submit(spec)
+    manager.lock.acquire()
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            info = driver.drive(run_id)
+            if info["status"] not in ("queued", "paused", "running"):
+                break
+        run = store.get_run(run_id)
+        messages = logs(store, run_id)
+        assert run["status"] == "finished", (run["error"], messages[-10:])
+        assert not [m for m in messages if "GPU call for the chunk failed" in m]
+        assert any("is left for the next chunk" in m for m in messages)
+        assert [e["step"] for e in store.get_evaluations(run_id)] == [0, 2, 4, 6, 8]
+    finally:
+        manager.close()

@@ -8,8 +8,8 @@ workers and of chunks, app restarts and deletes, and checks after every step wha
 - nothing committed is lost: a run's stored V* rows, metric rows and evaluations never disappear while it exists;
 - at the end, with no more interference, every run that is resumed reaches its end, none stuck.
 
-Profiles: CI (`A2PO_MACHINE_EXAMPLES`, default 2 examples of up to 10 steps, no shrinking); `make stress` runs 10
-examples of up to 25 steps with shrinking.
+Profiles: CI (`A2PO_MACHINE_EXAMPLES`, default 3 examples of up to 8 steps after launching a worker run and a
+chunked run, no shrinking); `make stress` runs 10 examples of up to 25 steps with shrinking.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from app.jobs import Devices, JobManager, pid_alive
 from storage import Store, lifecycle
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-EXAMPLES = int(os.environ.get("A2PO_MACHINE_EXAMPLES", "2"))
-STEPS = int(os.environ.get("A2PO_MACHINE_STEPS", "10" if EXAMPLES <= 2 else "25"))
+EXAMPLES = int(os.environ.get("A2PO_MACHINE_EXAMPLES", "3"))
+STEPS = int(os.environ.get("A2PO_MACHINE_STEPS", "8" if EXAMPLES <= 3 else "25"))
 MAX_RUNS = 3
 LAUNCH_BACKOFF = (0.2, 0.5)
 
@@ -84,6 +84,8 @@ class RunMachine(RuleBasedStateMachine):
         self.manager.start()
         self.runs: dict[int, str] = {}  # run id -> runner
         self.seen: dict[int, dict[str, int]] = {}  # run id -> what was committed at least (rows)
+        for runner in ("worker", "chunked"):  # every example has work of both kinds under way
+            self.launch(runner)
 
     def _manager(self) -> JobManager:
         return JobManager(self.store, self.data, poll_interval=0.1, devices=Devices(), stale_after=30,
@@ -252,7 +254,7 @@ class RunMachine(RuleBasedStateMachine):
 
 def test_run_state_machine_holds_against_real_processes(tmp_path, tiny_model_dir):
     RunMachine.model_dir, RunMachine.root = tiny_model_dir, tmp_path
-    long = EXAMPLES > 2
+    long = EXAMPLES > 3
     run_state_machine_as_test(RunMachine, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=not long,
         phases=[Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if long else [])],

@@ -249,8 +249,9 @@ def test_the_spec_names_its_processes():
     assert forms.check_spec({**spec, "num_devices": 3}, policy).spec["num_processes"] == 2
     assert forms.check_spec({"num_devices": 3}, policy).spec["num_processes"] == 3
     errors = forms.check_spec({**spec, "num_processes": 0, "fsdp": "EVERYTHING"}, policy).errors
-    assert "Processes / GPUs" in errors["num_processes"] and "FULL_SHARD" in errors["fsdp"]
-    assert "2 or more" in forms.check_spec({"fsdp": "FULL_SHARD"}, policy).errors["fsdp"]
+    assert "num_processes must be a whole number >= 1" in errors["num_processes"] and "FULL_SHARD" in errors["fsdp"]
+    assert "set num_processes >= 2" in forms.check_spec({"fsdp": "FULL_SHARD"}, policy).errors["fsdp"]
+    assert "at most 64 per run" in forms.check_spec({"num_devices": 100}, policy).errors["num_processes"]
     assert forms.spec_to_form({"num_processes": 2})["num_processes"] == 2
     assert forms.form_to_spec({**forms.default_form(), "num_processes": 2})["num_processes"] == 2
     run = RunSpec.from_dict({"num_processes": 2, "fsdp": "SHARD_GRAD_OP"})

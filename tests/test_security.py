@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from tests.helpers import wait_for
-from tests.test_app_api import free_port, start_app, stop_app, tiny_spec
+from tests.test_app_api import ROOT, free_port, start_app, stop_app, tiny_spec
 
 
 def studio(tmp_path_factory, tiny_model_dir: str, name: str, *args: str, env: dict | None = None):
@@ -60,11 +62,11 @@ ATTACKS = [
     ({"config": {"output_dir": "/tmp/elsewhere"}}, "config.output_dir: not allowed in a run spec"),
     ({"config": {"report_to": "wandb"}}, "config.report_to: not allowed in a run spec"),
     ({"config": {"dataloader_num_workers": 512}}, "config.dataloader_num_workers: not allowed in a run spec"),
-    ({"dataset": {"num_prompts": 10**12}}, "dataset.num_prompts: Number of prompts must be a whole number from 1"),
-    ({"dataset": {"eval_size": -5}}, "dataset.eval_size: Eval size must be a whole number from 0"),
-    ({"dataset": {"difficulty": 99}}, "dataset.difficulty: Difficulty (digits per operand) must be a whole number"),
-    ({"name": "x" * 1_000_000}, "name: Run name: text of 1 to 200 characters"),
-    ({"peft": {"r": 4, "target_modules": "all", "bogus": 1}}, "peft: null, or an object with r, lora_alpha"),
+    ({"dataset": {"num_prompts": 10**12}}, "dataset.num_prompts: Number of prompts must be at most 100000 on this"),
+    ({"dataset": {"eval_size": -5}}, "dataset.eval_size: dataset.eval_size must be a whole number >= 0"),
+    ({"dataset": {"difficulty": 99}}, "dataset.difficulty: dataset.difficulty must be a whole number from 1 to 4"),
+    ({"name": "x" * 1_000_000}, "name: Run name: at most 200 characters on this studio"),
+    ({"peft": {"r": 4, "target_modules": "all", "bogus": 1}}, "peft: peft must be null (no LoRA), or an object"),
     ({"model": "/etc"}, "model: /etc is not under a model folder of this studio"),
 ]
 
@@ -239,3 +241,94 @@ def test_hub_columns_are_probed_by_streaming(monkeypatch):
     monkeypatch.setattr(data, "load_dataset", fake_load_dataset)
     head = data.peek_dataset("openai/gsm8k", "train", "main", rows=3)
     assert calls == [True] and len(head) == 3 and head.column_names == ["question", "answer"]
+
+
+def run_app(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m app` run to its end (it is expected to refuse to start), in a clean offline environment."""
+    base = {k: v for k, v in os.environ.items() if k not in ("SYSTEM", "SPACE_ID", "OAUTH_CLIENT_ID",
+                                                              "OAUTH_CLIENT_SECRET", "OAUTH_SCOPES",
+                                                              "OPENID_PROVIDER_URL")}
+    return subprocess.run([sys.executable, "-m", "app", "--data-dir", str(tmp_path / "data"), "--port",
+                           str(free_port()), *args], cwd=ROOT, env={**base, "HF_HUB_OFFLINE": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+OAUTH_SPACE = {"SYSTEM": "spaces", "SPACE_ID": "teacher/studio", "OAUTH_CLIENT_ID": "id", "OAUTH_CLIENT_SECRET": "s",
+               "OAUTH_SCOPES": "openid profile", "OPENID_PROVIDER_URL": "https://huggingface.co"}
+
+
+def test_hf_oauth_is_refused_off_a_space(tmp_path):
+    # Off a Space, Gradio's login button would sign every visitor in as this machine's Hugging Face account.
+    for args, env in [(("--hf-oauth", "--admin", "teacher"), {}),
+                      ((), {"OAUTH_CLIENT_ID": "id"}),  # the variable that turns --hf-oauth on by itself
+                      (("--hf-oauth",), {**OAUTH_SPACE, "SYSTEM": "docker"}),  # OAuth variables but not a Space
+                      (("--hf-oauth",), {k: v for k, v in OAUTH_SPACE.items() if k != "SPACE_ID"})]:
+        result = run_app(tmp_path, *args, env=env)
+        assert result.returncode == 1, (args, env, result.stderr[-2000:])
+        assert "only on a Hugging Face Space" in result.stderr and "--auth-file" in result.stderr, result.stderr
+        assert not (tmp_path / "data" / "studio.db").exists()  # refused before anything started
+    # On a Space without `hf_oauth: true` in its README header, Gradio would fail at launch: said at once instead.
+    result = run_app(tmp_path, "--hf-oauth", env={"SYSTEM": "spaces", "SPACE_ID": "teacher/studio"})
+    assert result.returncode == 1 and "hf_oauth: true" in result.stderr and "OAUTH_CLIENT_ID" in result.stderr
+
+
+def test_the_space_is_detected_as_gradio_detects_it(monkeypatch):
+    from gradio.utils import get_space
+
+    from app.auth import oauth_problem, on_a_space
+
+    for env in [{}, {"SPACE_ID": "a/b"}, {"SYSTEM": "spaces"}, {"SYSTEM": "spaces", "SPACE_ID": "a/b"},
+                {"SYSTEM": "spaces", "SPACE_ID": ""}, {"SYSTEM": "docker", "SPACE_ID": "a/b"}]:
+        for name in ("SYSTEM", "SPACE_ID"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert on_a_space() == (get_space() is not None), env
+    assert oauth_problem(False, {}) is None  # no OAuth asked: nothing to refuse
+    assert "--auth-file" in oauth_problem(True, {})
+    assert oauth_problem(True, OAUTH_SPACE) is None or "gradio[oauth]" in oauth_problem(True, OAUTH_SPACE)
+
+
+def test_gradio_temp_dir_is_not_a_dataset_folder(tmp_path_factory, tiny_model_dir, tmp_path):
+    # An operator's GRADIO_TEMP_DIR may be a shared folder: of it, only files Gradio received as uploads are data.
+    shared = tmp_path / "shared-tmp"
+    (shared / ("a" * 64)).mkdir(parents=True)  # laid out like Gradio's upload folders, but not received here
+    for path in (shared / "notes.jsonl", shared / ("a" * 64) / "other-app.jsonl"):
+        path.write_text('{"question": "1+1?", "answer": "2"}\n' * 8)
+    proc, url, data_dir, model = studio(tmp_path_factory, tiny_model_dir, "tempdir",
+                                        env={"GRADIO_TEMP_DIR": str(shared)})
+    try:
+        client = Client(url, verbose=False)
+        for path in (shared / "notes.jsonl", shared / ("a" * 64) / "other-app.jsonl"):
+            with pytest.raises(AppError, match="is not an uploaded file"):
+                client.predict(spec={**tiny_spec(model, "shared"), "dataset": {"source": "file", "file": str(path)}},
+                               api_name="/launch")
+        assert client.predict(api_name="/list_runs") == []
+        # A file Gradio received (the route behind the form's file box) is accepted, and kept in datasets/.
+        import httpx
+
+        data = tmp_path / "mine.jsonl"
+        data.write_text('{"question": "2+2?", "answer": "4"}\n' * 8)
+        with data.open("rb") as f:
+            received = httpx.post(url + "gradio_api/upload", files={"files": f}, timeout=30).json()[0]
+        assert Path(received).is_relative_to(shared.resolve())
+        spec = {**tiny_spec(model, "received", max_steps=1), "dataset": {"source": "file", "file": received}}
+        run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
+        from storage import Store
+
+        kept = Path(Store(data_dir / "studio.db").get_run(run_id)["config"]["dataset"]["path"])
+        assert kept.parent == data_dir / "datasets" / "uploads" and kept.read_text() == data.read_text()
+    finally:
+        stop_app(proc)
+
+
+def test_the_studio_works_in_the_workers_empty_directory(tmp_path_factory, tiny_model_dir):
+    # A name that is not an absolute path inside the studio's folders is a hub id, in the studio's process as in
+    # its workers: both run in <data-dir>/cache/worker-cwd, never in the folder the operator started it from.
+    proc, _, data_dir, _ = studio(tmp_path_factory, tiny_model_dir, "cwd")
+    try:
+        worker_cwd = (data_dir / "cache" / "worker-cwd").resolve()
+        assert Path(f"/proc/{proc.pid}/cwd").resolve() == worker_cwd
+        assert list(worker_cwd.iterdir()) == []
+    finally:
+        stop_app(proc)

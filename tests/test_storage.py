@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from storage import Store, export_csv, lifecycle
+from tests.helpers import put_in
 
 SPEC = {"name": "demo", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 8},
         "rewards": [{"name": "exact_match", "weight": 1.0}], "config": {"beta": 0.5}, "peft": None}
@@ -307,3 +308,41 @@ def test_store_survives_fork_and_threads(store):
 def _write_with_inherited(store: Store, run_id: int) -> None:
     for step in range(20):
         store.add_metrics(run_id, 100 + step, {"loss": 0.5})
+
+
+def test_create_run_counts_its_limits_in_the_inserting_transaction(tmp_path):
+    from storage import Admission, LimitReached
+
+    store = Store(tmp_path / "studio.db")
+    per_owner = Admission(per_owner=2)
+    first = store.create_run("a", "train", SPEC, owner="ann", admission=per_owner)
+    store.create_run("b", "train", SPEC, owner="ann", admission=per_owner)
+    with pytest.raises(LimitReached) as full:
+        store.create_run("c", "train", SPEC, owner="ann", admission=per_owner)
+    assert (full.value.what, full.value.count, full.value.limit) == ("owner", 2, 2)
+    assert len(store.list_runs()) == 2  # nothing stored for the refused run
+    store.create_run("d", "train", SPEC, owner="bob", admission=per_owner)  # another owner's count
+    store.create_run("e", "train", SPEC, admission=per_owner)  # no owner: no per-owner limit
+    put_in(store, first, "finished")  # an ended run no longer counts
+    store.create_run("f", "train", SPEC, owner="ann", admission=per_owner)
+
+    with pytest.raises(LimitReached) as full:
+        store.create_run("g", "train", SPEC, admission=Admission(queue_size=4))
+    assert (full.value.what, full.value.count) == ("queue", 4)
+
+    # Threads racing on one file: the count and the insert are one transaction, so exactly the limit gets in.
+    barrier, refused = threading.Barrier(8), []
+
+    def launch() -> None:
+        barrier.wait()
+        try:
+            store.create_run("race", "train", SPEC, owner="cy", admission=Admission(per_owner=3))
+        except LimitReached:
+            refused.append(1)
+
+    threads = [threading.Thread(target=launch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(refused) == 5 and len([r for r in store.list_runs() if r["owner"] == "cy"]) == 3

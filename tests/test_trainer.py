@@ -1,5 +1,6 @@
 """A2POTrainer end to end on a tiny real model: both stages, filtering, evaluation, rewards, saving, LoRA."""
 
+import math
 import warnings
 
 import pytest
@@ -439,3 +440,139 @@ def test_evaluation_after_a_step_regresses_the_trained_policy(tmp_path, tiny_mod
     trainer._regression = lambda *a, **k: calls.append(1) or regression(*a, **k)
     assert "eval_loss" in trainer.evaluate()
     assert calls  # after an update the log ratio is not 0: both forwards run
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The metrics both trainers log, and fixes of issue 18 (each of these failed before them)
+
+class StopAt(A2POCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_shared_metrics_are_logged_and_the_token_count_survives_a_resume(tmp_path, tiny_model_dir):
+    """The names GRPOTrainer logs too (`kl` is A*-PO's mean log-ratio), the stage-1 token count, and
+    `completion_tokens`, which a run resumed from a checkpoint continues."""
+    class Logs(Recorder):
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.events.append(("log", logs))
+
+    recorder = Logs()
+    settings = dict(max_steps=4, filter_all_incorrect=False, save_strategy="steps", save_steps=2)
+    whole = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path / "whole", **settings), train_dataset=prompts(8),
+                        callbacks=[recorder])
+    whole.train()
+    logged = [h for h in whole.state.log_history if "loss" in h]
+    for key in ("kl", "log_ratio", "completion_tokens", "peak_memory_gb", "frac_nonfinite_loss", "reward_std",
+                "accuracy", "completion_length", "completion_clipped_frac", "rewards/coin"):
+        assert key in logged[0], key
+    assert logged[0]["kl"] == logged[0]["log_ratio"] and logged[0]["frac_nonfinite_loss"] == 0.0
+    assert 0 < logged[0]["completion_tokens"] <= 4 * 6 < logged[-1]["completion_tokens"]
+    assert 0.01 < logged[0]["peak_memory_gb"] < 64
+    stage1 = next(logs for logs in recorder.of("log") if "values/train/completion_tokens" in logs)
+    assert 8 * 4 <= stage1["values/train/completion_tokens"] <= 8 * 4 * 6 and "values/train/runtime" in stage1
+    assert {s["sample_index"] for kw in recorder.of("samples") for s in kw["samples"]} == {0}
+
+    first = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path / "part", **settings), train_dataset=prompts(8),
+                        callbacks=[StopAt(2)])
+    first.train()
+    resumed = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path / "part", **settings), train_dataset=prompts(8))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "part" / "out" / "checkpoint-2"))
+    last = [h for h in resumed.state.log_history if "loss" in h][-1]
+    assert last["step"] == 4 and last["completion_tokens"] == logged[-1]["completion_tokens"]
+    assert last["loss"] == pytest.approx(logged[-1]["loss"], abs=1e-6)
+
+
+def test_evaluate_on_another_dataset_gets_its_own_v_star_table(tmp_path, tiny_model_dir):
+    """`evaluate(eval_dataset=other)` raised KeyError (V* tables were cached by split name alone). Another dataset
+    gets a table of its own; the trainer's own eval set keeps its cached one (no stage 1 again)."""
+    recorder = Recorder()
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path), eval_dataset=prompts(3), callbacks=[recorder])
+    own = trainer.evaluate()
+    other = trainer.evaluate(eval_dataset=prompts(5, chat=False))
+    [other_table] = [name for name in trainer.value_tables if name != "eval"]
+    assert other_table.startswith("eval-") and len(trainer.value_tables[other_table]) == 5
+    assert len(trainer.value_tables["eval"]) == 3 and 0.0 <= other["eval_accuracy"] <= 1.0
+    again = trainer.evaluate()
+    subset = trainer.evaluate(eval_dataset=prompts(3).select([0, 2]))  # covered by the own table
+    assert len(recorder.of("begin")) == 2  # stage 1 ran once for each dataset, never again
+    assert (again["eval_accuracy"], again["eval_loss"]) == (own["eval_accuracy"], own["eval_loss"])
+    assert subset["eval_v_star"] == pytest.approx(
+        (trainer.value_tables["eval"]["v_star"][0] + trainer.value_tables["eval"]["v_star"][2]) / 2)
+
+
+def test_a_nonfinite_loss_is_counted_in_the_logs(tmp_path, tiny_model_dir):
+    """transformers' `logging_nan_inf_filter` turns a NaN loss into a finite number in `loss`:
+    `frac_nonfinite_loss` says what happened (0.0 for a healthy step, 1.0 when its loss was NaN or inf)."""
+    calls = []
+
+    def nan_on_second_step(completions, **kw):
+        calls.append(1)
+        return [math.nan if len(calls) == 2 else 1.0] * len(completions)
+
+    data = prompts(8).add_column("v_star", [0.5] * 8)  # no stage 1: the reward's calls are the steps
+    trainer = A2POTrainer(tiny_model_dir, nan_on_second_step, args=config(tmp_path, max_steps=3), train_dataset=data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["frac_nonfinite_loss"] for h in logged][:2] == [0.0, 1.0]
+    assert math.isfinite(logged[1]["loss"])
+
+
+def test_max_completion_length_none_falls_back_as_generate_does(tmp_path, tiny_model_dir):
+    """`max_completion_length=None` was accepted, then stage 1 raised TypeError. As with `generate()` (and so TRL):
+    the model's generation config's `max_new_tokens`, else 20 new tokens."""
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, max_completion_length=None),
+                          train_dataset=prompts(4))
+    assert len(trainer.estimate_optimal_values()) == 4
+    assert trainer.rollout_stats["values"]["decode_steps"] <= 20 and trainer.max_completion_length == 20
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.generation_config.max_new_tokens = 5
+    trainer = A2POTrainer(model, coin, args=config(tmp_path, max_completion_length=None), train_dataset=prompts(4))
+    trainer.estimate_optimal_values()
+    assert trainer.rollout_stats["values"]["decode_steps"] <= 5 and trainer.max_completion_length == 5
+
+
+def test_evaluation_batches_are_announced_and_a_stop_interrupts_evaluation(tmp_path, tiny_model_dir):
+    """`on_evaluate_batch` after each evaluation batch (for chunked runs); a stop asked there ends evaluation with
+    StageInterrupted, and a stop already pending when evaluation starts (the end of training) is kept for after."""
+    class Watcher(A2POCallback):
+        def __init__(self):
+            self.seen, self.stop = [], False
+
+        def on_evaluate_batch(self, args, state, control, *, split, done, total, **kw):
+            self.seen.append((split, done, total))
+            if self.stop:
+                control.should_training_stop = True
+
+    watcher = Watcher()
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, per_device_eval_batch_size=2),
+                          eval_dataset=prompts(5), callbacks=[watcher])
+    trainer.evaluate()
+    assert watcher.seen == [("eval", 2, 5), ("eval", 4, 5), ("eval", 5, 5)]
+    watcher.stop = True
+    with pytest.raises(StageInterrupted, match="2 of 5"):
+        trainer.evaluate()
+    watcher.stop = False
+    trainer.control.should_training_stop = True
+    assert "eval_accuracy" in trainer.evaluate() and trainer.control.should_training_stop
+
+
+def test_remove_unused_columns_keeps_what_training_reads(tmp_path, tiny_model_dir):
+    """`remove_unused_columns=True` made the Trainer drop every column (none is a model input): training failed."""
+    seen = {}
+
+    def spy(prompts, completions, **columns):
+        seen.update(columns)
+        return [1.0] * len(completions)
+
+    data = prompts(4).add_column("v_star", [0.5] * 4)  # no stage 1: the reward sees stage 2's columns only
+    trainer = A2POTrainer(tiny_model_dir, spy, args=config(tmp_path, remove_unused_columns=True, max_steps=1),
+                          train_dataset=data)
+    assert trainer.train().global_step == 1
+    assert "parity" not in seen and set(trainer.train_dataset.column_names) == {"prompt", "prompt_id", "v_star"}

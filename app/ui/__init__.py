@@ -25,6 +25,7 @@ SHOW_LAUNCH_TAB = "() => { document.getElementById('page-launch-button')?.click(
 def build_demo(services: Services) -> gr.Blocks:
     """All pages as top-level tabs (Launch, Runs, Run, Compare, Export) plus the named API endpoints."""
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+        services.policy.received_uploads = demo.upload_file_set  # the same set, filled as uploads arrive
         gr.Markdown(f"# {TITLE}\nTrain language models with A*-PO: stage 1 estimates V*(x) from N reference "
                     "samples per prompt, stage 2 regresses the policy onto the optimal advantage.")
         login = build_login(services)

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.auth import Auth, User
 from app.policy import Policy
-from storage import Store
+from storage import Admission, LimitReached, Store
 from storage.lifecycle import UNFINISHED
 
 ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
@@ -64,27 +64,28 @@ class Services:
         return result.spec
 
     def launch(self, spec: Any, user: User | None) -> int:
-        """Queue a run for `user` after the permission, the allow-list and the studio's limits (queue size, runs
-        per user, disk quota); returns its id. Nothing is stored when it is refused."""
+        """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
+        size, runs per user); returns its id. No run is stored when it is refused."""
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
         clean = self.check(spec)
-        limits, owner = self.policy.limits, self.auth.owner_of(user)
-        queued = self.store.list_runs(status="queued")
-        if limits.queue_size is not None and len(queued) >= limits.queue_size:
-            raise Refused(f"The queue is full: {len(queued)} runs wait, the limit is {limits.queue_size} runs in the "
-                          "queue. Try again when some have started.")
-        if owner is not None and limits.queued_per_user is not None:
-            mine = [r for r in self.store.list_runs(status=UNFINISHED) if r.get("owner") == owner]
-            if len(mine) >= limits.queued_per_user:
-                raise Refused(f"You have {len(mine)} runs queued or running; the limit is {limits.queued_per_user} "
-                              "queued or running runs per user. Stop one, or wait for one to end.")
         problem = self.policy.disk_problem()
         if problem:
             raise Refused(problem)
         clean["dataset"] = self._keep_upload(clean["dataset"])
-        return self.jobs.submit(clean, owner=owner)
+        limits, owner = self.policy.limits, self.auth.owner_of(user)
+        # Counted by the store in the transaction that inserts the run: launches arriving together (the form's
+        # buttons and the API are separate Gradio events) cannot pass a limit together.
+        admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
+        try:
+            return self.jobs.submit(clean, owner=owner, admission=admission)
+        except LimitReached as full:
+            if full.what == "queue":
+                raise Refused(f"The queue is full: {full.count} runs wait, the limit is {full.limit} runs in the "
+                              "queue. Try again when some have started.") from None
+            raise Refused(f"You have {full.count} runs queued or running; the limit is {full.limit} queued or running "
+                          "runs per user. Stop one, or wait for one to end.") from None
 
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
         """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in
@@ -92,8 +93,8 @@ class Services:
         if dataset.get("source") != "file":
             return dataset
         path = Path(dataset["path"])
-        if self.policy.inside(path, [self.policy.uploads_dir]) is None:
-            return dataset
+        if self.policy.inside(path, self.policy.dataset_roots()) is not None:
+            return dataset  # else `check_spec` accepted it as a file Gradio received
         return {**dataset, "path": str(store_upload(self.policy, path))}
 
     def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from a2po.data import MAX_DIFFICULTY
 from app import forms
 from app.ui.common import Refused, Services, offline, short
 
@@ -121,7 +122,7 @@ def _task_help() -> str:
 
 def build_launch_page(services: Services, token: gr.BrowserState | None = None) -> LaunchPage:
     """Lay out the launch form and wire presets, validation, preview, the command view and the three actions."""
-    from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS, PRESETS
+    from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS
     from a2po.rewards import REWARD_FUNCTIONS
 
     limits = services.policy.limits
@@ -141,7 +142,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                 "model on arithmetic and watch stage 1 (V* estimation) and stage 2 (A*-PO training) live.")
     with gr.Row():
         with gr.Column(scale=3):
-            preset = gr.Dropdown([(PRESET_DESCRIPTIONS[name].split(":")[0], name) for name in PRESETS],
+            preset = gr.Dropdown([(PRESET_DESCRIPTIONS[name].split(":")[0], name) for name in PRESET_DESCRIPTIONS],
                                  value=DEFAULT_PRESET, label="Preset", elem_id="field-preset",
                                  info=PRESET_DESCRIPTIONS[DEFAULT_PRESET])
             with gr.Group():
@@ -169,7 +170,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                                info=f"At most {limits.max_eval_size} here.")
                 with gr.Row(visible=defaults["dataset_source"] == "arithmetic") as arithmetic_box:
                     with gr.Column():
-                        inputs["difficulty"] = gr.Slider(1, forms.MAX_DIFFICULTY, value=defaults["difficulty"],
+                        inputs["difficulty"] = gr.Slider(1, MAX_DIFFICULTY, value=defaults["difficulty"],
                                                          step=1, label="Difficulty (digits)",
                                                          elem_id="field-difficulty")
                         error_slot("difficulty")
@@ -317,12 +318,12 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
 
     def show_preview(*values: Any) -> tuple[Any, ...]:
         spec = forms.form_to_spec(_form_values(keys, values, reward_names))
-        result = forms.check_spec(spec, services.policy, offline=offline())
-        dataset_errors = {k: v for k, v in result.errors.items() if k.startswith("dataset")}
-        if dataset_errors:
-            return "⚠ " + "; ".join(dataset_errors.values()), None
+        # The dataset as the allow-list states it (a file's path resolved), whatever the other fields hold.
+        result = forms.check_dataset(spec["dataset"], services.policy)
+        if not result.ok:
+            return "⚠ " + " ".join(result.errors.values()), None
         try:
-            columns, frame = load_dataset_preview(result.spec["dataset"] if result.ok else spec["dataset"])
+            columns, frame = load_dataset_preview(result.spec)
         except Exception as exc:  # shown to the user, not raised: a bad file is an input problem
             return f"⚠ Could not read this dataset: {short(str(exc), 300)}", None
         return f"Columns: {', '.join(f'`{c}`' for c in columns)}", frame

@@ -2,7 +2,8 @@
 
 `GPU(duration=...)` records what it wraps and returns a function that, like ZeroGPU, computes the call's duration
 (a number or a callable of the call's arguments), runs the call in a freshly forked process with its arguments
-and result pickled, and records the call. Records go to the list `calls` and, when `FAKE_SPACES_LOG` names a file,
+and result pickled, ends it (killed, an error raised to the caller) when it runs past that duration, and records
+the call. Records go to the list `calls` and, when `FAKE_SPACES_LOG` names a file,
 as JSON lines there (`{"event": "wrap" | "call", "name", "duration"}`). No GPU, no quota: nothing else of ZeroGPU.
 """
 
@@ -37,7 +38,13 @@ def GPU(task=None, *, duration=None, size=None, **kwargs):  # noqa: N802 - the r
         seconds = duration(*args, **kw) if callable(duration) else (duration or 60)
         _record({"event": "call", "name": task.__qualname__, "duration": seconds, "args": [repr(a) for a in args]})
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
-            return pool.submit(task, *args, **kw).result()
+            future = pool.submit(task, *args, **kw)
+            try:
+                return future.result(timeout=seconds)
+            except TimeoutError:
+                for process in list(pool._processes.values()):
+                    process.kill()
+                raise RuntimeError(f"GPU task aborted: it ran past its duration of {seconds} s") from None
 
     on_gpu.zerogpu = None
     return on_gpu

@@ -1,0 +1,537 @@
+"""`BaseTrainer`: what `A2POTrainer` and `GRPOTrainer` share, on top of `transformers.Trainer`.
+
+Everything that is not the method: the model, its reference policy and LoRA; prompts (rendering, left padding,
+left truncation); the rollout engine (`a2po.rollout`: wide KV-cached decodes, a prompt's keys and values shared by
+its samples, one reproducible random stream per sampled sequence); rewards and their checks; callbacks and the
+agreement of several processes on a stop; evaluation (greedy accuracy on held-out prompts, with the method's own
+extra terms through `_eval_batch`); logging; checkpoints and their fail points.
+
+Read top to bottom: set-up, prompts and rewards, sampling, callbacks, training, evaluation, logging. A method
+subclass adds its loss (`compute_loss`) and what its evaluation reports.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import math
+import resource
+import sys
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
+
+from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
+from a2po.config import resolve_max_completion_length
+from a2po.core import completion_mask
+from a2po.data import prompt_question
+from a2po.faults import fault_point
+from a2po.rollout import sample_completions
+from a2po.values import CORRECT_THRESHOLD, prompt_id_for
+
+RewardFunc = Callable[..., list[float]]
+
+
+def frozen_gc(method: Callable) -> Callable:
+    """Run `method` with the objects alive at its start exempt from Python's cyclic garbage collector.
+
+    A process that has imported torch, transformers and datasets holds millions of objects, and each full
+    collection scans them all: ~0.2 s a time on a laptop-class CPU, several times an epoch, for nothing, since those
+    objects live until the end. Objects created during the call are collected as usual.
+    """
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if gc.get_freeze_count():  # already inside a frozen call
+            return method(*args, **kwargs)
+        gc.freeze()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.unfreeze()
+    return wrapper
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process in GiB: the CUDA allocator's peak on a GPU, else the peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+@dataclass
+class Rollout:
+    """Completions sampled for a batch of prompts, decoded and scored: row i * num_samples + j of the completion
+    tensors is sample j of prompt i."""
+
+    rows: list[dict[str, Any]]         # the dataset rows, one per prompt
+    prompt_ids: torch.Tensor           # (prompts, P), left-padded
+    prompt_mask: torch.Tensor
+    prompt_texts: list[str]            # what the model saw (chat template applied)
+    completion_ids: torch.Tensor       # (prompts * num_samples, T)
+    completion_mask: torch.Tensor      # 1 up to and including each row's first EOS
+    completions: list[str]
+    rewards: torch.Tensor              # (prompts * num_samples,) float64: the weighted sum of the reward functions
+    rewards_per_func: torch.Tensor     # (prompts * num_samples, F)
+    clipped: torch.Tensor              # rows that never ended within max_completion_length
+    num_samples: int = 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1).float()
+
+
+class BaseTrainer(Trainer):
+    """The shared part of `A2POTrainer` and `GRPOTrainer`; see their docstrings for the arguments."""
+
+    _tag_names: list[str] = []
+    _eval_extra_metrics: tuple[str, ...] = ()  # per-prompt terms `_eval_batch` returns, averaged as eval metrics
+    _non_binary_note = "accuracy counts only r >= 1 as correct."
+
+    def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
+                 args: TrainingArguments, train_dataset: Dataset | None = None,
+                 eval_dataset: Dataset | dict[str, Dataset] | None = None,
+                 processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
+                 optimizers=(None, None), peft_config=None):
+        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        if isinstance(model, str):
+            from a2po.models import resolve_model
+
+            model_path = resolve_model(model)
+            init_kwargs = dict(args.model_init_kwargs or {})
+            init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+        else:
+            model_path = model_id
+        if processing_class is None:
+            revision = (args.model_init_kwargs or {}).get("revision")
+            processing_class = AutoTokenizer.from_pretrained(model_path, revision=revision,
+                                                             trust_remote_code=args.trust_remote_code)
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        processing_class.padding_side = "left"
+        self.model_id = model_id
+
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
+            raise TypeError("reward_funcs must be a callable or a non-empty list of callables "
+                            "f(prompts, completions, **columns) -> list[float].")
+        self.reward_names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(self.reward_funcs)]
+        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(weights)} values but there are {len(self.reward_funcs)} "
+                             "reward functions; give one weight per function (or None for 1.0 each).")
+        self.reward_weights = torch.tensor(weights, dtype=torch.float64)
+
+        self.use_peft = peft_config is not None
+        self.ref_model = None
+        if self.use_peft:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+            if args.gradient_checkpointing:
+                model.enable_input_require_grads()
+        elif self._needs_reference(args):
+            # A frozen copy; in bf16 runs it is kept in bf16, half the memory of an fp32 copy.
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if args.bf16:
+                self.ref_model.to(torch.bfloat16)
+
+        gen_config = getattr(model, "generation_config", None)
+        eos = getattr(gen_config, "eos_token_id", None) or processing_class.eos_token_id
+        self.eos_token_ids = sorted({*([eos] if isinstance(eos, int) else eos), processing_class.eos_token_id})
+        self.pad_token_id = processing_class.pad_token_id
+        self.max_completion_length = resolve_max_completion_length(args.max_completion_length, gen_config)
+
+        super().__init__(model=model, args=args, data_collator=_identity_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers)
+        self.loss_is_scaled_for_ga = False  # our losses are per-batch means: Trainer divides by the accumulation steps
+        if getattr(self, "is_fsdp_enabled", False):
+            warnings.warn(f"{type(self).__name__} has not been tested under FSDP (only DDP, and single processes): "
+                          "sampling runs on the unwrapped model, and each process may stop decoding at another step.",
+                          stacklevel=2)
+        if args.save_every_seconds:
+            self.add_callback(TimedCheckpoints(args.save_every_seconds))
+        self.add_callback(RunCounters())
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        # Evaluate right after restoring a checkpoint in `train` (see there).
+        self.evaluate_on_resume = False
+        self._warned_non_binary = False
+        # Time and work spent decoding, per phase ("values", "train", "eval"): for benchmarks and users alike.
+        self.rollout_stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def _set_signature_columns_if_needed(self):
+        # The model never sees dataset columns: with `remove_unused_columns`, keep what sampling and the loss read.
+        if self._signature_columns is None:
+            self._signature_columns = ["prompt", "prompt_id", "v_star"]
+
+    def _needs_reference(self, args: TrainingArguments) -> bool:
+        """Whether the method uses pi_ref (with LoRA it is the adapters switched off, so it costs no memory)."""
+        return True
+
+    @property
+    def run_counters(self) -> RunCounters:
+        """The counters a resumed run continues (`RunCounters`; looked up, since a restore may replace it)."""
+        return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, RunCounters))
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Prompts, completions and rewards
+
+    def _render_prompt(self, prompt: Any) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+            return self.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        raise TypeError(f"A prompt must be a string or a list of {{'role', 'content'}} messages, got {prompt!r:.80}.")
+
+    def _encode_prompts(self, prompts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """Left-padded prompt ids; prompts longer than `max_prompt_length` keep their last tokens, so the generation
+        prompt (the end of a chat template) is never cut."""
+        texts = [self._render_prompt(p) for p in prompts]
+        encoded = [self.processing_class(t, add_special_tokens=isinstance(p, str))["input_ids"]
+                   for t, p in zip(texts, prompts)]
+        limit = self.args.max_prompt_length
+        if limit is not None:
+            encoded = [ids[-limit:] for ids in encoded]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, ids in enumerate(encoded):
+            if ids:
+                input_ids[i, width - len(ids):] = torch.tensor(ids)
+                attention_mask[i, width - len(ids):] = 1
+        device = self.accelerator.device
+        return input_ids.to(device), attention_mask.to(device), texts
+
+    def _decode(self, completion_ids: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        mask = completion_mask(completion_ids, self.eos_token_ids)
+        texts = self.processing_class.batch_decode(completion_ids * mask + self.pad_token_id * (1 - mask),
+                                                   skip_special_tokens=True)
+        return texts, mask
+
+    def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F)."""
+        prompts = [row["prompt"] for row in rows]
+        conversational = [not isinstance(p, str) for p in prompts]
+        as_given = [[{"role": "assistant", "content": c}] if conv else c
+                    for c, conv in zip(completions, conversational)]
+        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
+        per_func = torch.zeros(len(rows), len(self.reward_funcs), dtype=torch.float64)
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
+            try:
+                values = func(prompts=prompts, completions=as_given, **columns)
+            except Exception as error:
+                raise RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
+            if values is None or len(values) != len(rows):
+                got = "None" if values is None else f"{len(values)} values"
+                raise ValueError(f"Reward function '{name}' returned {got} for {len(rows)} completions; it must "
+                                 "return one float per completion.")
+            if any(v is None for v in values):
+                raise ValueError(f"Reward function '{name}' returned None for some completions; return 0.0 for "
+                                 "completions it cannot score.")
+            per_func[:, j] = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        total = per_func @ self.reward_weights
+        if not self._warned_non_binary and not torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype)).all():
+            self._warned_non_binary = True
+            example = total[~torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype))][0]
+            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {example:.3g}): {self._non_binary_note}", stacklevel=2)
+        return total, per_func
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Sampling
+
+    @contextmanager
+    def _reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference policy: the copy, or in LoRA mode the same weights with adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        with model.disable_adapter():
+            yield model
+
+    def _stream_keys(self, phase: str, rows: Sequence[dict[str, Any]], num_samples: int = 1) -> list[tuple]:
+        """One random-stream key per sampled sequence: a sequence's tokens depend on the run seed, the phase, the
+        prompt id, the sample index and (training, evaluation) the step, and on nothing else, so batching, shards,
+        interruptions and what ran before change no sample (see `a2po.rollout`)."""
+        step = 0 if phase == "values" else self.state.global_step + (phase == "train")
+        return [(self.args.seed, phase, step, str(row["prompt_id"]), j) for row in rows for j in range(num_samples)]
+
+    def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                num_samples: int = 1, greedy: bool = False, phase: str = "train",
+                row_keys: Sequence[tuple] | None = None, greedy_samples: int = 0) -> torch.Tensor:
+        args = self.args
+        autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
+                    else nullcontext())
+        start = time.perf_counter()
+        with autocast:
+            out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=self.max_completion_length,
+                                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                     num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
+                                     top_k=args.sampling_top_k, top_p=args.top_p,
+                                     row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        stats = self.rollout_stats[phase]
+        stats["seconds"] += time.perf_counter() - start
+        stats["decode_steps"] += out.shape[1]
+        stats["sequences"] += out.shape[0]
+        stats["tokens"] += int(completion_mask(out, self.eos_token_ids).sum())
+        return out
+
+    def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False,
+                           phase: str = "train", num_samples: int = 1) -> Rollout:
+        """Sample `num_samples` completions per row from `model` (one decode, each prompt prefilled once), then
+        decode and score them."""
+        policy = self.accelerator.unwrap_model(model)
+        prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in rows])
+        completion_ids = self._sample(policy, prompt_ids, prompt_mask, num_samples=num_samples, greedy=greedy,
+                                      phase=phase,
+                                      row_keys=None if greedy else self._stream_keys(phase, rows, num_samples))
+        completions, mask = self._decode(completion_ids)
+        rewards, per_func = self._score([row for row in rows for _ in range(num_samples)], completions)
+        eos = torch.tensor(self.eos_token_ids, device=completion_ids.device)
+        clipped = ~torch.isin(completion_ids, eos).any(-1)
+        return Rollout(list(rows), prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards,
+                       per_func, clipped, num_samples)
+
+    def _record_rollout(self, rollout: Rollout) -> None:
+        """The training metrics both methods log for sampled completions, and the completion-token count."""
+        m = self._metrics
+        rewards = rollout.rewards
+        m["reward"].append(rewards.mean().item())
+        m["reward_std"].append(rewards.std().item() if len(rewards) > 1 else 0.0)
+        m["accuracy"].append((rewards >= CORRECT_THRESHOLD).double().mean().item())
+        m["completion_length"].append(rollout.lengths.mean().item())
+        m["completion_clipped_frac"].append(rollout.clipped.float().mean().item())
+        for j, name in enumerate(self.reward_names):
+            m[f"rewards/{name}"].append(rollout.rewards_per_func[:, j].mean().item())
+        tokens = rollout.completion_mask.sum()
+        if self.accelerator.num_processes > 1:  # every rank samples at the same steps: a safe collective
+            tokens = self.accelerator.gather(tokens[None].to(self.accelerator.device)).sum()
+        self.run_counters.completion_tokens += int(tokens)
+
+    def _notify_samples(self, samples: list[dict[str, Any]]) -> None:
+        if self.accelerator.num_processes > 1:  # every rank samples at the same steps: a safe collective
+            samples = gather_object(samples)
+        self._notify("on_samples", samples=samples)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Callbacks
+
+    def _notify(self, event: str, **kwargs) -> None:
+        for callback in self.callback_handler.callbacks:
+            handler = getattr(callback, event, None)
+            if handler is not None:
+                result = handler(self.args, self.state, self.control, **kwargs)
+                if result is not None:
+                    self.control = result
+
+    def _agree_on_control(self, *names: str) -> None:
+        """Under several processes, set each of the `control` flags `names` on every rank when any rank's
+        callbacks set it: a stop asked on the main process (a dashboard's), a checkpoint due by one rank's clock
+        (`TimedCheckpoints`) then happen at the same batch or step everywhere, and the collectives inside logging,
+        evaluation and saving are joined by every rank."""
+        if self.accelerator.num_processes == 1:
+            return
+        names = names or ("should_training_stop", "should_save", "should_log", "should_evaluate")
+        local = torch.tensor([float(getattr(self.control, name)) for name in names], device=self.accelerator.device)
+        agreed = self.accelerator.gather(local[None]).amax(0).tolist()
+        for name, value in zip(names, agreed):
+            setattr(self.control, name, bool(value))
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        # Right after `on_step_end` (and `on_epoch_end`) and before the Trainer acts on the flags they set.
+        self._agree_on_control()
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Training
+
+    @frozen_gc
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None,
+              **kwargs):
+        # Training starts from the run seed whatever ran before it in this process (stage 1 sampled, resumed or was
+        # read from a store); a resumed run then takes the generator states of its checkpoint.
+        set_seed(self.args.seed)
+        # The step-0 evaluation (`eval_on_start`) measures the model before training: a resumed run had it already,
+        # unless the caller says the checkpoint's step is due for an evaluation that never ran (`evaluate_on_resume`:
+        # a chunked run that stopped at its deadline rather than start one).
+        eval_on_start = self.args.eval_on_start
+        self.args.eval_on_start = (eval_on_start and not resume_from_checkpoint) or bool(
+            resume_from_checkpoint and self.evaluate_on_resume)
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        finally:
+            self.args.eval_on_start = eval_on_start
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # The Trainer's `logging_nan_inf_filter` replaces a non-finite loss in the logged `loss`: count them here.
+        self._metrics["frac_nonfinite_loss"].append(float(not torch.isfinite(loss).all()))
+        return loss
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if _internal_call:  # inside a checkpoint: its optimizer, scheduler, RNG and trainer state come next
+            self._save_checkpoint_extras(output_dir)
+            fault_point("checkpoint")
+
+    def _save_checkpoint_extras(self, output_dir: str) -> None:
+        """Method state a checkpoint needs beyond the Trainer's, written before the Trainer's own state (whose
+        `trainer_state.json`, written last, marks a complete checkpoint)."""
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Evaluation
+
+    def eval_sets(self, eval_dataset=None) -> dict[str, Dataset]:
+        """Eval datasets by the split name used in V* tables and metrics: "eval", or "eval_<name>" for a dict."""
+        eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(eval_dataset, str):
+            return {f"eval_{eval_dataset}": self.eval_dataset[eval_dataset]}
+        if isinstance(eval_dataset, dict):
+            return {f"eval_{name}": ds for name, ds in eval_dataset.items()}
+        return {} if eval_dataset is None else {"eval": eval_dataset}
+
+    def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None, ignore_keys=None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Greedy accuracy on each eval set (pass@1, the number users care about), mean reward and completion
+        length, and the method's own terms. A callback that sets `control.should_training_stop` in
+        `on_evaluate_batch` stops it after that batch with `StageInterrupted`."""
+        sets = self.eval_sets(eval_dataset)
+        if not sets:
+            raise ValueError(f"evaluate() needs an eval_dataset (here or in {type(self).__name__}(eval_dataset=...)).")
+        metrics: dict[str, float] = {}
+        start = time.time()
+        # A stop already pending (e.g. the end of training) is not a stop request for this evaluation.
+        stop_before, self.control.should_training_stop = self.control.should_training_stop, False
+        for split, dataset in sets.items():
+            prefix = metric_key_prefix if split == "eval" else f"{metric_key_prefix}_{split[len('eval_'):]}"
+            prepared, context = self._eval_rows(dataset, split)
+            metrics.update(self._evaluate_split(prepared, split, prefix, context))
+        self.control.should_training_stop = stop_before
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _eval_rows(self, dataset: Dataset, split: str) -> tuple[Dataset, Any]:
+        """The rows evaluation reads (with a `prompt_id` column), and what `_eval_summary` needs about them."""
+        return with_prompt_ids(dataset), None
+
+    def _eval_batch(self, policy: torch.nn.Module, batch: list[dict[str, Any]], prompt_ids: torch.Tensor,
+                    prompt_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        """Each prompt's greedy completion ids, and the method's per-prompt terms (`_eval_extra_metrics`)."""
+        return self._sample(policy, prompt_ids, prompt_mask, greedy=True, phase="eval"), {}
+
+    def _eval_sample_fields(self, row: dict[str, Any], reward: float) -> dict[str, Any]:
+        """The method's fields of an evaluation sample (A*-PO: V* and r - V*)."""
+        return {"v_star": None, "advantage": None, "implicit_reward": None}
+
+    def _eval_summary(self, prefix: str, rows: list[dict[str, Any]], context: Any) -> dict[str, float]:
+        """The method's split-level evaluation metrics."""
+        return {}
+
+    @torch.no_grad()
+    def _evaluate_split(self, dataset: Dataset, split: str, prefix: str, context: Any = None) -> dict[str, float]:
+        rows = dataset.to_list()
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = rows[rank::world]
+        batch_size = self.args.per_device_eval_batch_size
+        results, samples = [], []
+        policy = self.accelerator.unwrap_model(self.model)
+        # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
+        # shard is done: each batch ends in a collective (the stop agreed) that every rank joins.
+        num_batches = -(-len(rows[0::world]) // batch_size)
+        for index in range(num_batches):
+            batch = mine[index * batch_size:(index + 1) * batch_size]
+            if batch:
+                prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch])
+                greedy_ids, extra = self._eval_batch(policy, batch, prompt_ids, prompt_mask)
+                greedy_completions, greedy_mask = self._decode(greedy_ids)
+                greedy_rewards, _ = self._score(batch, greedy_completions)
+                for i, row in enumerate(batch):
+                    reward = float(greedy_rewards[i])
+                    results.append({"correct": float(reward >= CORRECT_THRESHOLD), "reward": reward,
+                                    "length": float(greedy_mask[i].sum()), "task": row.get("task"),
+                                    **{name: values[i] for name, values in extra.items()}})
+                    samples.append({"step": self.state.global_step, "split": split, "prompt_id": row["prompt_id"],
+                                    "sample_index": 0, "prompt_text": texts[i],
+                                    "question": prompt_question(row["prompt"]), "completion": greedy_completions[i],
+                                    "reward": reward, **self._eval_sample_fields(row, reward),
+                                    "completion_length": int(greedy_mask[i].sum())})
+            done = min(len(rows), (index + 1) * batch_size * world)
+            fault_point("evaluate_batch")
+            self._notify("on_evaluate_batch", split=split, done=done, total=len(rows))
+            self._agree_on_control("should_training_stop")
+            if self.control.should_training_stop:
+                raise StageInterrupted(f"Evaluation ({split}) stopped after {done} of {len(rows)} prompts.")
+        if world > 1:
+            results, samples = gather_object(results), gather_object(samples)
+        self._notify("on_samples", samples=samples)
+        n = max(len(results), 1)
+        out = {f"{prefix}_accuracy": sum(r["correct"] for r in results) / n,
+               f"{prefix}_reward": sum(r["reward"] for r in results) / n}
+        for name in self._eval_extra_metrics:
+            out[f"{prefix}_{name}"] = sum(r[name] for r in results) / n
+        out[f"{prefix}_completion_length"] = sum(r["length"] for r in results) / n
+        # A mix of tasks (a `task` column, e.g. reasoning-gym mixes): accuracy per task too.
+        tasks = sorted({r["task"] for r in results if isinstance(r["task"], str)})
+        if len(tasks) > 1:
+            for task in tasks:
+                correct = [r["correct"] for r in results if r["task"] == task]
+                out[f"{prefix}_accuracy/{task}"] = sum(correct) / len(correct)
+        out.update(self._eval_summary(prefix, rows, context))
+        return out
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a training step's log: the window's averaged metrics and the run's counters
+            averaged = {k: sum(v) / len(v) for k, v in self._metrics.items()}
+            peak = peak_memory_gb(self.accelerator.device)
+            if self.accelerator.num_processes > 1:
+                names = sorted(averaged)
+                local = torch.tensor([averaged[k] for k in names] + [peak], device=self.accelerator.device)
+                gathered = self.accelerator.gather(local[None])
+                averaged = dict(zip(names, gathered[:, :-1].mean(0).tolist()))
+                peak = gathered[:, -1].max().item()
+            logs = {**logs, **averaged, "completion_tokens": self.run_counters.completion_tokens,
+                    "peak_memory_gb": round(peak, 4)}
+            self._metrics.clear()
+        logs = {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in logs.items()}
+        super().log(logs, start_time)
+
+
+def with_prompt_ids(dataset: Dataset) -> Dataset:
+    """`dataset` with a `prompt_id` column: its own, else a hash of each row (`a2po.values.prompt_id_for`)."""
+    if "prompt_id" in dataset.column_names:
+        return dataset
+    return dataset.add_column("prompt_id", [prompt_id_for(row) for row in dataset.to_list()])
+
+
+def _identity_collator(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rows

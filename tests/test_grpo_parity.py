@@ -1,0 +1,131 @@
+"""GRPO against TRL 1.16.0's `GRPOTrainer`: for the same prompts, completions and rewards, the same advantages,
+log-probabilities, loss, gradients and metrics (fp32, CPU, the tiny model), for every offered `loss_type`, with
+`beta` 0 and > 0 and `num_iterations` 1 and 2.
+
+TRL's side is TRL's own code on a TRL `GRPOTrainer` built on the same model files: its
+`_generate_and_score_completions` (with generation replaced by the fixed completions, so both score the same
+tokens) and its `_compute_loss`. Before sampling, both policies are moved away from the reference (so the KL term is
+not 0); with `num_iterations` 2 they are moved again after sampling, as an optimizer step would, so the ratio to the
+sampling policy is not 1 and the epsilon / epsilon_high clipping bites. The prompts have one length: TRL's forward
+counts positions from the left padding, ours from the first real token (as decoding does).
+"""
+
+import pytest
+import torch
+from datasets import Dataset
+
+from a2po import GRPOConfig, GRPOTrainer
+from a2po.base_trainer import Rollout
+
+trl = pytest.importorskip("trl", reason="TRL is the `bench` extra (`make test` installs it)")
+if trl.__version__ != "1.16.0":
+    pytest.skip(f"parity is pinned to TRL 1.16.0 (found {trl.__version__})", allow_module_level=True)
+
+PROMPTS, G, T = 3, 4, 7
+REWARDS = [1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0]  # a mixed group, an all-equal group (zero advantage), one correct
+LENGTHS = [3, 7, 5, 7, 2, 6, 7, 4, 1, 7, 5, 3]
+
+
+def fixed_rewards(completions, **kwargs):
+    return [float(r) for r in REWARDS]
+
+
+def completion_lists(tokenizer):
+    """Token ids per completion: most end with an EOS (either of the two), some run to T tokens without one."""
+    generator = torch.Generator().manual_seed(0)
+    end, eos = tokenizer.convert_tokens_to_ids("<|end|>"), tokenizer.eos_token_id
+    out = []
+    for k, n in enumerate(LENGTHS):
+        ids = torch.randint(10, len(tokenizer), (n,), generator=generator).tolist()
+        if n < T or k % 3 == 0:
+            ids[-1] = end if k % 2 else eos
+        out.append(ids)
+    return out
+
+
+def move(model, seed, scale=0.02):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+def test_loss_and_gradients_equal_trl(tmp_path, tiny_model_dir, loss_type, beta, num_iterations):
+    rows = [{"prompt": [{"role": "user", "content": f"{i} + {i} ="}], "prompt_id": f"p{i}"} for i in range(PROMPTS)]
+    settings = dict(per_device_train_batch_size=PROMPTS * G, num_generations=G, max_completion_length=T,
+                    loss_type=loss_type, beta=beta, num_iterations=num_iterations, epsilon=0.2, epsilon_high=0.28,
+                    temperature=0.7, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+                    save_strategy="no", disable_tqdm=True)
+    ours = GRPOTrainer(tiny_model_dir, fixed_rewards, args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings),
+                       train_dataset=Dataset.from_list(rows))
+    tokenizer = ours.processing_class
+    theirs = trl.GRPOTrainer(tiny_model_dir, fixed_rewards,
+                             args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **settings),
+                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    for trainer in (ours, theirs):
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        move(trainer.model, seed=1)  # the policy is no longer the reference
+
+    # TRL: its scoring, advantages and log-probs, on the fixed completions instead of sampled ones.
+    completions = completion_lists(tokenizer)
+    theirs._generate_single_turn = lambda *args, **kwargs: ([list(ids) for ids in completions], None)
+    trl_inputs = theirs._generate_and_score_completions([dict(row) for row in rows for _ in range(G)])
+
+    # Ours: the same completions as a rollout of the engine (padded after the EOS, as the sampler leaves them).
+    prompt_ids, prompt_mask, texts = ours._encode_prompts([row["prompt"] for row in rows])
+    completion_ids = torch.full((PROMPTS * G, T), ours.pad_token_id)
+    for k, ids in enumerate(completions):
+        completion_ids[k, :len(ids)] = torch.tensor(ids)
+    decoded, mask = ours._decode(completion_ids)
+    rewards = torch.tensor(REWARDS, dtype=torch.float64)
+    clipped = ~torch.isin(completion_ids, torch.tensor(ours.eos_token_ids)).any(-1)
+    rollout = Rollout(rows, prompt_ids, prompt_mask, texts, completion_ids, mask, decoded, rewards, rewards[:, None],
+                      clipped, G)
+    [batch] = ours._prepare_generation(ours.model, rollout)
+
+    assert torch.equal(batch["prompt_ids"], trl_inputs["prompt_ids"])
+    assert torch.equal(batch["completion_mask"], trl_inputs["completion_mask"])
+    assert torch.allclose(batch["advantages"], trl_inputs["advantages"], atol=1e-6)
+    assert float(batch["num_items"]) == float(trl_inputs["num_items_in_batch"])
+    if num_iterations > 1:
+        assert torch.allclose(batch["old_logps"] * mask, trl_inputs["old_per_token_logps"] * mask, atol=1e-5)
+        for trainer in (ours, theirs):
+            move(trainer.model, seed=2)  # an optimizer step between sampling and this loss
+    if beta:
+        assert torch.allclose(batch["ref_logps"] * mask, trl_inputs["ref_per_token_logps"] * mask, atol=1e-5)
+
+    our_loss = ours._policy_loss(ours.model, batch)
+    trl_loss = theirs._compute_loss(theirs.model, trl_inputs)
+    our_loss.backward()
+    trl_loss.backward()
+    assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
+    trl_params = dict(theirs.model.named_parameters())
+    for name, p in ours.model.named_parameters():
+        assert torch.allclose(p.grad, trl_params[name].grad, atol=1e-5), name
+    assert any(p.grad.abs().max() > 1e-3 for p in ours.model.parameters())
+
+    trl_metrics = theirs._metrics["train"]
+    names = ["frac_reward_zero_std", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+             "clip_ratio/low_min", "clip_ratio/high_max"] + (["kl"] if beta else [])
+    for name in names:
+        assert ours._metrics[name] == pytest.approx(trl_metrics[name], abs=1e-5), name
+    assert ours._metrics["frac_reward_zero_std"] == [pytest.approx(1 / 3)]
+    if num_iterations > 1:
+        assert ours._metrics["clip_ratio/region_mean"][0] > 0  # the clipping was exercised
+    if beta:
+        assert ours._metrics["kl"][0] > 1e-4
+
+
+def test_config_defaults_are_trls(tmp_path):
+    """The offered fields default as TRL's (bf16 aside: as A2POConfig, on only where the GPU supports it)."""
+    ours, theirs = GRPOConfig(output_dir=str(tmp_path), use_cpu=True), trl.GRPOConfig(output_dir=str(tmp_path),
+                                                                                          use_cpu=True)
+    for name in ("num_generations", "beta", "loss_type", "scale_rewards", "epsilon", "epsilon_high", "num_iterations",
+                 "max_completion_length", "temperature", "top_p", "top_k", "learning_rate", "logging_steps",
+                 "gradient_checkpointing", "mask_truncated_completions", "shuffle_dataset", "remove_unused_columns",
+                 "use_bias_correction_kl", "reward_weights", "model_init_kwargs", "trust_remote_code"):
+        assert getattr(ours, name) == getattr(theirs, name), name

@@ -1,0 +1,61 @@
+"""The studio's queue and per-user limits hold when launches arrive together: `Services.launch` from many threads
+at once, against a real SQLite file and a real (not started) job manager, never queues more than a limit allows."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from app.auth import Auth, User
+from app.jobs import Devices, JobManager
+from app.policy import Limits, Policy
+from app.ui.common import Refused, Services
+from storage import Store
+
+LAUNCHES = 8
+
+
+def services(tmp_path, **limits) -> Services:
+    store = Store(tmp_path / "studio.db")
+    policy = Policy(tmp_path, limits=replace(Limits(), **limits))
+    jobs = JobManager(store, tmp_path, devices=Devices.parse("none"))  # never started: runs stay queued
+    auth = Auth.from_options(["ann:pw", "bob:pw"], None, data_dir=tmp_path)
+    return Services(store=store, jobs=jobs, data_dir=tmp_path, policy=policy, auth=auth)
+
+
+def launch_together(studio: Services, users: list[User]) -> tuple[list[int], list[str]]:
+    """Launch the quick-look preset once per user, all threads released at the same moment."""
+    start = threading.Barrier(len(users))
+    launched, refused = [], []
+
+    def one(user: User) -> None:
+        start.wait()
+        try:
+            launched.append(studio.launch({"preset": "quick-look"}, user))
+        except Refused as error:
+            refused.append(str(error))
+
+    threads = [threading.Thread(target=one, args=(user,)) for user in users]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return launched, refused
+
+
+def test_parallel_launches_of_one_user_stay_within_queued_per_user(tmp_path):
+    studio = services(tmp_path, queued_per_user=1)
+    launched, refused = launch_together(studio, [User("ann")] * LAUNCHES)
+    assert len(launched) == 1, f"{len(launched)} runs queued for one user with queued_per_user=1"
+    assert len(refused) == LAUNCHES - 1
+    assert all("the limit is 1 queued or running runs per user" in message for message in refused)
+    assert [r["owner"] for r in studio.store.list_runs()] == ["ann"]
+
+
+def test_parallel_launches_stay_within_the_queue_size(tmp_path):
+    studio = services(tmp_path, queue_size=2)
+    launched, refused = launch_together(studio, [User("ann"), User("bob")] * (LAUNCHES // 2))
+    assert len(launched) == 2, f"{len(launched)} runs queued with queue_size=2"
+    assert all("The queue is full" in message and "the limit is 2 runs in the queue" in message
+               for message in refused)
+    assert len(studio.store.list_runs(status="queued")) == 2
