@@ -979,23 +979,24 @@ def _set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[
                                        None if r.get("num_correct") is None else int(r["num_correct"]),
                                        bool(r.get("filtered", False)))
     rv, pv = RunValue, PromptValue
-    ids = list(wanted)
-    value_ids: dict[str, int] = {}
-    stored: dict[str, tuple[float | None, int | None, bool]] = {}
     mine = (rv.run_id == run_id, rv.split == split)
-    for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-        part = ids[start:start + 500]
-        value_ids.update(s.execute(select(pv.prompt_id, pv.id).where(
-            pv.value_set_id == value_set_id, pv.split == split, pv.prompt_id.in_(part))).all())
-        if not replace:
-            stored.update((pid, (v, k, bool(f))) for pid, v, k, f in s.execute(
-                select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine, rv.prompt_id.in_(part))))
+    own = select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine)
+    stored: dict[str, tuple[float | None, int | None, bool]] = {}
     if replace:
-        stored = {pid: (v, k, bool(f)) for pid, v, k, f in s.execute(
-            select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine))}
-    changed = [{"run_id": run_id, "value_id": value_ids[pid], "split": split, "prompt_id": pid, "v_star": v,
-                "num_correct": k, "filtered": f}
-               for pid, (v, k, f) in wanted.items() if pid in value_ids and stored.get(pid) != (v, k, f)]
+        stored = {pid: (v, k, bool(f)) for pid, v, k, f in s.execute(own)}
+    else:
+        ids = list(wanted)
+        for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
+            stored.update((pid, (v, k, bool(f))) for pid, v, k, f in s.execute(
+                own.where(rv.prompt_id.in_(ids[start:start + 500]))))
+    # Only the rows that differ need their shared row's id (a resumed run's whole table usually has none).
+    differ = [pid for pid, values in wanted.items() if stored.get(pid) != values]
+    value_ids: dict[str, int] = {}
+    for start in range(0, len(differ), 500):
+        value_ids.update(s.execute(select(pv.prompt_id, pv.id).where(
+            pv.value_set_id == value_set_id, pv.split == split, pv.prompt_id.in_(differ[start:start + 500]))).all())
+    changed = [{"run_id": run_id, "value_id": value_ids[pid], "split": split, "prompt_id": pid,
+                **dict(zip(RUN_OWN, wanted[pid], strict=True))} for pid in differ if pid in value_ids]
     last = s.scalar(select(func.max(rv.value_id)).where(*mine)) or 0
     if changed:
         stmt = insert(RunValue)

@@ -173,3 +173,24 @@ def test_the_poller_redraws_a_group_with_its_outputs_only(page, monkeypatch):
     assert timer.active is False
     assert "run-draw-idle" in run.POLLER_JS and '"stopping"' in run.POLLER_JS
     assert run.draw_group(services, "logs", 999, *INPUTS) == [gr.skip()] * 3
+
+
+def test_a_rewrite_of_the_run_rows_redraws_even_a_full_first_page(page, monkeypatch):
+    """Rows added after the last leave a full first page alone; a rewrite of the run's own V* (its stage 1 ending
+    with its beta1 over rows it was first given another run's values for) moves every V* view, that page too."""
+    services, run_id, store = page
+    monkeypatch.setattr(live, "SNAPSHOT_SECONDS", 1e-9)
+    monkeypatch.setattr(run.values, "PAGE_ROWS", 3)
+    before = run.run_version(services.store, run_id)
+    batch = [{"prompt_id": "new", "prompt": "What is new?", "v_star": 1.0, "rewards": [1.0] * 4,
+              "completions": ["y"] * 4, "num_correct": 4}]
+    store.add_values(store.get_run(run_id)["value_set_id"], "train", batch)
+    store.set_run_values(run_id, "train", batch)
+    added = run.run_version(services.store, run_id)
+    assert added["table_first"] == before["table_first"] and added["table"] != before["table"]
+    state = run.refresh(services, run_id, None, *INPUTS)[0]
+    store.set_run_values(run_id, "train", [{"prompt_id": "p1", "v_star": 0.9, "num_correct": 1, "filtered": False}])
+    rewritten = run.run_version(services.store, run_id)
+    assert all(rewritten[g] != added[g] for g in ("table_first", "table", "values", "filtered"))
+    moved = outputs(run.refresh(services, run_id, state, *INPUTS))
+    assert list(moved["table"]["V*"])[:2] == [0.0, 0.9]

@@ -24,7 +24,7 @@ import torch
 
 from a2po.core import optimal_value
 from app import chunks, journal
-from app.ui import live, run
+from app.ui import compare, live, run
 from app.ui.common import Services
 from app.ui.export import write_csv
 from storage import Store, lifecycle
@@ -204,11 +204,16 @@ def check_run(store: Store, services: Services, run_id: int, beta1: float, filte
     dropped = sorted(pid for (split, pid), v in truth.items() if split == "train" and v["filtered"])
     mean = sum(v["v_star"] for v in train) / len(train)
 
-    # Stage 2 trained with these values: each training sample carries its prompt's V*, no dropped prompt.
+    # Stage 2 trained with these values: each training sample carries its prompt's V*, no dropped prompt. The
+    # Explain page draws these samples (targets r - V*) and the held-out ones (V* = 0: none of its samples right).
     samples = store.get_samples(run_id, split="train", limit=None)
     assert samples and all(s["prompt_id"] not in dropped for s in samples)
     for sample in samples:
         assert sample["v_star"] == pytest.approx(truth["train", sample["prompt_id"]]["v_star"], abs=1e-6)
+    held_out = store.get_samples(run_id, split="eval", limit=None)
+    assert held_out
+    for sample in held_out:
+        assert sample["v_star"] == pytest.approx(truth["eval", sample["prompt_id"]]["v_star"], abs=1e-6)
 
     # The V* tab: its summary, the table (sorted by V*) and one prompt's detail.
     out = dict(zip(run.OUTPUTS, run.refresh(services, run_id, run.new_state(run_id, "values"), *INPUTS),
@@ -304,6 +309,9 @@ def test_a_second_run_with_another_beta1_shows_the_v_star_it_trained_with(tmp_pa
         check_status(client, second, truth_second)
         check_rows(store, first, truth_first)
         check_rows(store, second, truth_second)
+        # The Compare page names the settings the two runs' V* differ by.
+        diff = compare.config_diff([store.get_run(first), store.get_run(second)])
+        assert {"config.beta1", "config.filter_all_incorrect"} <= set(diff["setting"])
     finally:
         if store is not None:
             store.close()

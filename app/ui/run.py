@@ -443,7 +443,8 @@ def run_version(store: Store, run_id: int) -> dict[str, str]:
         "controls": (run["status"], bool(run.get("error")), [split for split, n in counts if n]),
         "values": (counts, revision, complete, run.get("best_eval_accuracy"), (value_set or {}).get("summary")),
         "table": (counts, revision, complete),
-        "table_first": ("full", complete) if full else (counts, revision, complete),
+        # A full first page only moves when the run's rows are rewritten (not when rows are added after it).
+        "table_first": ("full", revision, complete) if full else (counts, revision, complete),
         "filtered": (counts, revision, complete),
         "training": (ids["metrics"], ids["evaluations"]),
         "samples": (ids["samples"],),
