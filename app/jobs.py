@@ -507,16 +507,24 @@ class JobManager:
                                    f"{log_path}.")
         return True
 
-    @staticmethod
-    def _old_process(run: dict[str, Any]) -> int | None:
+    def _old_process(self, run: dict[str, Any]) -> int | None:
         """A live process of an earlier start of the run that this studio did not start (it ended the run and has
-        not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`)."""
+        not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`), working in this
+        studio's folder for workers (another studio's run of the same id is not this one)."""
+        here = str(self.data_dir / "cache" / "worker-cwd")
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
         except OSError:
             return None
-        return next((pid for pid in entries
-                     if pid != os.getpid() and JobManager._is_process_of(pid, run) and pid_alive(pid)), None)
+        for pid in entries:
+            if pid == os.getpid() or not self._is_process_of(pid, run):
+                continue
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == here and pid_alive(pid):
+                    return pid
+            except OSError:
+                continue
+        return None
 
     def _ingest_chunks(self) -> None:
         """Apply what running chunks wrote since the last pass (the pages show it as it happens; the heartbeat and
