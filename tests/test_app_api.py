@@ -29,10 +29,11 @@ def free_port() -> int:
 
 
 def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
-    """`python -m app` on `port` (with more `args`, started in `cwd`, with `env` added to the environment),
-    offline, logging to data_dir/app.log; returns once it answers HTTP."""
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **(env or {}))
+    """`python -m app` on `port` (with more `args`, started in `cwd`, with `env` added to the environment; a
+    PYTHONPATH of its own must name this tree first), offline, logging to data_dir/app.log; returns once it answers
+    HTTP."""
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir), *args],
