@@ -376,6 +376,11 @@ class JobManager:
         run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset, owner=owner,
                                        num_devices=run.num_processes, admission=admission)
         self.store.add_log(run_id, f"Queued: {run.action} {model} on {dataset}.")
+        for reward in clean["rewards"]:
+            source = reward.get("source")
+            if isinstance(source, dict):  # a registered function: which one scores this run
+                self.store.add_log(run_id, f"Reward {reward['name']}: {source.get('function')} in "
+                                           f"{source.get('file')} (sha256 {str(source.get('sha256'))[:12]}…).")
         return run_id
 
     def tick(self) -> list[int]:
@@ -717,6 +722,7 @@ class JobManager:
             if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
                 self.store.add_log(run["id"], "Resumed automatically after the interruption (from its latest "
                                               "checkpoint and stored V* values).")
+                self._warn_reward_changes(run)
 
     def _remove_orphan_files(self) -> None:
         """Outputs, logs, journals and exports of runs that no longer exist (deleted while files were busy, or by an
@@ -774,7 +780,21 @@ class JobManager:
                              "resumed (and paused chunked runs); submit a new run to train again.")
         self._retry_at.pop(run_id, None)
         self.store.add_log(run_id, "Queued again to resume.")
+        self._warn_reward_changes(run)
         return run_id
+
+    def _warn_reward_changes(self, run: dict[str, Any]) -> list[str]:
+        """Log a warning for each registered reward of the run that changed (or went) since its spec recorded it:
+        the resumed run scores with what is registered now. Reads the files; imports nothing."""
+        from a2po.reward_registry import reward_changes
+
+        try:
+            warnings = reward_changes((run.get("config") or {}).get("rewards"), what="the resumed run")
+        except Exception as error:  # noqa: BLE001 - a warning that cannot be computed must not block a resume
+            warnings = [f"Could not check whether the run's registered rewards changed: {error}"]
+        for warning in warnings:
+            self.store.add_log(run["id"], warning, level="WARNING")
+        return warnings
 
     def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool:
         """Delete a run: kill its worker if it runs (a chunk of ZeroGPU's is asked to stop instead), remove its
