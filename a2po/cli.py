@@ -6,7 +6,12 @@
     python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
     python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
     python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
+<<<<<<< HEAD
     python -m a2po train --method grpo --num_generations 8 --beta 0.0 --loss_type dapo   # GRPO, same engine
+=======
+    python -m a2po train --reward-module my_rewards.py --reward my_check   # a reward of your own (a file's function)
+    python -m a2po train --reward my_lib.rewards.check                      # ... or its dotted import path
+>>>>>>> rewards
 
 Every field of the method's config (`A2POConfig`, or `GRPOConfig` with `--method grpo`) is a flag; `--config` reads
 a YAML file of the same names (flags override it).
@@ -69,7 +74,14 @@ class ScriptArguments:
                                                               "'[{\"task\": \"chain_sum\", \"weight\": 2}]'."})
     reward: list[str] = field(default_factory=list, metadata={"help": "Reward functions: exact_match (the default), "
                                                                       "math_equivalence; task_checker (reasoning-gym's "
-                                                                      "default and only reward)."})
+                                                                      "default and only reward); a function of a "
+                                                                      "--reward-module file; an installed a2po.rewards "
+                                                                      "entry point; or a dotted import path such as "
+                                                                      "my_lib.rewards.check."})
+    reward_module: list[str] = field(default_factory=list, metadata={"help": "A .py file of reward functions "
+                                                                             "(repeatable): its public functions that "
+                                                                             "take `completions` become rewards named "
+                                                                             "after them (a2po.reward_registry)."})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     num_processes: int = field(default=1, metadata={"help": "Processes: more than 1 runs the command again under "
@@ -159,6 +171,9 @@ def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfi
                          "option.")
     command, rest = argv[0], argv[1:]
     from_file = {}
+    rest, modules = _reward_module_flags(rest)
+    if modules:
+        rest += ["--reward_module", *modules]
     if "--config" in rest:
         i = rest.index("--config")
         with open(rest[i + 1]) as f:
@@ -179,6 +194,43 @@ def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfi
     return command, script, config, fields
 
 
+REWARD_MODULE_FLAGS = ("--reward-module", "--reward_module")
+
+
+def _reward_module_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """`args` without their `--reward-module` flags, and the files those name: the flag may be repeated (argparse
+    would keep only the last one) and take several files."""
+    rest, modules, taking = [], [], False
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        if flag in REWARD_MODULE_FLAGS:
+            taking = not equals
+            if equals:
+                modules.append(value)
+        elif taking and not arg.startswith("--"):
+            modules.append(arg)
+        else:
+            taking = False
+            rest.append(arg)
+    return rest, modules
+
+
+def register_rewards(script: ScriptArguments) -> None:
+    """Register the files of `--reward-module` and the dotted paths of `--reward` (`my_lib.rewards.check`) for this
+    process and those it starts (`accelerate launch`); a bad one exits with the reason."""
+    from a2po.reward_registry import RewardRegistryError, read_registry, register_modules
+    from a2po.rewards import REWARD_FUNCTIONS
+
+    try:
+        register_modules(script.reward_module)
+        registry = read_registry()
+        dotted = [n for n in script.reward if "." in n and n.strip().lower() not in REWARD_FUNCTIONS
+                  and n.strip() not in registry.rewards]
+        register_modules(dotted)
+    except RewardRegistryError as error:
+        raise SystemExit(f"--reward-module / --reward: {error}") from None
+
+
 def launch_command(num_processes: int, argv: list[str]) -> list[str]:
     """`python -m a2po ARGV` under `accelerate launch` with `num_processes` processes (DDP; gloo on the CPU without
     GPUs): every setting explicit, so an accelerate config file of the user's changes nothing; port 0 lets the
@@ -191,6 +243,7 @@ def launch_command(num_processes: int, argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, script, config, fields = parse(argv)
+    register_rewards(script)
     if script.num_processes < 1:
         raise SystemExit(f"--num_processes must be >= 1 (got {script.num_processes}).")
     if script.num_processes > 1 and "LOCAL_RANK" not in os.environ:

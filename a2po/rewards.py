@@ -174,9 +174,16 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
 
 
 def get_reward_function(name: str) -> Callable[..., list[float]]:
-    """The reward function registered under `name` (see `REWARD_FUNCTIONS`)."""
-    try:
-        return REWARD_FUNCTIONS[name.strip().lower()]
-    except (KeyError, AttributeError):
-        known = ", ".join(sorted(REWARD_FUNCTIONS))
-        raise ValueError(f"Unknown reward function {name!r}; known names: {known}.") from None
+    """The built-in reward `name` (see `REWARD_FUNCTIONS`), or the one the operator registered under it
+    (`a2po.reward_registry`), whose module is imported now: call it only where rewards are scored."""
+    key = name.strip() if isinstance(name, str) else None
+    if key is not None and key.lower() in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[key.lower()]
+    from a2po.reward_registry import REGISTER_HINT, load_reward, read_registry
+
+    registry = read_registry()
+    if key is not None and key in registry.rewards:
+        return load_reward(key, registry)
+    known = ", ".join(sorted(REWARD_FUNCTIONS))
+    registered = ", ".join(registry.names()) or f"none ({REGISTER_HINT})"
+    raise ValueError(f"Unknown reward function {name!r}; known names: {known}; registered: {registered}.")

@@ -6,7 +6,8 @@
                  "eval_size": 64},                 # or {"source": "file"|"hub", "path"/"name": ..., "split": ...,
                                                    #     "prompt_column": ..., "answer_column": ..., "eval_size": ...}
                                                    # or {"source": "reasoning-gym", "task": ..., ...} (a2po.tasks)
-     "rewards": [{"name": "exact_match", "weight": 1.0}],
+     "rewards": [{"name": "exact_match", "weight": 1.0}],   # built-in names, or registered ones (a2po.reward_registry),
+                                                   # with the "source" the studio records: {"file", "sha256", ...}
      "config": {"num_value_samples": 8, "max_steps": 50, ...},   # any A2POConfig field (GRPOConfig's for grpo)
      "peft": None or {"r": 16, "lora_alpha": 32},
      "num_processes": 1,                           # >1: `accelerate launch` (DDP on GPUs, gloo on the CPU)
@@ -211,28 +212,35 @@ class RunSpec:
         return problems
 
     def _reward_problems(self, source: str | None) -> dict[str, str]:
-        """Problems of `rewards` (under "rewards"); gives each reward its weight as a float."""
+        """Problems of `rewards` (under "rewards"): each a built-in reward or one the operator registered
+        (`a2po.reward_registry`, read without importing it); gives each reward its weight as a float. A reward's
+        `source` (what scored a stored run: its file and sha256) is a record, never used to find the function."""
+        from a2po.reward_registry import read_registry, unknown_message
         from a2po.rewards import REWARD_FUNCTIONS
         from a2po.tasks import reward_problems
 
-        known = ", ".join(REWARD_FUNCTIONS)
+        registry = read_registry()
+        known = ", ".join([*REWARD_FUNCTIONS, *registry.names()])
         if not isinstance(self.rewards, list) or not self.rewards:
             return {"rewards": f"rewards is empty: choose at least one of {known}"}
         problems, seen = [], set()
         for reward in self.rewards:
             name = reward.get("name") if isinstance(reward, dict) else None
             weight = real_number(reward.get("weight", 1.0)) if isinstance(reward, dict) else None
-            if not isinstance(reward, dict) or set(reward) - {"name", "weight"}:
+            if not isinstance(reward, dict) or set(reward) - {"name", "weight", "source"}:
                 problems.append(f"each reward is {{\"name\": ..., \"weight\": ...}} (got {reward!r:.60})")
-            elif name not in REWARD_FUNCTIONS:
-                problems.append(f"unknown reward {name!r:.40}; known: {known}")
+            elif name not in REWARD_FUNCTIONS and name not in registry.rewards:
+                problems.append(unknown_message(name, registry))
             elif weight is None or weight <= 0:
                 problems.append(f"the weight of {name} must be a number > 0 (got {reward.get('weight')!r:.40})")
             elif name in seen:
                 problems.append(f"reward {name} is listed twice")
+            elif not isinstance(reward.get("source"), (dict, type(None))):
+                problems.append(f"the source of {name} is a record {{\"file\": ..., \"sha256\": ...}} or null")
             seen.add(name)
         if not problems:
-            self.rewards = [{"name": r["name"], "weight": float(r.get("weight", 1.0))} for r in self.rewards]
+            self.rewards = [{"name": r["name"], "weight": float(r.get("weight", 1.0)),
+                             **({"source": r["source"]} if r.get("source") else {})} for r in self.rewards]
             problems = reward_problems(source, self.rewards)
         return {"rewards": "; ".join(problems)} if problems else {}
 
@@ -376,7 +384,11 @@ class RunSpec:
         samples (each is a function of the seed, the prompt and the sample index)."""
         defaults = A2POConfig.__dataclass_fields__
         sampling = {k: self.config.get(k, defaults[k].default) for k in (*SAMPLING_FIELDS, "seed")}
-        key = {"model": self.model, "dataset": self.dataset, "rewards": self.rewards, "sampling": sampling}
+        # A registered function counts by its source's hash: edited, it scores differently (built-ins: by name).
+        rewards = [{**{k: v for k, v in r.items() if k != "source"},
+                    **({"sha256": r["source"].get("sha256")} if isinstance(r.get("source"), dict) else {})}
+                   for r in self.rewards]
+        key = {"model": self.model, "dataset": self.dataset, "rewards": rewards, "sampling": sampling}
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_config_dict(self) -> dict[str, Any]:
@@ -420,6 +432,10 @@ class RunSpec:
         elif d["source"] == default["dataset"]["source"] and default["dataset"].get("system_prompt") is not None:
             out["preset"] = NO_PRESET  # else the CLI would take the preset's system prompt for this dataset
         out["reward"] = [r["name"] for r in self.rewards]
+        modules = [r["source"]["file"] for r in self.rewards if isinstance(r.get("source"), dict)
+                   and r["source"].get("origin") == "file" and r["source"].get("file")]
+        if modules:
+            out["reward_module"] = list(dict.fromkeys(modules))
         if any(float(r.get("weight", 1.0)) != 1.0 for r in self.rewards):
             out["reward_weights"] = [float(r.get("weight", 1.0)) for r in self.rewards]
         out.update(self.config)
@@ -433,7 +449,7 @@ class RunSpec:
         """The `python -m a2po` arguments that run this spec."""
         args = [self.action]
         for key, value in self.to_config_dict().items():
-            if key in ("reward", "reward_weights"):
+            if key in ("reward", "reward_weights", "reward_module"):
                 args += [f"--{key}", *map(str, value)]
             else:
                 args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]

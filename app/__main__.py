@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="Hub models and datasets (downloads); default on, off with --public.")
     sharing.add_argument("--model-root", action="append", type=Path, default=[], metavar="DIR",
                          help="A folder local models may come from, besides <data-dir>/models (repeatable).")
+    sharing.add_argument("--reward-module", action="append", default=[], metavar="FILE.py",
+                         help="A Python file of reward functions (repeatable): its public functions that take "
+                              "`completions` appear in the Launch form's reward picker, and runs may name them. "
+                              "They run in the workers with the runs' data, never in the studio's own process; "
+                              "installed packages' 'a2po.rewards' entry points are registered too.")
     sharing.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                          help="Set one limit (repeatable), e.g. run_minutes=30, max_prompts=5000, "
                               "queued_per_user=1, disk_quota_gb=50, upload_mb=20; 'none' removes it.")
@@ -128,6 +133,23 @@ def prepare_environment(data_dir: Path) -> None:
     os.environ[DATA_ENV] = str(data_dir)  # worker processes inherit it
 
 
+def register_rewards(modules: list[str]) -> list[str]:
+    """Register the `--reward-module` files for the workers, chunks and playground (`A2PO_REWARD_MODULES` in the
+    environment they inherit), read without importing them: this process never runs a registered function. A bad
+    file stops the studio with the reason; an installed entry point that cannot be read is left out with a warning.
+    Returns the registered names."""
+    from a2po.reward_registry import RewardRegistryError, read_registry, register_modules
+
+    try:
+        register_modules(modules)
+    except RewardRegistryError as error:
+        raise SystemExit(f"A*-PO Studio: --reward-module: {error}") from None
+    registry = read_registry()
+    for problem in registry.problems:
+        print(f"A*-PO Studio: WARNING: a reward was not registered: {problem}", file=sys.stderr, flush=True)
+    return registry.names()
+
+
 def enter_worker_cwd(data_dir: Path) -> Path:
     """Work in the empty folder the workers get (`<data-dir>/cache/worker-cwd`, `app.jobs`): a dataset or model name
     then means in this process what it means in a worker (a hub id, unless an absolute path inside the studio's
@@ -149,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     prepare_environment(data_dir)
+    registered = register_rewards(args.reward_module)
 
     from app.auth import Auth
     from app.jobs import AlreadyServing, Devices, JobManager
@@ -218,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
           f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "
-          f"limits: {policy.limits.text()}", flush=True)
+          f"registered rewards: {', '.join(registered) or 'none'}; limits: {policy.limits.text()}", flush=True)
     upload = f"{policy.limits.upload_mb:g}mb" if policy.limits.upload_mb is not None else None
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=False, show_error=True,

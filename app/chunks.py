@@ -397,6 +397,8 @@ def _child(data_dir: str, run_id: int, budget_seconds: float, env: dict[str, str
     # of a dropped engine, say) must not run in the child.
     gc.freeze()
     os.setsid()
+    # In the workers' folder from the start: it names the studio a process belongs to (`app.jobs`).
+    worker_directory(data_dir).__enter__()
     _null_descriptors()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)

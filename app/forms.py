@@ -29,6 +29,7 @@ from typing import Any
 
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, preset_spec, with_defaults
+from a2po.reward_registry import stamp_sources
 from app.policy import Limits, Policy
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -127,6 +128,8 @@ class SpecResult:
 
     spec: dict[str, Any] | None
     errors: dict[str, str] = field(default_factory=dict)
+    # Accepted, but worth saying: a registered reward that changed since the spec recorded it (a clone).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -452,13 +455,15 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
         return SpecResult(None, errors)
     if errors:
         return SpecResult(None, errors)
+    # A registered reward's source is the studio's record, never a spec's: what the operator registered now.
+    rewards, warnings = stamp_sources(run.rewards)
     clean = {"name": run.name.strip(), "action": run.action, "model": run.model.strip(), "dataset": run.dataset,
-             "rewards": run.rewards, "config": run.config, "peft": run.peft, "num_processes": run.num_processes}
+             "rewards": rewards, "config": run.config, "peft": run.peft, "num_processes": run.num_processes}
     if run.fsdp is not None:
         clean["fsdp"] = run.fsdp
     if run.runner != "worker":
         clean["runner"] = run.runner
-    return SpecResult(clean)
+    return SpecResult(clean, warnings=warnings)
 
 
 def check_dataset(dataset: Any, policy: Policy) -> SpecResult:
@@ -639,9 +644,15 @@ def check_columns(columns: Sequence[str], prompt_column: str | None, answer_colu
 
 
 def reward_columns(name: str) -> list[str]:
-    """Dataset columns a built-in reward reads: its named parameters besides `completions` and `prompts`."""
+    """Dataset columns a reward reads: its named parameters besides `completions` and `prompts` (a registered
+    reward's read from its source, without importing it)."""
+    from a2po.reward_registry import read_registry
     from a2po.rewards import REWARD_FUNCTIONS
 
-    params = inspect.signature(REWARD_FUNCTIONS[name]).parameters.values()
-    return [p.name for p in params if p.name not in ("completions", "prompts", "completion_ids")
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if name in REWARD_FUNCTIONS:
+        params = inspect.signature(REWARD_FUNCTIONS[name]).parameters.values()
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    else:
+        registered = read_registry().rewards.get(name)
+        names = list(registered.params or ()) if registered is not None else []
+    return [n for n in names if n not in ("completions", "prompts", "completion_ids")]

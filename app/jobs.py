@@ -376,6 +376,11 @@ class JobManager:
         run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset, owner=owner,
                                        num_devices=run.num_processes, admission=admission)
         self.store.add_log(run_id, f"Queued: {run.action} {model} on {dataset}.")
+        for reward in clean["rewards"]:
+            source = reward.get("source")
+            if isinstance(source, dict):  # a registered function: which one scores this run
+                self.store.add_log(run_id, f"Reward {reward['name']}: {source.get('function')} in "
+                                           f"{source.get('file')} (sha256 {str(source.get('sha256'))[:12]}…).")
         return run_id
 
     def tick(self) -> list[int]:
@@ -507,16 +512,24 @@ class JobManager:
                                    f"{log_path}.")
         return True
 
-    @staticmethod
-    def _old_process(run: dict[str, Any]) -> int | None:
+    def _old_process(self, run: dict[str, Any]) -> int | None:
         """A live process of an earlier start of the run that this studio did not start (it ended the run and has
-        not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`)."""
+        not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`), working in this
+        studio's folder for workers (another studio's run of the same id is not this one)."""
+        here = str(self.data_dir / "cache" / "worker-cwd")
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
         except OSError:
             return None
-        return next((pid for pid in entries
-                     if pid != os.getpid() and JobManager._is_process_of(pid, run) and pid_alive(pid)), None)
+        for pid in entries:
+            if pid == os.getpid() or not self._is_process_of(pid, run):
+                continue
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == here and pid_alive(pid):
+                    return pid
+            except OSError:
+                continue
+        return None
 
     def _ingest_chunks(self) -> None:
         """Apply what running chunks wrote since the last pass (the pages show it as it happens; the heartbeat and
@@ -709,6 +722,7 @@ class JobManager:
             if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
                 self.store.add_log(run["id"], "Resumed automatically after the interruption (from its latest "
                                               "checkpoint and stored V* values).")
+                self._warn_reward_changes(run)
 
     def _remove_orphan_files(self) -> None:
         """Outputs, logs, journals and exports of runs that no longer exist (deleted while files were busy, or by an
@@ -766,7 +780,21 @@ class JobManager:
                              "resumed (and paused chunked runs); submit a new run to train again.")
         self._retry_at.pop(run_id, None)
         self.store.add_log(run_id, "Queued again to resume.")
+        self._warn_reward_changes(run)
         return run_id
+
+    def _warn_reward_changes(self, run: dict[str, Any]) -> list[str]:
+        """Log a warning for each registered reward of the run that changed (or went) since its spec recorded it:
+        the resumed run scores with what is registered now. Reads the files; imports nothing."""
+        from a2po.reward_registry import reward_changes
+
+        try:
+            warnings = reward_changes((run.get("config") or {}).get("rewards"), what="the resumed run")
+        except Exception as error:  # noqa: BLE001 - a warning that cannot be computed must not block a resume
+            warnings = [f"Could not check whether the run's registered rewards changed: {error}"]
+        for warning in warnings:
+            self.store.add_log(run["id"], warning, level="WARNING")
+        return warnings
 
     def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool:
         """Delete a run: kill its worker if it runs (a chunk of ZeroGPU's is asked to stop instead), remove its

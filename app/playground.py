@@ -139,6 +139,97 @@ def build_request(*, prompt: str, num_samples: int, answer: str | None, limits: 
     return request
 
 
+TRY_ROWS = 8  # prompts "Try the reward" scores
+TRY_MAX_NEW_TOKENS = 256  # at most, for the model's samples of "Try the reward"
+TRY_MAX_PARAMS = 1.0e9  # a larger model is not sampled by "Try the reward" (the answer column still is)
+CORRECT = 1.0 - 1e-6  # a reward counts as correct when it is 1 (as `a2po.values.CORRECT_THRESHOLD`)
+KINDS = {"answer": "answer column", "wrong": "wrong answer", "sample": "model sample"}
+
+
+def build_try_request(*, dataset: dict[str, Any], rewards: list[dict[str, Any]], model: str | None,
+                      config: dict[str, Any], limits: Any, rows: int = TRY_ROWS) -> dict[str, Any]:
+    """What the process needs for "Try the reward": a checked dataset and rewards, the model to sample (None: the
+    answer column only) and the run's sampling settings, bounded by `limits`."""
+    from a2po.config import A2POConfig
+
+    defaults = A2POConfig.__dataclass_fields__
+
+    def setting(name: str) -> Any:
+        return config.get(name, defaults[name].default)
+
+    max_new = min(int(setting("max_completion_length") or TRY_MAX_NEW_TOKENS), TRY_MAX_NEW_TOKENS,
+                  int(limits.max_completion_length))
+    prompt_limit = setting("max_prompt_length")
+    return {"op": "try_reward", "dataset": dataset, "rewards": rewards, "rows": int(rows),
+            "model": model, "max_params": TRY_MAX_PARAMS, "max_new_tokens": max(1, max_new),
+            "max_prompt_length": min(int(prompt_limit or limits.max_prompt_length), int(limits.max_prompt_length)),
+            "temperature": setting("temperature"), "top_p": setting("top_p"), "top_k": setting("top_k"),
+            "seed": int(setting("seed"))}
+
+
+def reward_verdict(result: dict[str, Any]) -> str:
+    """One line on what "Try the reward" found: whether the reward tells the answer column (it should score 1)
+    from a wrong answer (0), what the model's samples score, and rewards that failed or are not binary."""
+    if result.get("error"):
+        return f"❌ The reward failed: {result['error']}"
+    rows = result.get("rows") or []
+    scores = {kind: [r["reward"] for r in rows if r["kind"] == label] for kind, label in KINDS.items()}
+    answers, wrongs, samples = scores["answer"], scores["wrong"], scores["sample"]
+    if not answers:
+        return "⚠ The dataset has no answer column (ground_truth): only the model's samples could be scored."
+    n = len(answers)
+    right = sum(r >= CORRECT for r in answers)
+    fooled = sum(r >= CORRECT for r in wrongs)
+    if right == 0:
+        line = (f"⚠ This reward gives 0 to the dataset's own answers ({n} of {n} prompts): training would see 0 "
+                "everywhere and learn nothing. Check the answer column, and the format the function expects.")
+    elif fooled == len(wrongs):
+        line = (f"⚠ This reward gives 1 to wrong answers too ({fooled} of {len(wrongs)} prompts): it cannot tell "
+                "right from wrong.")
+    elif right == n and fooled == 0:
+        line = (f"✅ The reward tells right from wrong: the answer column scores 1 on {right} of {n} prompts, a wrong "
+                f"answer 0 on {len(wrongs)} of {len(wrongs)}.")
+    else:
+        line = (f"⚠ Mixed: the answer column scores 1 on {right} of {n} prompts, a wrong answer 1 on {fooled} of "
+                f"{len(wrongs)}.")
+    if samples:
+        line += f" The model's samples score 1 on {sum(r >= CORRECT for r in samples)} of {len(samples)}."
+    odd = next((r for r in answers + wrongs + samples if r not in (0.0, 1.0)), None)
+    if odd is not None:
+        line += f" Some rewards are outside {{0, 1}} (e.g. {odd:g}): A*-PO counts only 1 as correct."
+    if result.get("note"):
+        line += f" {result['note']}"
+    return line
+
+
+def answer_completion(row: dict[str, Any], wrong: bool = False) -> str | None:
+    """A completion holding a row's answer (its answer column: "should score 1"), or a deliberately wrong one
+    ("should score 0": the answer's number plus one, else text that is no answer), in the form the row's answer
+    takes (`#### x`, `\\boxed{x}`, a reasoning-gym `<answer>` tag). None without an answer."""
+    from decimal import Decimal, InvalidOperation
+
+    from a2po.rewards import extract_final_answer
+
+    truth = row.get("ground_truth")
+    if truth is None or str(truth).strip() == "":
+        return None
+    truth = str(truth)
+    tags = row.get("task_entry") is not None and row.get("answer_format") != "number"
+    if not wrong:
+        return f"<answer>{truth}</answer>" if tags else truth
+    final = (extract_final_answer(truth) if ("####" in truth or "\\boxed" in truth) else truth.strip()) or truth
+    try:
+        number = Decimal(final.replace(",", ""))
+        other = str(number + 1)
+    except InvalidOperation:
+        other = "I do not know."
+    if tags:
+        return f"<answer>{other}</answer>"
+    if "\\boxed" in truth:
+        return f"The answer is \\boxed{{{other}}}."
+    return f"#### {other}" if "####" in truth else other
+
+
 def choose_gpu(gpus: tuple[str, ...] | list[str], busy: set[str]) -> str | None:
     """The GPU the playground process uses: the first one no run uses, else the first (shared); None on a CPU
     machine."""
@@ -319,6 +410,11 @@ class _ProcessGone(Exception):
     pass
 
 
+def short_text(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -491,6 +587,82 @@ class Engine:
         return [{"completion": text, "reward": reward, "greedy": i == 0}
                 for i, (text, reward) in enumerate(zip(texts, rewards))]
 
+    # -- trying a reward ----------------------------------------------------------------------------------------
+
+    def try_reward(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Score a few of the dataset's first prompts with the request's rewards: each row's answer column (which
+        should score 1), a wrong answer (0) and, when the model is small enough, one sample of it. Returns
+        {"rows": [{"prompt", "kind", "completion", "reward"}], "error", "note", "model_pid"}; a reward that fails
+        is the `error`, not an exception."""
+        from a2po.data import prompt_question
+        from a2po.runspec import RunSpec
+
+        started = time.perf_counter()
+        train, _ = RunSpec(dataset=dict(request["dataset"])).build_datasets()
+        rows = train.select(range(min(int(request.get("rows") or TRY_ROWS), len(train)))).to_list()
+        if not rows:
+            raise ValueError("The dataset has no rows.")
+        kinds: list[tuple[str, list[dict[str, Any]], list[str]]] = []
+        answered = [r for r in rows if answer_completion(r) is not None]
+        if answered:
+            kinds.append(("answer", answered, [answer_completion(r) for r in answered]))
+            kinds.append(("wrong", answered, [answer_completion(r, wrong=True) for r in answered]))
+        notes = []
+        if request.get("model"):
+            try:
+                samples = self._try_samples(request, rows)
+            except Exception as error:  # noqa: BLE001 - the answer column is still scored
+                samples = None
+                notes.append(f"The model was not sampled ({type(error).__name__}: {short_text(str(error), 200)}).")
+            if isinstance(samples, str):
+                notes.append(samples)
+            elif samples is not None:
+                kinds.append(("sample", rows, samples))
+        out: list[dict[str, Any]] = []
+        error = None
+        for kind, kind_rows, texts in kinds:
+            try:
+                scores = score_rows(request["rewards"], kind_rows, texts)
+            except Exception as failure:  # noqa: BLE001 - shown as the verdict
+                error = f"{failure}"
+                break
+            out += [{"prompt": prompt_question(r["prompt"]), "kind": KINDS[kind], "completion": t, "reward": v}
+                    for r, t, v in zip(kind_rows, texts, scores)]
+        return {"rows": out, "error": error, "note": " ".join(notes) or None, "pid": os.getpid(),
+                "seconds": round(time.perf_counter() - started, 3)}
+
+    def _try_samples(self, request: dict[str, Any], rows: list[dict[str, Any]]) -> list[str] | str:
+        """One sample of the model per row (the run's sampling settings and seed), or why it was not sampled."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from a2po.core import completion_mask
+        from a2po.models import is_default_model, resolve_model
+        from a2po.rollout import sample_completions
+        from a2po.values import prompt_id_for
+
+        model_name = request["model"]
+        if not is_default_model(model_name):
+            config = AutoConfig.from_pretrained(resolve_model(model_name))
+            with self.torch.device("meta"):
+                count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            if count > float(request.get("max_params") or TRY_MAX_PARAMS):
+                return (f"The model has {count / 1e9:.1f}B parameters: too large to sample here, so only the answer "
+                        "column was scored.")
+        pair, _ = self.models({"reference": {"model": model_name, "init": {}}, "trained": None})
+        tokenizer = pair["tokenizer"]
+        texts = []
+        for row in rows:
+            input_ids, mask = self._encode(tokenizer, row["prompt"], request.get("max_prompt_length"))
+            key = (int(request.get("seed", 42)), "try-reward", prompt_id_for(row), 0)
+            ids = sample_completions(pair["reference"], input_ids, mask, max_new_tokens=int(request["max_new_tokens"]),
+                                     eos_token_ids=pair["eos"], pad_token_id=tokenizer.pad_token_id, num_samples=1,
+                                     temperature=float(request.get("temperature") or 1.0),
+                                     top_p=float(request.get("top_p") or 1.0), top_k=request.get("top_k"),
+                                     row_keys=[key])
+            keep = completion_mask(ids, pair["eos"])
+            texts += tokenizer.batch_decode(ids * keep + tokenizer.pad_token_id * (1 - keep), skip_special_tokens=True)
+        return texts
+
     @staticmethod
     def _scorable(request: dict[str, Any], row: dict[str, Any] | None) -> bool:
         names = [r.get("name") for r in request.get("rewards") or []]
@@ -522,6 +694,31 @@ class Engine:
             weight = float(reward.get("weight", 1.0))
             total = [t + weight * float(v) for t, v in zip(total, values)]
         return [round(t, 6) for t in total]
+
+
+def score_rows(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
+    """The weighted reward of each completion `texts[i]` of `rows[i]`, called as the trainer calls reward functions
+    (prompts, completions, every other column; conversational prompts get conversational completions); a failure
+    or a bad result raises, naming the function (and, registered, its file)."""
+    from a2po.rewards import get_reward_function
+
+    prompts = [row["prompt"] for row in rows]
+    completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for t, p in zip(texts, prompts)]
+    columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
+    total = [0.0] * len(rows)
+    for reward in rewards:
+        func = get_reward_function(reward["name"])
+        try:
+            values = func(prompts=prompts, completions=completions, **columns)
+        except Exception as error:
+            raise RuntimeError(f"Reward function '{reward['name']}' raised {type(error).__name__}: {error}") from error
+        if values is None or len(values) != len(rows) or any(v is None for v in values):
+            got = "None" if values is None else f"{len(values)} values" if len(values) != len(rows) else "None values"
+            raise ValueError(f"Reward function '{reward['name']}' returned {got} for {len(rows)} completions; it must "
+                             "return one float per completion.")
+        weight = float(reward.get("weight", 1.0))
+        total = [t + weight * float(v) for t, v in zip(total, values)]
+    return [round(t, 6) for t in total]
 
 
 def decode_greedy_and_samples(model, input_ids, attention_mask, *, max_new_tokens: int, eos_token_ids,
@@ -565,6 +762,8 @@ def serve(idle_timeout: float, read_fd: int, write_fd: int) -> int:
             try:
                 if request.get("op") == "ping":
                     reply.update(ok=True, result={"pid": os.getpid()})
+                elif request.get("op") == "try_reward":
+                    reply.update(ok=True, result=engine.try_reward(request))
                 else:
                     reply.update(ok=True, result=engine.answer(request))
             except Exception as error:  # noqa: BLE001 - one bad request must not end the process

@@ -178,7 +178,9 @@ class StoreRecorder(A2POCallback):
             # steps since the last checkpoint (the Trainer evaluates before it saves).
             self.deferred_evaluation = self.deadline_reached = self.stopped = True
             control.should_evaluate = False
-            control.should_training_stop = control.should_save = control.should_log = True
+            control.should_save = control.should_log = True
+            # After the last step training ends by itself: a stop asked there makes a resume train one step more.
+            control.should_training_stop = control.should_training_stop or not last
             self.store.add_log(self.run_id, f"The evaluation of step {state.global_step} is left for the next "
                                             "chunk: it would not end before this chunk's deadline.")
             return

@@ -297,7 +297,10 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             trainer.evaluate_on_resume = _from_main(trainer, pending)
             if main:
                 logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint, extra={"flush_now": True})
-        trainer.train(resume_from_checkpoint=checkpoint)
+        if checkpoint and trained_to_the_end(trainer, checkpoint):
+            restore_final(trainer, checkpoint)  # nothing left to train; resuming would train one step more
+        else:
+            trainer.train(resume_from_checkpoint=checkpoint)
         if _any_process(trainer, stopper.stopped):
             raise StopRequested(f"Run {run_id} stopped at step {trainer.state.global_step}.")
         evaluated = {e["step"] for e in store.get_evaluations(run_id)} if main else set()
@@ -317,13 +320,31 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     return "finished"
 
 
+def _checkpoint_step(checkpoint: str) -> int:
+    return int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
+
+
+def trained_to_the_end(trainer, checkpoint: str) -> bool:
+    """Whether the checkpoint holds the run's last step (`max_steps`)."""
+    return trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps
+
+
+def restore_final(trainer, checkpoint: str) -> None:
+    """The weights (or adapter) and the trainer state of a checkpoint of the last step, without training: the
+    Trainer, resumed there in the middle of an epoch, would train one step past `max_steps`."""
+    from transformers.trainer_callback import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+
+
 def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
     """Whether the checkpoint's step was due for a periodic evaluation (every `eval_steps`) that is not among the
     `evaluated` steps. (The evaluation after the last step is the job's own, after training.)"""
     if trainer.eval_dataset is None:
         return False
     args = trainer.args
-    step = int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
+    step = _checkpoint_step(checkpoint)
     every = args.eval_steps if str(args.eval_strategy) in ("steps", "IntervalStrategy.STEPS") else None
     if every is not None and every < 1 and args.max_steps > 0:  # a fraction of the run, as the Trainer reads it
         every = math.ceil(args.max_steps * every)

@@ -71,9 +71,12 @@ def chunk_on_gpu(data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUD
     from a2po import faults
 
     gc.freeze()  # as in a forked chunk (`app.chunks._child`): no finalizer of an inherited object runs here
-    _scrub_environment(keep_hub_token)
-    faults.rearm()
-    return run_chunk(data_dir, int(run_id), float(budget_seconds))
+    try:
+        _scrub_environment(keep_hub_token)
+        faults.rearm()
+        return run_chunk(data_dir, int(run_id), float(budget_seconds))
+    finally:
+        gc.unfreeze()  # ZeroGPU may keep this process for the next call
 
 
 def wrap(spaces_module: Any = None):

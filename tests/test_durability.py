@@ -169,7 +169,8 @@ def test_container_stop_checkpoints_and_the_next_start_resumes(tmp_path, tiny_mo
     data_dir = tmp_path / "studio"
     store = Store(data_dir / "studio.db")
     run_id = JobManager(store, data_dir, devices=Devices()).submit(durable_spec(tiny_model_dir))
-    app = start_app(data_dir, free_port())
+    # Steps from the 4th on take 2 s more: the SIGTERM arrives while the run still trains, however fast the CPU.
+    app = start_app(data_dir, free_port(), env={"A2PO_FAULTS": "train_step@4+=delay"})
     try:
         wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) >= 3, 120, "three training steps")
         app.send_signal(signal.SIGTERM)

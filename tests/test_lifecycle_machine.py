@@ -52,10 +52,10 @@ def tiny_spec(model: str, runner: str, name: str) -> dict:
             "rewards": [{"name": "exact_match", "weight": 1.0}], "config": settings_}
 
 
-def processes_of(run_id: int) -> list[int]:
+def processes_of(run_id: int, data: Path) -> list[int]:
     """Live processes working on the run: its worker (`app.worker ... --run-id N`) or a chunk of it (a thread named
-    `a2po-c<N>`), found in /proc."""
-    found = []
+    `a2po-c<N>`), in the studio's folder of workers `data` (not another test session's), found in /proc."""
+    here, found = str(data / "cache" / "worker-cwd"), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -66,7 +66,11 @@ def processes_of(run_id: int) -> list[int]:
         except OSError:
             continue
         worker = "app.worker" in argv and "--run-id" in argv and argv[argv.index("--run-id") + 1] == str(run_id)
-        if (worker or is_chunk_of(pid, run_id)) and pid_alive(pid):
+        try:
+            ours = os.readlink(f"/proc/{pid}/cwd") == here
+        except OSError:
+            continue
+        if ours and (worker or is_chunk_of(pid, run_id)) and pid_alive(pid):
             found.append(pid)
     return found
 
@@ -98,7 +102,7 @@ class RunMachine(RuleBasedStateMachine):
             self._finish_all()
         finally:
             for run_id in list(self.runs):
-                for pid in processes_of(run_id):
+                for pid in processes_of(run_id, self.data):
                     os.kill(pid, signal.SIGKILL)
             self.manager.close()
             self.store.close()
@@ -168,7 +172,7 @@ class RunMachine(RuleBasedStateMachine):
     def kill_process(self, data) -> None:
         """SIGKILL a run's worker or chunk process (whichever it has now)."""
         run = data.draw(st.sampled_from(self.live_runs()))
-        for pid in processes_of(run["id"]):
+        for pid in processes_of(run["id"], self.data):
             os.kill(pid, signal.SIGKILL)
 
     @rule()
@@ -185,7 +189,7 @@ class RunMachine(RuleBasedStateMachine):
         del self.runs[run_id]
         self.seen.pop(run_id, None)
         assert self.store.get_run(run_id) is None
-        assert not processes_of(run_id)
+        assert not processes_of(run_id, self.data)
 
     @rule(seconds=st.sampled_from([0.5, 2.0, 5.0]))
     def wait(self, seconds: float) -> None:
@@ -198,7 +202,7 @@ class RunMachine(RuleBasedStateMachine):
         if not hasattr(self, "runs"):
             return
         for run_id in self.runs:
-            assert len(processes_of(run_id)) <= 1, (run_id, processes_of(run_id))
+            assert len(processes_of(run_id, self.data)) <= 1, (run_id, processes_of(run_id, self.data))
 
     @invariant()
     def counters_as_documented(self) -> None:
@@ -224,13 +228,13 @@ class RunMachine(RuleBasedStateMachine):
         if not hasattr(self, "runs"):
             return
         for run in self.live_runs():
-            if processes_of(run["id"]):
+            if processes_of(run["id"], self.data):
                 continue
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 now = self.store.get_run(run["id"])
                 if now is None or now["status"] not in lifecycle.LIVE or now["pid"] != run["pid"] \
-                        or processes_of(run["id"]):
+                        or processes_of(run["id"], self.data):
                     break
                 time.sleep(0.1)
             else:

@@ -46,7 +46,7 @@ def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
 
 def register_api(services: Services) -> None:
     """Add the named endpoints (inside gr.Blocks): /launch, /stop, /resume, /delete, /status, /list_runs, /metrics,
-    /limits, /login, /upload_dataset, /playground."""
+    /limits, /login, /upload_dataset, /playground, /try_reward."""
     store, auth = services.store, services.auth
 
     def get(run_id: int) -> dict[str, Any]:
@@ -65,9 +65,10 @@ def register_api(services: Services) -> None:
         """Check a run spec (see docs/api.md; missing keys take the teaching demo's values, `preset` picks another
         preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once."""
         user = auth.identify(request=request)
-        run_id = refused(lambda: services.launch(spec, user))
+        run_id, warnings = refused(lambda: services.launch_run(spec, user))
         run = store.get_run(run_id)
-        return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"])}
+        return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"]),
+                "warnings": warnings}
 
     def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
@@ -75,9 +76,14 @@ def register_api(services: Services) -> None:
         return run_summary(get(run_id))
 
     def resume(run_id: int, request: gr.Request) -> dict:
-        """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*."""
+        """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*.
+        `warnings`: its registered rewards that changed since it started (it goes on with the current ones)."""
+        from a2po.reward_registry import reward_changes
+
         refused(lambda: services.act("resume", run_id, auth.identify(request=request)))
-        return run_summary(get(run_id))
+        run = get(run_id)
+        return {**run_summary(run), "warnings": reward_changes((run.get("config") or {}).get("rewards"),
+                                                               what="the resumed run")}
 
     def delete(run_id: int, request: gr.Request) -> dict:
         """Delete a run with its metrics, samples and files (its worker is killed if it runs)."""
@@ -111,10 +117,16 @@ def register_api(services: Services) -> None:
 
     def limits() -> dict:
         """This studio's limits (None: no limit), whether launching needs a login, and what the operator allowed."""
+        from a2po.reward_registry import read_registry
+        from app.ui.launch import reward_choices
+
         policy = services.policy
+        registry = read_registry()
         return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
                 "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
-                "allow_hub": policy.allow_hub, "settable": [p.key for p in forms.PARAMS]}
+                "allow_hub": policy.allow_hub, "settable": [p.key for p in forms.PARAMS],
+                "rewards": [{"name": n, "doc": d, "registered": n in registry.rewards}
+                            for n, d in reward_choices().items()]}
 
     def login(username: str, password: str) -> dict:
         """A token for a studio user: send it as the `x-a2po-token` header. Wrong credentials are an error."""
@@ -140,6 +152,18 @@ def register_api(services: Services) -> None:
                                     num_samples=num_samples, answer=answer))
 
     gr.api(playground, api_name="playground", concurrency_limit=1, concurrency_id="playground")
+
+    def try_reward(spec: dict, sample_model: bool = True, request: gr.Request = None) -> dict:
+        """Score a few of a spec's dataset prompts with its rewards before launching: each row's answer column
+        (should score 1), a wrong answer (should score 0) and, with `sample_model` and a small model, one sample.
+        Returns {"rows": [{"prompt", "kind", "completion", "reward"}], "verdict", "error", "note"}. Needs a login
+        where launching does; runs in the playground's process."""
+        from app.ui.playground import try_reward as score
+
+        user = auth.identify(request=request)
+        return refused(lambda: score(services, user, spec, sample_model=bool(sample_model)))
+
+    gr.api(try_reward, api_name="try_reward", concurrency_limit=1, concurrency_id="playground")
 
     # A file endpoint needs a file component: an invisible one, used only by API clients.
     upload_in = gr.File(visible=False, file_types=list(forms.DATA_SUFFIXES))

@@ -54,6 +54,11 @@ class Services:
 
     def check(self, spec: Any) -> dict[str, Any]:
         """The clean spec, or `Refused` naming every problem (the API's and the form's allow-list)."""
+        return self.checked(spec)[0]
+
+    def checked(self, spec: Any) -> tuple[dict[str, Any], list[str]]:
+        """The clean spec and its warnings (a registered reward changed since the spec recorded it), or `Refused`
+        naming every problem."""
         from app import forms
 
         if self.policy.zerogpu and isinstance(spec, dict) and "peft" not in spec:
@@ -61,15 +66,19 @@ class Services:
         result = forms.check_spec(spec, self.policy, offline=offline())
         if not result.ok:
             raise Refused(result.message())
-        return result.spec
+        return result.spec, result.warnings
 
     def launch(self, spec: Any, user: User | None) -> int:
         """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
         size, runs per user); returns its id. No run is stored when it is refused."""
+        return self.launch_run(spec, user)[0]
+
+    def launch_run(self, spec: Any, user: User | None) -> tuple[int, list[str]]:
+        """`launch`, returning the run's id and the warnings the check gave (also written to the run's log)."""
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
-        clean = self.check(spec)
+        clean, warnings = self.checked(spec)
         problem = self.policy.disk_problem()
         if problem:
             raise Refused(problem)
@@ -79,13 +88,16 @@ class Services:
         # buttons and the API are separate Gradio events) cannot pass a limit together.
         admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
-            return self.jobs.submit(clean, owner=owner, admission=admission)
+            run_id = self.jobs.submit(clean, owner=owner, admission=admission)
         except LimitReached as full:
             if full.what == "queue":
                 raise Refused(f"The queue is full: {full.count} runs wait, the limit is {full.limit} runs in the "
                               "queue. Try again when some have started.") from None
             raise Refused(f"You have {full.count} runs queued or running; the limit is {full.limit} queued or running "
                           "runs per user. Stop one, or wait for one to end.") from None
+        for warning in warnings:
+            self.store.add_log(run_id, warning, level="WARNING")
+        return run_id, warnings
 
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
         """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in

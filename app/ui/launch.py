@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,11 +124,11 @@ def _task_help() -> str:
 def build_launch_page(services: Services, token: gr.BrowserState | None = None) -> LaunchPage:
     """Lay out the launch form and wire presets, validation, preview, the command view and the three actions."""
     from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS
-    from a2po.rewards import REWARD_FUNCTIONS
 
     limits = services.policy.limits
     defaults = forms.default_form()
-    reward_names = list(REWARD_FUNCTIONS)
+    reward_info = reward_choices()
+    reward_names = list(reward_info)
     inputs: dict[str, gr.components.Component] = {}
     errors: dict[str, gr.Markdown] = {}
 
@@ -236,10 +237,19 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                 for name in reward_names:
                     with gr.Row():
                         inputs[f"use_reward:{name}"] = gr.Checkbox(value=name in defaults["rewards"], label=name,
-                                                                   elem_id=f"field-use-{name}")
+                                                                   info=reward_info[name] or None,
+                                                                   elem_id=f"field-use-{element_id(name)}")
                         inputs[f"weight_reward:{name}"] = gr.Number(value=defaults["rewards"].get(name, 1.0),
                                                                     label=f"{name} weight", minimum=0)
                 error_slot("rewards")
+            with gr.Row():
+                try_btn = gr.Button("Try the reward", size="sm", scale=0, min_width=160, elem_id="try-reward")
+                try_verdict = gr.Markdown("Scores a few of the dataset's prompts before launching: their answer "
+                                          "column (should score 1), a wrong answer (should score 0) and a sample of "
+                                          "the model.", elem_id="try-verdict")
+            try_table = gr.Dataframe(headers=TRY_COLUMNS, interactive=False, wrap=True, visible=False,
+                                     label="Try the reward", elem_id="try-table", max_height=400,
+                                     column_widths=["40%", "16%", "32%", "12%"])
             gr.Markdown("### Hyper-parameters")
             with gr.Row():
                 for param in [p for p in forms.PARAMS if not p.advanced]:
@@ -300,6 +310,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     keys = list(inputs)
     error_keys = list(errors)
     launched = gr.State(None)
+    token = token if token is not None else gr.State(None)
 
     def error_updates(result_errors: dict[str, str]) -> list[Any]:
         return [gr.Markdown(value=f"⚠ {result_errors[k]}", visible=True) if k in result_errors
@@ -328,8 +339,6 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             return f"⚠ Could not read this dataset: {short(str(exc), 300)}", None
         return f"Columns: {', '.join(f'`{c}`' for c in columns)}", frame
 
-    token = token if token is not None else gr.State(None)
-
     def start(action: str):
         # Inputs as a set: the handler gets a dict of values, and Gradio can add the request (for the login).
         def handler(data: dict, request: gr.Request) -> list[Any]:
@@ -347,8 +356,21 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             return [*error_updates({}), f"✅ Started run #{run_id} ({ACTIONS[action]}).", run_id]
         return handler
 
+    def try_it(data: dict, request: gr.Request) -> list[Any]:
+        from app.ui.playground import try_reward
+
+        values = tuple(data[inputs[k]] for k in keys)
+        spec = forms.form_to_spec(_form_values(keys, values, reward_names))
+        try:
+            result = try_reward(services, services.auth.identify(token=data[token], request=request), spec)
+        except Refused as exc:
+            return [f"❌ {exc}", gr.Dataframe(visible=False)]
+        return [result["verdict"], gr.Dataframe(value=try_frame(result["rows"]), visible=bool(result["rows"]))]
+
     all_inputs = [inputs[k] for k in keys]
     errors_out = [errors[k] for k in error_keys]
+    try_btn.click(try_it, {token, *all_inputs}, [try_verdict, try_table], api_visibility="private",
+                  concurrency_limit=1, concurrency_id="playground")
     check_btn.click(check, all_inputs, [*errors_out, status], api_visibility="private")
     command_btn.click(show_command, all_inputs, [*errors_out, command], api_visibility="private")
     preview_btn.click(show_preview, all_inputs, [preview_info, preview], api_visibility="private")
@@ -429,13 +451,42 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         if not result.ok:
             return [*(gr.update() for _ in [*all_inputs, *boxes]), f"❌ Not {verb.lower()}: "
                     f"{short(result.message(), 800)}"]
+        warnings = "".join(f"\n\n⚠ {html.escape(w)}" for w in result.warnings)
         return [*fill(forms.spec_to_form(result.spec)), f"✅ {verb} {html.escape(result.spec['name'])}: check the "
-                                                      "fields, then start it."]
+                                                      f"fields, then start it.{warnings}"]
 
     save_btn.click(save_yaml, all_inputs, [*errors_out, status, saved], api_visibility="private")
     load_btn.upload(load_yaml, load_btn, [*all_inputs, *boxes, status], api_visibility="private")
     return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
                       fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec)
+
+
+def reward_choices() -> dict[str, str]:
+    """The rewards the form offers, each with its docstring's summary: the built-in ones, then those the
+    operator registered (read from their source, never imported here), with their file."""
+    from a2po.reward_registry import read_registry, summary
+    from a2po.rewards import REWARD_FUNCTIONS
+
+    out = {name: summary(func.__doc__) for name, func in REWARD_FUNCTIONS.items()}
+    for reward in read_registry().rewards.values():
+        where = os.path.basename(reward.file) if reward.file else reward.origin
+        out[reward.name] = f"{reward.doc} (registered: {where})" if reward.doc else f"Registered: {where}."
+    return out
+
+
+def element_id(name: str) -> str:
+    """A reward's name as part of an element id."""
+    return re.sub(r"[^\w-]", "_", name)
+
+
+TRY_COLUMNS = ["prompt", "kind", "completion", "reward"]
+
+
+def try_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows of "Try the reward" as a small table."""
+    return pd.DataFrame([{"prompt": short(r["prompt"], 120), "kind": r["kind"],
+                          "completion": short(r["completion"], 200), "reward": f"{r['reward']:g}"} for r in rows],
+                        columns=TRY_COLUMNS)
 
 
 def processes_info(services: Services) -> str:

@@ -26,8 +26,10 @@ from app.playground import (
     PlaygroundClient,
     PlaygroundError,
     build_request,
+    build_try_request,
     check_request,
     choose_gpu,
+    reward_verdict,
     trained_weights,
 )
 from app.ui.common import Refused, Services, offline, run_choices, short
@@ -123,6 +125,47 @@ def play(services: Services, user: User | None, *, run_id: Any = None, model: st
             "seconds": round(time.monotonic() - started, 3), "cached": result["cached"],
             "load_seconds": result["load_seconds"], "generate_seconds": result["generate_seconds"],
             "matched": result["matched"], "scored": result["scored"]}
+
+
+def try_reward(services: Services, user: User | None, spec: Any, *, sample_model: bool = True) -> dict[str, Any]:
+    """"Try the reward" for `user` (a login where launching needs one): the spec's rewards score a few of its
+    dataset's prompts, with each row's answer column (should score 1), a wrong answer (should score 0) and, when
+    `sample_model` and the model is small, one sample of the model each, in the playground's process (a registered
+    reward's module is imported there, never here). Missing keys take the teaching demo's values, as in `/launch`;
+    only the dataset, the rewards and the sampling settings must be valid. Returns {"rows": [{"prompt", "kind",
+    "completion", "reward"}], "verdict", "error", "note", "seconds"}."""
+    from a2po.runspec import SAMPLING_FIELDS
+
+    problem = services.auth.can_launch(user)
+    if problem:
+        raise Refused(problem.replace("Launching runs", "Trying a reward (it runs the reward and a model)"))
+    if not isinstance(spec, dict):
+        raise Refused("The spec must be a JSON object (see /launch).")
+    partial: dict[str, Any] = {k: spec[k] for k in ("preset", "dataset", "rewards") if k in spec}
+    config = spec.get("config") if isinstance(spec.get("config"), dict) else {}
+    partial["config"] = {k: config[k] for k in (*SAMPLING_FIELDS, "seed") if k in config}
+    partial["config"].pop("num_value_samples", None)
+    result = forms.check_spec(partial, services.policy, offline=offline())
+    if not result.ok:
+        raise Refused(result.message())
+    model = spec.get("model") if isinstance(spec.get("model"), str) and spec["model"].strip() else \
+        result.spec["model"]
+    note = None
+    if sample_model:
+        problem = forms.check_model(model, services.policy, offline=offline())
+        if problem:
+            model, note = None, f"The model was not sampled: {problem}"
+    request = build_try_request(dataset=result.spec["dataset"], rewards=result.spec["rewards"],
+                                model=model if sample_model else None, config=result.spec["config"],
+                                limits=services.policy.limits)
+    started = time.monotonic()
+    try:
+        answer = client_for(services).ask(request)
+    except PlaygroundError as exc:
+        raise Refused(str(exc)) from None
+    answer["note"] = " ".join(n for n in (note, answer.get("note")) if n) or None
+    return {"rows": answer["rows"], "verdict": reward_verdict(answer), "error": answer.get("error"),
+            "note": answer["note"], "seconds": round(time.monotonic() - started, 3)}
 
 
 def run_prompts(services: Services, run: dict[str, Any] | None) -> list[tuple[str, str]]:
