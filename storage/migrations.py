@@ -20,6 +20,7 @@ file and a new one have the same tables, columns and indexes.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 from collections.abc import Callable
@@ -184,9 +185,11 @@ def _v4(con: sqlite3.Connection) -> None:
 def _v5(con: sqlite3.Connection) -> None:
     """Each run's own V* rows (`run_values`): the shared rows' V* and filter are those of the run that sampled them
     first, while a run with another beta1 or `filter_all_incorrect` trained with its own. Older runs get their
-    value set's rows, which is what their pages showed (the rewards to recompute them are there, the beta1 a run
-    used by default is the library's, which storage does not know); a resumed run writes its own at its stage 1.
-    Also the per-split counts of those rows on the run, and a revision that moves when they are rewritten."""
+    value set's rows, recomputed from the stored rewards with the settings their stored spec names
+    (`_rescore_runs`), as the trainer recomputed them; a setting the spec leaves to the library's default keeps the
+    shared rows' value, since storage does not know that default (such a run, resumed, writes its own at its
+    stage 1). Also the per-split counts of those rows on the run, and a revision that moves when they are
+    rewritten."""
     _script(con, """
         CREATE TABLE run_values (
             id INTEGER NOT NULL PRIMARY KEY,
@@ -214,6 +217,61 @@ def _v5(con: sqlite3.Connection) -> None:
                                                    (SELECT split, count(*) AS n FROM run_values v
                                                     WHERE v.run_id = runs.id GROUP BY split)), '{}')
     """)
+    _rescore_runs(con)
+
+
+# A sample is correct when its reward is 1, as the library counts it (`a2po.values.CORRECT_THRESHOLD`).
+_CORRECT_REWARD = 1.0 - 1e-6
+
+
+def _stated_settings(config: str | None) -> tuple[float | None, bool | None]:
+    """The beta1 and `filter_all_incorrect` a stored run spec names (None: left to the library's default)."""
+    try:
+        spec = json.loads(config or "null")
+    except ValueError:
+        return None, None
+    settings = spec.get("config") if isinstance(spec, dict) else None
+    if not isinstance(settings, dict):
+        return None, None
+    beta1 = settings.get("beta1")
+    if isinstance(beta1, bool) or not isinstance(beta1, (int, float)) or not math.isfinite(beta1) or beta1 <= 0:
+        beta1 = None
+    filter_all = settings.get("filter_all_incorrect")
+    return (None if beta1 is None else float(beta1)), (filter_all if isinstance(filter_all, bool) else None)
+
+
+def _optimal_value(rewards: list[float], beta1: float) -> float:
+    """V* = beta1 * log(mean_i exp(r_i / beta1)), as `a2po.core.optimal_value` computes it (log-sum-exp)."""
+    scaled = [float(r) / beta1 for r in rewards]
+    top = max(scaled)
+    return beta1 * (top + math.log(sum(math.exp(x - top) for x in scaled)) - math.log(len(scaled)))
+
+
+def _rescore_runs(con: sqlite3.Connection) -> None:
+    """Give each run's copied rows the V* and filter of its own stated settings (see `_v5`)."""
+    for run_id, config in con.execute("SELECT id, config FROM runs WHERE value_set_id IS NOT NULL").fetchall():
+        beta1, filter_all = _stated_settings(config)
+        if beta1 is None and filter_all is None:
+            continue
+        rows = con.execute("SELECT v.id, p.rewards, v.v_star, v.num_correct, v.filtered FROM run_values v "
+                           "JOIN prompt_values p ON p.id = v.value_id WHERE v.run_id = ?", (run_id,)).fetchall()
+        changed = []
+        for row_id, rewards_json, v_star, num_correct, filtered in rows:
+            try:
+                rewards = json.loads(rewards_json or "[]")
+            except ValueError:
+                rewards = []
+            rewards = rewards if isinstance(rewards, list) and rewards else []
+            if rewards and beta1 is not None:
+                v_star = _optimal_value(rewards, beta1)
+            if filter_all is not None:
+                if rewards:
+                    solved = sum(float(r) >= _CORRECT_REWARD for r in rewards) if num_correct is None else num_correct
+                    filtered = filter_all and solved == 0
+                else:  # a V* the dataset gave: filtered when it is 0, as the trainer decides
+                    filtered = filter_all and v_star is not None and v_star <= 0
+            changed.append((v_star, int(bool(filtered)), row_id))
+        con.executemany("UPDATE run_values SET v_star = ?, filtered = ? WHERE id = ?", changed)
 
 
 STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}

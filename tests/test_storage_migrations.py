@@ -6,6 +6,7 @@ exactly the schema a new database gets; their runs keep the V* rows they showed.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import shutil
 import sqlite3
@@ -153,6 +154,46 @@ def test_old_runs_get_their_value_sets_rows_as_their_own(fixture, tmp_path):
     assert [r["prompt_id"] for r in store.values_page(1, "train")] == [p for s, p, *_ in stored if s == "train"]
     other = next(r for r in runs.values() if r["value_set_id"] is None)  # no value set: no rows
     assert other["value_counts"] == {} and list(store.iter_values(other["id"])) == []
+    store.close()
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, FIXTURE_V3], ids=["v0", "v3"])
+def test_old_runs_that_name_their_settings_get_the_v_star_they_trained_with(fixture, tmp_path):
+    """A run whose stored spec names beta1 and `filter_all_incorrect` trained with V* recomputed from the shared
+    rewards with them: the migration gives it those, not the value set's; a setting left out keeps the shared
+    value (storage does not know the library's default)."""
+    path = tmp_path / "studio.db"
+    shutil.copy(fixture, path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET config = json_set(config, '$.config.beta1', 0.1, '$.config.filter_all_incorrect', "
+                "json('false')) WHERE id = 1")
+    con.commit()
+    stored = con.execute("SELECT split, prompt_id, rewards, num_correct, filtered FROM prompt_values "
+                         "WHERE value_set_id = 1 ORDER BY id").fetchall()
+    con.close()
+    store = Store(path)
+    mine = {(r["split"], r["prompt_id"]): r for r in store.iter_values(1)}
+    assert len(mine) == len(stored)
+    for split, prompt_id, rewards, correct, _ in stored:
+        n = len(json.loads(rewards))
+        by_hand = 0.1 * math.log((correct * math.exp(1 / 0.1) + n - correct) / n)
+        assert mine[split, prompt_id]["v_star"] == pytest.approx(by_hand, rel=1e-12), prompt_id
+        assert mine[split, prompt_id]["filtered"] is False and mine[split, prompt_id]["num_correct"] == correct
+    # Only the filter named: the shared V*, the run's own filter.
+    store.close()
+    shutil.copy(fixture, path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET config = json_set(config, '$.config.filter_all_incorrect', json('true')) "
+                "WHERE id = 1")
+    con.commit()
+    shared = con.execute("SELECT prompt_id, v_star FROM prompt_values WHERE value_set_id = 1 ORDER BY id").fetchall()
+    con.close()
+    store = Store(path)
+    rows = list(store.iter_values(1))
+    assert [(r["prompt_id"], r["v_star"]) for r in rows] == shared
+    assert [r["filtered"] for r in rows] == [r["num_correct"] == 0 for r in rows]
+    unsolved = sum(r["num_correct"] == 0 for r in rows if r["split"] == "train")
+    assert store.value_stats(1, "train")["filtered"] == unsolved
     store.close()
 
 
