@@ -36,4 +36,4 @@ stress: install
 		tests/test_lifecycle_machine.py
 
 bench: install
-	$(PY) -m a2po.bench --size small
+	$(PY) -m benchmarks.training --size small

@@ -2,8 +2,8 @@
 
 Not named `app.py`: the studio's package is `app/`, and a file of that name beside it would shadow it. On a
 ZeroGPU Space (`SPACES_ZERO_GPU`) the `spaces` package is imported first, before anything touches torch, as ZeroGPU
-requires; only the chunk function of `app.zerogpu` gets a GPU (Gradio's automatic wrapping of every event is off),
-and each run is executed in chunks that the Run page of its launcher runs on the launcher's GPU quota. Elsewhere
+requires; only the chunk function of `app.runtime.zerogpu` gets a GPU (Gradio's automatic wrapping of every event is
+off), and each run is executed in chunks that the Run page of its launcher runs on the launcher's GPU quota. Elsewhere
 this file just starts the studio as `python -m app --public` would. See docs/spaces.md ("ZeroGPU").
 
 Settings come from Space variables: `A2PO_STUDIO_DATA` (default `/data` when a storage bucket is mounted there,
@@ -23,7 +23,7 @@ from pathlib import Path
 if os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true"):
     import spaces  # noqa: F401 - first: it patches torch before CUDA can be initialized
 
-    spaces.disable_gradio_auto_wrap()  # only `app.zerogpu.gpu_chunk` asks for a GPU, not every event
+    spaces.disable_gradio_auto_wrap()  # only `app.runtime.zerogpu.gpu_chunk` asks for a GPU, not every event
 
 
 def studio_args(environ: dict[str, str] | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """A*-PO (optimal advantage regression) for language models: `from a2po import A2POConfig, A2POTrainer`; GRPO on
 the same engine, for comparison: `from a2po import GRPOConfig, GRPOTrainer`.
 
-The names below are imported on first use (PEP 562), so `import a2po.faults` or `a2po.runspec`'s light helpers
+The names below are imported on first use (PEP 562), so `import a2po._faults` or `a2po.runspec`'s light helpers
 do not pay for torch and transformers: a worker that fails before its job (or a test of one) starts in ~1 s.
 """
 

@@ -39,13 +39,13 @@ from transformers import (
     set_seed,
 )
 
+from a2po._faults import fault_point
+from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
-from a2po.data import prompt_question
-from a2po.faults import fault_point
 from a2po.rollout import sample_completions
-from a2po.values import CORRECT_THRESHOLD, prompt_id_for
+from a2po.values import prompt_id_for
 
 RewardFunc = Callable[..., list[float]]
 

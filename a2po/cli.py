@@ -30,12 +30,11 @@ import yaml
 from transformers import HfArgumentParser
 
 from a2po.config import A2POConfig, GRPOConfig
-from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS, with_defaults
-from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec
+from a2po.names import ACTIONS
+from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
+from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec, with_defaults
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
-
-COMMANDS = ("train", "values", "evaluate")
 
 
 @dataclass
@@ -165,8 +164,8 @@ def _method_of(rest: list[str], from_file: dict) -> str:
 
 
 def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfig, dict]:
-    if not argv or argv[0] not in COMMANDS:
-        raise SystemExit(f"usage: python -m a2po {{{','.join(COMMANDS)}}} [--method grpo] [--config run.yaml] "
+    if not argv or argv[0] not in ACTIONS:
+        raise SystemExit(f"usage: python -m a2po {{{','.join(ACTIONS)}}} [--method grpo] [--config run.yaml] "
                          "[options]\nRun `python -m a2po train --help` (or `train --method grpo --help`) for every "
                          "option.")
     command, rest = argv[0], argv[1:]

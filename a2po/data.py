@@ -18,7 +18,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
-from a2po.rewards import extract_final_answer
+from a2po.answers import extract_final_answer, prompt_text
 from a2po.tasks import TASKS, mixed_task_dataset, preview_tasks, task_dataset  # noqa: F401  (re-exported)
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -133,29 +133,6 @@ def train_eval_split(dataset: Dataset, eval_size: int | float, seed: int = 0) ->
                          "split need at least one prompt.")
     split = dataset.train_test_split(test_size=count, seed=seed)
     return split["train"], split["test"]
-
-
-def prompt_text(prompt: Any) -> str:
-    """A prompt as readable text: a string as is, a single user message as its content, else `role: content`."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt):
-        if len(prompt) == 1 and prompt[0].get("role") == "user":
-            return str(prompt[0].get("content", ""))
-        return "\n\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
-    return str(prompt)
-
-
-def prompt_question(prompt: Any) -> str:
-    """What the user asked: a string prompt as is, else the content of the last user message (a table shows this,
-    not the chat template's system text around it)."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Sequence):
-        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        if users:
-            return str(users[-1].get("content", ""))
-    return prompt_text(prompt)
 
 
 def preview_rows(dataset: Dataset, n: int = 5) -> list[dict]:

@@ -19,11 +19,11 @@ from datasets import Dataset
 from torch.utils.data import Sampler
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from a2po._faults import fault_point
+from a2po.answers import prompt_question
 from a2po.base_trainer import BaseTrainer, RewardFunc, Rollout, with_prompt_ids
 from a2po.config import GRPOConfig
 from a2po.core import group_advantages, grpo_loss
-from a2po.data import prompt_question
-from a2po.faults import fault_point
 from a2po.rollout import eval_mode, per_token_logprobs
 
 BUFFER_FILE = "generation_buffer"

@@ -17,7 +17,6 @@ Each preset is the one source of its run's defaults: a setting it does not name 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 DEFAULT_PRESET = "teaching-demo"
@@ -74,46 +73,3 @@ PRESET_DESCRIPTIONS = {
     "none": "No preset: the library's own defaults for every setting (A2POConfig's, which are TRL's: 256 "
             "completion tokens, learning rate 5e-5, gradient checkpointing).",
 }
-
-
-def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
-    """A copy of preset `name` (a complete run spec; "none": the library's defaults, `RunSpec()`, with an empty
-    config, so every setting is A2POConfig's)."""
-    if name == NO_PRESET:
-        from a2po.runspec import RunSpec
-
-        library = RunSpec().to_dict()
-        return {k: library[k] for k in ("name", "action", "model", "dataset", "rewards", "config", "peft")}
-    if name not in PRESETS:
-        raise ValueError(f"Unknown preset {name!r}: use one of {', '.join([*PRESETS, NO_PRESET])}.")
-    return copy.deepcopy(PRESETS[name])
-
-
-def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, Any]:
-    """`spec` completed from a preset (`preset`, else `spec["preset"]`, else the default): keys it gives win;
-    its `config` is merged key by key (for a method other than A*-PO, only the preset's settings that method has);
-    a `dataset` of the preset's source is merged, one of another source replaces the preset's. The result has no
-    "preset" key."""
-    spec = dict(spec)
-    name = preset or spec.get("preset") or DEFAULT_PRESET
-    spec.pop("preset", None)
-    base = preset_spec(name)
-    out = {**base, **{k: copy.deepcopy(v) for k, v in spec.items() if k not in ("config", "dataset")}}
-    method = spec.get("method", "a2po")
-    if method != "a2po":  # a preset's A*-PO-only settings (N, beta1, ...) mean nothing to another method
-        from a2po.runspec import METHOD_CONFIG_FIELDS
-
-        fields = METHOD_CONFIG_FIELDS.get(method, set())
-        out["config"] = base["config"] = {k: v for k, v in base["config"].items() if k in fields}
-    if isinstance(spec.get("config"), dict):
-        out["config"] = {**base["config"], **copy.deepcopy(spec["config"])}
-    elif "config" in spec:
-        out["config"] = spec["config"]  # not a dict: left for validation to report
-    dataset = spec.get("dataset")
-    if isinstance(dataset, dict) and dataset.get("source", base["dataset"]["source"]) == base["dataset"]["source"]:
-        out["dataset"] = {**base["dataset"], **copy.deepcopy(dataset)}
-    elif "dataset" in spec:
-        out["dataset"] = copy.deepcopy(dataset)
-    if "rewards" not in spec and isinstance(out["dataset"], dict) and out["dataset"].get("source") == "reasoning-gym":
-        out["rewards"] = [{"name": "task_checker", "weight": 1.0}]  # a task is scored by its own checker
-    return out

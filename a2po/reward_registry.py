@@ -531,3 +531,19 @@ class RegisteredRewardFunction:
             except (TypeError, ValueError):
                 raise RewardFunctionError(f"it returned {value!r:.40}, not a number (in {where})") from None
         return values
+
+
+def get_reward_function(name: str) -> Callable[..., list[float]]:
+    """The built-in reward `name` (see `REWARD_FUNCTIONS`), or the one the operator registered under it
+    (`a2po.reward_registry`), whose module is imported now: call it only where rewards are scored."""
+    from a2po.rewards import REWARD_FUNCTIONS
+
+    key = name.strip() if isinstance(name, str) else None
+    if key is not None and key.lower() in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[key.lower()]
+    registry = read_registry()
+    if key is not None and key in registry.rewards:
+        return load_reward(key, registry)
+    known = ", ".join(sorted(REWARD_FUNCTIONS))
+    registered = ", ".join(registry.names()) or f"none ({REGISTER_HINT})"
+    raise ValueError(f"Unknown reward function {name!r}; known names: {known}; registered: {registered}.")

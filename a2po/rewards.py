@@ -13,11 +13,8 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-# Integers or decimals, thousands separators ("1,234,567") tried first; a minus right after a digit, letter or
-# ")" is subtraction ("3-4" ends with 4), elsewhere it is a sign ("x = -4").
-_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
-_GROUPED = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_BOXED = re.compile(r"\\boxed\s*\{")
+from a2po.answers import clean_answer, completion_text, extract_final_answer, last_boxed
+
 # math_verify's timeouts use signal.alarm, which only works in the main thread.
 _TIMEOUT_S = 5
 # Beyond these, sympy can compute for minutes in C code that no timeout interrupts (e.g. 2^{2^{2^{100}}}).
@@ -25,60 +22,11 @@ _MAX_EXPONENT = 10_000
 _MAX_FACTORIAL = 10_000
 
 
-def completion_text(completion: Any) -> str:
-    """The text of one completion: the string itself, or the content of the last message of a conversation."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, Sequence) and completion:
-        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else completion[-1]
-        if isinstance(content, list):  # multimodal style: [{"type": "text", "text": ...}, ...]
-            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return "" if content is None else str(content)
-    return "" if completion is None else str(completion)
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}`, matching nested braces."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i]
-    return None
-
-
-def _clean(answer: str) -> str:
-    answer = answer.strip().strip("$").strip()
-    answer = answer.rstrip(".").strip()
-    if _GROUPED.fullmatch(answer):
-        answer = answer.replace(",", "")
-    return answer
-
-
-def extract_final_answer(text: str) -> str | None:
-    """The final answer of a solution: the last `\\boxed{...}`, else the text after the last `####`, else the
-    last number. Returns None when there is none."""
-    text = completion_text(text)
-    boxed = _last_boxed(text)
-    if boxed is not None and _clean(boxed):
-        return _clean(boxed)
-    if "####" in text:
-        after = text.rsplit("####", 1)[1].strip()
-        after = _clean(after.splitlines()[0]) if after else ""
-        if after:
-            return after
-    numbers = _NUMBER.findall(text)
-    return _clean(numbers[-1]) if numbers else None
-
-
 def _normalize(answer: Any) -> str | None:
     if answer is None:
         return None
     answer = str(answer)
-    answer = extract_final_answer(answer) if ("####" in answer or "\\boxed" in answer) else _clean(answer)
+    answer = extract_final_answer(answer) if ("####" in answer or "\\boxed" in answer) else clean_answer(answer)
     return re.sub(r"\s+", "", answer) if answer else None
 
 
@@ -130,7 +78,7 @@ def _verify(truth: str, text: str) -> bool:
     gold = parse(gold_text, parsing_timeout=timeout)
     answer = extract_final_answer(text)
     # math_verify does not know the GSM8K "####" marker: hand it the answer that follows.
-    if answer is not None and "####" in text and _last_boxed(text) is None:
+    if answer is not None and "####" in text and last_boxed(text) is None:
         text = f"${answer}$"
     prediction = parse(text, parsing_timeout=timeout)
     if not gold or not prediction or _too_expensive(gold + prediction):
@@ -171,19 +119,3 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
     "math_equivalence": math_equivalence,
     "task_checker": task_checker,
 }
-
-
-def get_reward_function(name: str) -> Callable[..., list[float]]:
-    """The built-in reward `name` (see `REWARD_FUNCTIONS`), or the one the operator registered under it
-    (`a2po.reward_registry`), whose module is imported now: call it only where rewards are scored."""
-    key = name.strip() if isinstance(name, str) else None
-    if key is not None and key.lower() in REWARD_FUNCTIONS:
-        return REWARD_FUNCTIONS[key.lower()]
-    from a2po.reward_registry import REGISTER_HINT, load_reward, read_registry
-
-    registry = read_registry()
-    if key is not None and key in registry.rewards:
-        return load_reward(key, registry)
-    known = ", ".join(sorted(REWARD_FUNCTIONS))
-    registered = ", ".join(registry.names()) or f"none ({REGISTER_HINT})"
-    raise ValueError(f"Unknown reward function {name!r}; known names: {known}; registered: {registered}.")

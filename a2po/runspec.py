@@ -13,7 +13,7 @@
      "num_processes": 1,                           # >1: `accelerate launch` (DDP on GPUs, gloo on the CPU)
      "fsdp": None,                                 # or "FULL_SHARD", ...: FSDP instead of DDP (GPUs only)
      "runner": "worker",                           # the studio's: one long worker process, or "chunked":
-                                                   # short chunks that each resume from disk (app.chunks)
+                                                   # short chunks that each resume from disk (app.runtime.chunks)
      "method": "a2po"}                             # or "grpo": GRPOTrainer, `config` holds GRPOConfig fields;
                                                    # a spec without the key is A*-PO (and `to_dict` leaves it out)
 """
@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from a2po.config import MAX_SEED, A2POConfig, ConfigError, GRPOConfig, real_number, whole_number
+from a2po.names import ACTIONS
+from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
 
-ACTIONS = ("values", "train", "evaluate")
 CONFIG_CLASSES = {"a2po": A2POConfig, "grpo": GRPOConfig}  # one config class per method, as in TRL
 METHODS = tuple(CONFIG_CLASSES)
-RUNNERS = ("worker", "chunked")  # how the studio executes a run (`app.jobs`, `app.chunks`); the CLI ignores it
+# How the studio executes a run (`app.runtime.scheduler`, `app.runtime.chunks`); the CLI ignores it.
+RUNNERS = ("worker", "chunked")
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
@@ -100,7 +102,8 @@ class RunSpec:
     # a sharding strategy of `accelerate launch --use_fsdp` (FSDP_STRATEGIES), or None (DDP). GPUs only, untested.
     fsdp: str | None = None
     # How the studio runs it: "worker" (one process from start to end) or "chunked" (a sequence of short chunks,
-    # each restoring the run from its checkpoint and stored V*, as on a ZeroGPU Space; `app.chunks`). One process.
+    # each restoring the run from its checkpoint and stored V*, as on a ZeroGPU Space; `app.runtime.chunks`). One
+    # process.
     runner: str = "worker"
     # The method: "a2po" (A*-PO) or "grpo" (GRPO on the same engine, for comparison); `config` holds that method's
     # config fields (A2POConfig's or GRPOConfig's).
@@ -394,8 +397,6 @@ class RunSpec:
     def to_config_dict(self) -> dict[str, Any]:
         """The flags of `python -m a2po` that run this spec, as a mapping: the format of the `--config` YAML file
         (`to_yaml`), and what `to_cli_args` renders."""
-        from a2po.presets import DEFAULT_PRESET, NO_PRESET, preset_spec
-
         default = preset_spec(DEFAULT_PRESET)
         out: dict[str, Any] = {"model": self.model, "run_name": self.name}
         if self.method != "a2po":
@@ -465,3 +466,44 @@ class RunSpec:
 
     def command(self) -> str:
         return "python -m a2po " + shlex.join(self.to_cli_args())
+
+
+# ------------------------------------------------------------------------------------------------- presets
+
+def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
+    """A copy of preset `name` (a complete run spec; "none": the library's defaults, `RunSpec()`, with an empty
+    config, so every setting is A2POConfig's)."""
+    if name == NO_PRESET:
+        library = RunSpec().to_dict()
+        return {k: library[k] for k in ("name", "action", "model", "dataset", "rewards", "config", "peft")}
+    if name not in PRESETS:
+        raise ValueError(f"Unknown preset {name!r}: use one of {', '.join([*PRESETS, NO_PRESET])}.")
+    return copy.deepcopy(PRESETS[name])
+
+
+def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, Any]:
+    """`spec` completed from a preset (`preset`, else `spec["preset"]`, else the default): keys it gives win;
+    its `config` is merged key by key (for a method other than A*-PO, only the preset's settings that method has);
+    a `dataset` of the preset's source is merged, one of another source replaces the preset's. The result has no
+    "preset" key."""
+    spec = dict(spec)
+    name = preset or spec.get("preset") or DEFAULT_PRESET
+    spec.pop("preset", None)
+    base = preset_spec(name)
+    out = {**base, **{k: copy.deepcopy(v) for k, v in spec.items() if k not in ("config", "dataset")}}
+    method = spec.get("method", "a2po")
+    if method != "a2po":  # a preset's A*-PO-only settings (N, beta1, ...) mean nothing to another method
+        fields = METHOD_CONFIG_FIELDS.get(method, set())
+        out["config"] = base["config"] = {k: v for k, v in base["config"].items() if k in fields}
+    if isinstance(spec.get("config"), dict):
+        out["config"] = {**base["config"], **copy.deepcopy(spec["config"])}
+    elif "config" in spec:
+        out["config"] = spec["config"]  # not a dict: left for validation to report
+    dataset = spec.get("dataset")
+    if isinstance(dataset, dict) and dataset.get("source", base["dataset"]["source"]) == base["dataset"]["source"]:
+        out["dataset"] = {**base["dataset"], **copy.deepcopy(dataset)}
+    elif "dataset" in spec:
+        out["dataset"] = copy.deepcopy(dataset)
+    if "rewards" not in spec and isinstance(out["dataset"], dict) and out["dataset"].get("source") == "reasoning-gym":
+        out["rewards"] = [{"name": "task_checker", "weight": 1.0}]  # a task is scored by its own checker
+    return out

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from a2po.rewards import completion_text, extract_final_answer
+from a2po.answers import CORRECT_THRESHOLD, completion_text, extract_final_answer
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -43,7 +43,6 @@ NUMBER_INSTRUCTION = "Answer with just the number."
 # (the last number of the completion, for tasks whose answers are numbers). Small instruct models rarely write the
 # tags (SmolLM2-135M: 0 of 192 samples on 1-digit chain sums) but do end with a number (docs/benchmarks.md).
 ANSWER_FORMATS = ("tags", "number")
-FULL_SCORE = 1.0 - 1e-6
 MAX_PROMPTS = 100_000
 MAX_TASKS = 16
 SPEC_DEFAULTS = {"num_prompts": 256, "eval_size": 64, "seed": 0}
@@ -471,7 +470,7 @@ def score_answer(task: str, entry: dict[str, Any] | str, answer: str | None,
         return 0.0
     check = _score_function(task, settings_json)
     try:
-        return 1.0 if check(answer, entry) >= FULL_SCORE else 0.0
+        return 1.0 if check(answer, entry) >= CORRECT_THRESHOLD else 0.0
     except Exception:  # a checker must not crash training on one odd completion
         return 0.0
 

@@ -21,12 +21,12 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from a2po._faults import fault_point
+from a2po.answers import prompt_question
 from a2po.base_trainer import BaseTrainer, RewardFunc, frozen_gc
 from a2po.callbacks import StageInterrupted
 from a2po.config import A2POConfig
 from a2po.core import a2po_loss
-from a2po.data import prompt_question
-from a2po.faults import fault_point
 from a2po.rollout import sequence_logprobs
 from a2po.values import (
     known_value_record,

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from datasets import Dataset
 
+from a2po.answers import CORRECT_THRESHOLD
 from a2po.core import optimal_value, pass_at_k
 
 VALUE_COLUMNS = ("prompt_id", "prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
-CORRECT_THRESHOLD = 1.0 - 1e-6  # a reward counts as correct when it is 1 (binary rewards)
 
 
 def prompt_id_for(row: dict[str, Any]) -> str:

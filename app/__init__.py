@@ -1,7 +1,7 @@
 """A*-PO Studio: a Gradio dashboard that launches, watches and compares A*-PO runs (`python -m app`).
 
-This package stays light on import: worker processes import `app.recorder` and `app.worker`, which must not pull
-in Gradio. The user interface lives in `app.ui`, the command line in `app.__main__`.
+This package stays light on import: worker processes import `app.runtime.recorder` and `app.runtime.worker`, which
+must not pull in Gradio. The user interface lives in `app.web`, the command line in `app.__main__`.
 """
 
 from __future__ import annotations

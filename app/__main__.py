@@ -10,8 +10,8 @@ Signals: SIGTERM (`docker stop`, a Space restart, systemd) stops the deployment:
 and stops, its run becomes "interrupted", and the next start resumes it (unless `--no-resume`). Give it time:
 `docker stop --time 60`. SIGINT (Ctrl-C) closes only the dashboard: workers go on, and the next start adopts them.
 
-Database location (`--db-dir`, `--db-snapshot-every`; `app.snapshot`, docs/spaces.md): SQLite in WAL mode needs a
-local disk, so where the data folder is a network or FUSE mount (a Space's storage bucket) the database lives on
+Database location (`--db-dir`, `--db-snapshot-every`; `app.runtime.snapshot`, docs/spaces.md): SQLite in WAL mode
+needs a local disk, so where the data folder is a network or FUSE mount (a Space's storage bucket) the database lives on
 local disk and is copied into `<data-dir>/db-snapshots/` periodically and at shutdown, and restored from there when
 a fresh container starts without it.
 """
@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sharing.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                          help="Set one limit (repeatable), e.g. run_minutes=30, max_prompts=5000, "
                               "queued_per_user=1, disk_quota_gb=50, upload_mb=20; 'none' removes it.")
-    # --- database location and snapshots (app/snapshot.py) ---
+    # --- database location and snapshots (app/runtime/snapshot.py) ---
     database = parser.add_argument_group("database (see docs/spaces.md)")
     database.add_argument("--db-dir", type=Path, default=os.environ.get("A2PO_STUDIO_DB_DIR") or None,
                           help="Folder of the database studio.db (default $A2PO_STUDIO_DB_DIR, else the data folder). "
@@ -90,11 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_policy(args: argparse.Namespace, data_dir: Path):
-    """The operator's policy from the flags (`app.policy`); a bad --limit is a clear error."""
+    """The operator's policy from the flags (`app.access.policy`); a bad --limit is a clear error."""
     import dataclasses
 
-    from app.policy import PUBLIC_LIMITS, ZEROGPU_MAX_MODEL_PARAMS, Limits, Policy
-    from app.zerogpu import enabled as zerogpu_enabled
+    from app.access.policy import PUBLIC_LIMITS, ZEROGPU_MAX_MODEL_PARAMS, Limits, Policy
+    from app.runtime.zerogpu import enabled as zerogpu_enabled
 
     limits = PUBLIC_LIMITS if args.public else Limits()
     if zerogpu_enabled():
@@ -151,9 +151,9 @@ def register_rewards(modules: list[str]) -> list[str]:
 
 
 def enter_worker_cwd(data_dir: Path) -> Path:
-    """Work in the empty folder the workers get (`<data-dir>/cache/worker-cwd`, `app.jobs`): a dataset or model name
-    then means in this process what it means in a worker (a hub id, unless an absolute path inside the studio's
-    folders), never a folder of wherever the operator started the studio. Call it once every path given on the
+    """Work in the empty folder the workers get (`<data-dir>/cache/worker-cwd`, `app.runtime.scheduler`): a dataset or
+    model name then means in this process what it means in a worker (a hub id, unless an absolute path inside the
+    studio's folders), never a folder of wherever the operator started the studio. Call it once every path given on the
     command line is resolved."""
     cwd = data_dir / "cache" / "worker-cwd"
     cwd.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,7 @@ def enter_worker_cwd(data_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from app.auth import oauth_problem
+    from app.access.auth import oauth_problem
 
     problem = oauth_problem(args.hf_oauth)
     if problem:
@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     prepare_environment(data_dir)
     registered = register_rewards(args.reward_module)
 
-    from app.auth import Auth
-    from app.jobs import AlreadyServing, Devices, JobManager
+    from app.access.auth import Auth
+    from app.runtime.devices import Devices
+    from app.runtime.scheduler import AlreadyServing, JobManager
     from storage import Store
 
     policy = build_policy(args, data_dir)
@@ -183,8 +184,8 @@ def main(argv: list[str] | None = None) -> None:
                                  admins=args.admin, public=args.public)
     except (ValueError, OSError) as error:
         raise SystemExit(f"A*-PO Studio: {error}") from None
-    # --- database location and snapshots (app/snapshot.py) ---
-    from app.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    # --- database location and snapshots (app/runtime/snapshot.py) ---
+    from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
 
     db_path = (args.db_dir.expanduser().resolve() if args.db_dir else data_dir) / "studio.db"
     snapshots = DatabaseSnapshots(db_path, data_dir, every=args.db_snapshot_every)
@@ -204,9 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     # --- end database ---
     enter_worker_cwd(data_dir)
     # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
-    # (app.zerogpu); no process of the studio itself ever gets one.
-    from app.chunks import DEFAULT_BUDGET
-    from app.zerogpu import enabled as zerogpu_enabled
+    # (app.runtime.zerogpu); no process of the studio itself ever gets one.
+    from app.runtime.chunks import DEFAULT_BUDGET
+    from app.runtime.zerogpu import enabled as zerogpu_enabled
 
     jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume,
                       watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
@@ -230,14 +231,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop_deployment)
-    from app.ui import Services, build_demo, launch_options  # Gradio: seconds to import, so after the lock
-    from app.ui.live import calm_queue
+    from app.web import Services, build_demo, launch_options  # Gradio: seconds to import, so after the lock
+    from app.web.live import calm_queue
 
     services = Services(store=store, jobs=jobs, data_dir=data_dir, policy=policy, auth=auth)
     demo = build_demo(services)
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
-    calm_queue(demo)  # its idle loop used 9% of a core with no page open (see app.ui.live)
+    calm_queue(demo)  # its idle loop used 9% of a core with no page open (see app.web.live)
     devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
           f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "

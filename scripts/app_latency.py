@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gradio_client import Client
 
-from app import forms
+from app.web import forms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("data_dir", type=Path)

@@ -1,4 +1,5 @@
-"""What one chunk of a chunked run costs beyond its training (`app.chunks`): restoring the run and saving it again.
+"""What one chunk of a chunked run costs beyond its training (`app.runtime.chunks`): restoring the run and saving it
+again.
 
     python scripts/chunk_overhead.py                       # SmolLM2-135M-Instruct, full fine-tuning and LoRA
     python scripts/chunk_overhead.py --chunks 5 --out chunk-overhead.json
@@ -6,8 +7,8 @@
 For each variant it makes a chunked run in a temporary data folder (8 arithmetic prompts, N = 2, 16 completion
 tokens, 4 prompts a step, on the CPU unless a GPU is there), runs stage 1 in one chunk and the first step (nothing
 to restore yet) in another, then `--chunks` stage-2 chunks of one training step each (budget ~0: each chunk stops
-after its first step, with a checkpoint), every one through `app.chunks.run_chunk` as a ZeroGPU call runs it (here
-in this process, one after the other; nothing is kept between calls). It times, inside every stage-2 chunk:
+after its first step, with a checkpoint), every one through `app.runtime.chunks.run_chunk` as a ZeroGPU call runs it
+(here in this process, one after the other; nothing is kept between calls). It times, inside every stage-2 chunk:
 
 - `load`: the trainer built from the spec (model and tokenizer from disk, the reference copy or the LoRA wrapper);
 - `values`: stage 1 with every prompt already stored (reading the V* rows, the table rebuilt);
@@ -109,7 +110,7 @@ def optimizer_step_timer(times: dict[str, float]):
 
 
 def measure(model: str, lora: bool, chunks: int) -> list[dict[str, float]]:
-    from app.chunks import run_chunk
+    from app.runtime.chunks import run_chunk
     from storage import Store
 
     with tempfile.TemporaryDirectory(prefix="chunk-overhead-") as folder:

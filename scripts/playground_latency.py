@@ -1,4 +1,4 @@
-"""Latency of a playground request (`app.playground`), with the machine idle and while a training run works.
+"""Latency of a playground request (`app.runtime.model_server`), with the machine idle and while a training run works.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/playground_latency.py --model tiny
     OMP_NUM_THREADS=1 .venv/bin/python scripts/playground_latency.py --model SmolLM2-135M-Instruct
@@ -50,12 +50,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=45.0, help="seconds the training runs before measuring")
     options = parser.parse_args()
 
-    from a2po.data import arithmetic_dataset, prompt_question
+    from a2po.answers import prompt_question
+    from a2po.data import arithmetic_dataset
     from a2po.models import resolve_model
-    from a2po.presets import preset_spec
-    from a2po.runspec import RunSpec
-    from app.playground import PlaygroundClient, build_request
-    from app.policy import Limits
+    from a2po.runspec import RunSpec, preset_spec
+    from app.access.policy import Limits
+    from app.runtime.model_server import PlaygroundClient, build_request
 
     work = Path(tempfile.mkdtemp(prefix="playground-latency-"))
     if options.model == "tiny":

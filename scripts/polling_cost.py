@@ -16,7 +16,7 @@ Measured over a fixed window from /proc/<pid>/stat (utime + stime, all threads),
 - page-finished: 1 and 4 Chromium pages open on the finished run;
 - sessions: `--sessions` Gradio clients (gradio_client) each making the calls of a Run page on the V* tab, on the
   live run in stage 1 and in stage 2: `/run_version` every 2.5 s (what its timer's poller asks) and, for each group
-  of views on screen that moved, `/run_draw_<group>`, at most every 5 s (see `app.ui.run`).
+  of views on screen that moved, `/run_draw_<group>`, at most every 5 s (see `app.web.pages.run`).
 
 The app's RSS is sampled through every window (start, end, max). The worker simulator and this script are not
 counted. Prints a markdown table; `--json` also writes the figures.
@@ -139,11 +139,11 @@ def simulate(db: str, run_id: int, value_set_id: int, stage: str, interval: floa
 
 
 class Worker:
-    """The simulator as a process the studio takes for `app.worker` of the run (its command line says so)."""
+    """The simulator as a process the studio takes for `app.runtime.worker` of the run (its command line says so)."""
 
     def __init__(self, db: Path, ids: dict[str, int], stage: str, interval: float) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "simulate", str(db), str(ids["live"]),
-                                      str(ids["live_vs"]), stage, str(interval), "app.worker", "--run-id",
+                                      str(ids["live_vs"]), stage, str(interval), "app.runtime.worker", "--run-id",
                                       str(ids["live"])], cwd=ROOT)
         store = Store(db)
         deadline = time.monotonic() + 60
@@ -255,15 +255,16 @@ def open_run_page(context, url: str, run_name: str, tab: str):
 
 def poll_clients(url: str, run_id: int, sessions: int, stop: threading.Event, errors: list[str],
                  counts: dict[str, int]) -> list:
-    """`sessions` Gradio clients, each doing what a Run page on the V* tab does (`app.ui.run.POLLER_JS`): every
+    """`sessions` Gradio clients, each doing what a Run page on the V* tab does (`app.web.pages.run.POLLER_JS`): every
     `POLL_SECONDS` (staggered) ask `/run_version`, and when some group on screen moved call its `/run_draw_<group>`
     with the page's inputs, at most every `LIVE_REDRAW_SECONDS` unless the status changed. Each client is its own
     session."""
     from gradio_client import Client
 
-    from app.ui.run import LIVE_REDRAW_SECONDS, POLL_SECONDS
+    from app.web.pages.run import LIVE_REDRAW_SECONDS, POLL_SECONDS
 
-    inputs = (run_id, 0.6, "step", False, "train", "stage-1 order", "", "all", "", "")  # see app.ui.run.draw_inputs
+    # In the order of `app.web.pages.run.draw_inputs`.
+    inputs = (run_id, 0.6, "step", False, "train", "stage-1 order", "", "all", "", "")
     on_screen = ("head", "controls", "values", "table")  # the V* tab, in stage-1 order
 
     def versions(client: Client) -> dict[str, str]:

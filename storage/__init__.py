@@ -6,8 +6,7 @@
 from storage import lifecycle
 from storage.export import export_csv
 from storage.lifecycle import STATUSES as RUN_STATUSES
-from storage.models import RUN_KINDS, RUN_STAGES
-from storage.store import CORRECT_REWARD, Admission, LimitReached, Store
+from storage.store import Admission, LimitReached, Store
 
-__all__ = ["lifecycle", "CORRECT_REWARD", "RUN_KINDS", "RUN_STAGES", "RUN_STATUSES", "Admission", "LimitReached",
+__all__ = ["lifecycle", "RUN_STATUSES", "Admission", "LimitReached",
            "Store", "export_csv"]

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from a2po.answers import CORRECT_THRESHOLD
+
 LATEST = 5
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
@@ -160,12 +162,12 @@ def _v1(con: sqlite3.Connection) -> None:
 def _v2(con: sqlite3.Connection) -> None:
     """A covering index for metric curves by name: the Run page's training chart reads a run's curves downsampled
     in SQL (`Store.metric_series`) from the index alone, instead of looking up every metric row of the run
-    (storage.bench, 200k metric rows: 155-165 ms -> 70-110 ms)."""
+    (benchmarks.store, 200k metric rows: 155-165 ms -> 70-110 ms)."""
     con.execute("CREATE INDEX ix_metrics_series ON metrics (run_id, name, step, value)")
 
 
 def _v3(con: sqlite3.Connection) -> None:
-    """Chunked runs (`app.chunks`): how many chunks a run has run and the seconds they took. The new status
+    """Chunked runs (`app.runtime.chunks`): how many chunks a run has run and the seconds they took. The new status
     "paused" needs no change (statuses are plain text)."""
     _script(con, """
         ALTER TABLE runs ADD COLUMN chunks_done INTEGER NOT NULL DEFAULT 0;
@@ -220,10 +222,6 @@ def _v5(con: sqlite3.Connection) -> None:
     _rescore_runs(con)
 
 
-# A sample is correct when its reward is 1, as the library counts it (`a2po.values.CORRECT_THRESHOLD`).
-_CORRECT_REWARD = 1.0 - 1e-6
-
-
 def _stated_settings(config: str | None) -> tuple[float | None, bool | None]:
     """The beta1 and `filter_all_incorrect` a stored run spec names (None: left to the library's default)."""
     try:
@@ -266,7 +264,7 @@ def _rescore_runs(con: sqlite3.Connection) -> None:
                 v_star = _optimal_value(rewards, beta1)
             if filter_all is not None:
                 if rewards:
-                    solved = sum(float(r) >= _CORRECT_REWARD for r in rewards) if num_correct is None else num_correct
+                    solved = sum(float(r) >= CORRECT_THRESHOLD for r in rewards) if num_correct is None else num_correct
                     filtered = filter_all and solved == 0
                 else:  # a V* the dataset gave: filtered when it is 0, as the trainer decides
                     filtered = filter_all and v_star is not None and v_star <= 0

@@ -18,8 +18,6 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-RUN_KINDS = ("values", "train", "evaluate")
-RUN_STAGES = ("values", "train", "eval")
 
 def _run_fk() -> ForeignKey:
     return ForeignKey("runs.id", ondelete="CASCADE")

@@ -31,10 +31,10 @@ from sqlalchemy import Engine, Integer, cast, create_engine, delete, event, func
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.orm import Session
 
+from a2po.answers import CORRECT_THRESHOLD, prompt_question
+from a2po.names import ACTIONS, STAGES
 from storage import lifecycle, migrations
 from storage.models import (
-    RUN_KINDS,
-    RUN_STAGES,
     Base,
     Checkpoint,
     Evaluation,
@@ -49,8 +49,6 @@ from storage.models import (
 )
 
 BUSY_TIMEOUT_MS = 30_000
-# A sample is correct when its reward is 1, as `a2po.values.CORRECT_THRESHOLD` counts it (storage does not import a2po).
-CORRECT_REWARD = 1.0 - 1e-6
 RUN_CHILD_TABLES = (RunValue, Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
 # Run columns kept by `set_run_values` alone (they count the run's `run_values` rows).
 RUN_VALUE_FIELDS = frozenset({"value_counts", "values_revision"})
@@ -115,21 +113,10 @@ def _prompt_text(prompt: Any) -> str:
     return "" if prompt is None else str(prompt)
 
 
-def _question(prompt: Any, fallback: str) -> str:
-    """What the user asked: a string prompt as is, the content of the last user message of a conversation, else
-    `fallback` (the stored prompt text). Tables show this, not the chat template's system text around it."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-        if users:
-            return str(users[-1].get("content", ""))
-    return fallback
-
-
 def _with_questions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
-        row["question"] = _question(row.pop("prompt", None), row["prompt_text"])
+        prompt = row.pop("prompt", None)
+        row["question"] = row["prompt_text"] if prompt is None else prompt_question(prompt)
     return rows
 
 
@@ -258,8 +245,8 @@ class Store:
         Returns the new run id (never one a deleted run had). With `admission`, its limits are counted in the
         transaction that inserts the run (`BEGIN IMMEDIATE`: no other writer in between), so launches that arrive
         together cannot pass a limit together; `LimitReached` when the run would exceed one, and nothing is stored."""
-        if kind not in RUN_KINDS:
-            raise ValueError(f"Unknown run kind {kind!r}: use one of {', '.join(RUN_KINDS)}.")
+        if kind not in ACTIONS:
+            raise ValueError(f"Unknown run kind {kind!r}: use one of {', '.join(ACTIONS)}.")
         now = _now()
         with self._write(durable=True) as s:
             if admission is not None:
@@ -296,10 +283,10 @@ class Store:
         if set(fields) & RUN_VALUE_FIELDS:
             raise ValueError(f"{sorted(set(fields) & RUN_VALUE_FIELDS)} count the run's V* rows: they change only "
                              "through Store.set_run_values.")
-        if fields.get("stage") is not None and fields["stage"] not in RUN_STAGES:
-            raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(RUN_STAGES)} or None.")
-        if "kind" in fields and fields["kind"] not in RUN_KINDS:
-            raise ValueError(f"Unknown run kind {fields['kind']!r}: use one of {', '.join(RUN_KINDS)}.")
+        if fields.get("stage") is not None and fields["stage"] not in STAGES:
+            raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(STAGES)} or None.")
+        if "kind" in fields and fields["kind"] not in ACTIONS:
+            raise ValueError(f"Unknown run kind {fields['kind']!r}: use one of {', '.join(ACTIONS)}.")
         if fields.get("stop_reason") is not None and fields["stop_reason"] not in lifecycle.STOP_REASONS:
             raise ValueError(f"Unknown stop reason {fields['stop_reason']!r}: use one of "
                              f"{', '.join(lifecycle.STOP_REASONS)}.")
@@ -501,15 +488,15 @@ class Store:
                     newest_first: bool = False) -> list[dict[str, Any]]:
         """Samples of a run with id > `after_id`, oldest first (or newest first), at most `limit` rows.
 
-        `correct` keeps rewards >= CORRECT_REWARD (True) or below (False); `text` is a case-insensitive substring
+        `correct` keeps rewards >= CORRECT_THRESHOLD (True) or below (False); `text` is a case-insensitive substring
         of the prompt or the completion.
         """
         stmt = select(Sample.__table__).where(Sample.run_id == run_id, Sample.id > after_id)
         if correct is not None:
-            stmt = stmt.where(Sample.reward >= CORRECT_REWARD if correct
-                              else or_(Sample.reward < CORRECT_REWARD, Sample.reward.is_(None)))
+            stmt = stmt.where(Sample.reward >= CORRECT_THRESHOLD if correct
+                              else or_(Sample.reward < CORRECT_THRESHOLD, Sample.reward.is_(None)))
         if text:
-            pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            pattern = _like_pattern(text)
             stmt = stmt.where(or_(Sample.prompt_text.ilike(pattern, escape="\\"),
                                   Sample.completion.ilike(pattern, escape="\\")))
         if step is not None:

@@ -72,7 +72,7 @@ def taught_model_dir(tmp_path_factory) -> str:
     """A tiny model taught the answers of every other prompt the run below will see (the form's arithmetic with
     12 + 4 prompts): stage 1 then keeps those prompts and filters the rest, whatever the random stream."""
     from a2po.data import arithmetic_dataset
-    from a2po.presets import preset_spec
+    from a2po.runspec import preset_spec
     from a2po.testing import make_tiny_model, teach_answers
 
     model, tokenizer = make_tiny_model()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from app import charts
+from app.web import charts
 
 
 def test_ema_zero_smoothing_is_identity():

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from a2po.presets import PRESETS, preset_spec
-from a2po.runspec import RunSpec
+from a2po.presets import PRESETS
+from a2po.runspec import RunSpec, preset_spec
 from a2po.testing import make_tiny_model
-from app import forms
-from app.policy import PUBLIC_LIMITS, Policy
+from app.access import allowlist
+from app.access.policy import PUBLIC_LIMITS, Policy
+from app.web import forms
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def policy(studio) -> Policy:
 
 def problems(spec, policy: Policy) -> str | None:
     """Every problem of a spec given directly (as the API does), in one message; None when it is valid."""
-    result = forms.check_spec(spec, policy)
+    result = allowlist.check_spec(spec, policy)
     return None if result.ok else result.message()
 
 
@@ -60,9 +61,9 @@ def test_default_form_gives_the_teaching_preset(policy):
     assert spec["peft"] is None
     RunSpec.from_dict(spec)  # the library accepts what the form builds
     # The form, the API's empty spec and every preset agree.
-    assert forms.check_spec({}, policy).spec == spec
+    assert allowlist.check_spec({}, policy).spec == spec
     for name in PRESETS:
-        assert forms.validate_form(forms.default_form(name), policy).spec == forms.check_spec({"preset": name},
+        assert forms.validate_form(forms.default_form(name), policy).spec == allowlist.check_spec({"preset": name},
                                                                                               policy).spec
 
 
@@ -105,11 +106,11 @@ def test_model_folders_must_be_inside_a_root(policy, studio, tmp_path):
 
 def test_hub_models_need_the_cache_offline_and_the_hub_allowed(studio):
     policy = Policy(studio)
-    assert forms.check_model("some-org/not-cached-model", policy, offline=False) is None
-    assert "not in the local Hugging Face cache" in forms.check_model("some-org/not-cached-model", policy,
+    assert allowlist.check_model("some-org/not-cached-model", policy, offline=False) is None
+    assert "not in the local Hugging Face cache" in allowlist.check_model("some-org/not-cached-model", policy,
                                                                       offline=True)
-    assert "Hub models are off" in forms.check_model("some-org/model", Policy(studio, allow_hub=False))
-    assert "Unknown model" in forms.check_model("org/../x", policy)
+    assert "Hub models are off" in allowlist.check_model("some-org/model", Policy(studio, allow_hub=False))
+    assert "Unknown model" in allowlist.check_model("org/../x", policy)
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -253,7 +254,7 @@ def test_api_specs_go_through_the_same_allow_list(policy, studio):
 
 def test_task_datasets_through_the_allow_list(policy):
     spec = {"dataset": {"source": "reasoning-gym", "task": "chain_sum", "num_prompts": 16, "eval_size": 4}}
-    result = forms.check_spec(spec, policy)
+    result = allowlist.check_spec(spec, policy)
     assert result.ok, result.errors
     assert result.spec["rewards"] == [{"name": "task_checker", "weight": 1.0}]
     wrong = problems({**spec, "rewards": [{"name": "exact_match"}]}, policy)
@@ -262,7 +263,7 @@ def test_task_datasets_through_the_allow_list(policy):
 
 
 def test_spec_to_form_round_trip(policy, studio):
-    spec = forms.check_spec({"model": str(studio / "models" / "tiny"), "peft": {"r": 4, "lora_alpha": 8},
+    spec = allowlist.check_spec({"model": str(studio / "models" / "tiny"), "peft": {"r": 4, "lora_alpha": 8},
                              "config": {"max_steps": 9}}, policy).spec
     assert forms.validate_form(forms.spec_to_form(spec), policy).spec == spec
 
@@ -275,19 +276,20 @@ def test_default_run_name():
 def test_model_size_limit_counts_parameters_from_the_config(studio):
     from dataclasses import replace
 
-    from app.forms import model_parameters
+    from app.access.allowlist import model_parameters
 
     tiny = studio / "models" / "tiny"
     count = model_parameters(tiny / "config.json")
     assert 10_000 < count < 1_000_000  # built on the meta device, no weights read
     small = Policy(studio, limits=replace(Policy(studio).limits, max_model_params=count - 1))
-    assert f"allows at most {(count - 1) / 1e9:.2f}B per model" in forms.check_model(str(tiny), small)
-    assert forms.check_model(str(tiny), Policy(studio, limits=replace(small.limits, max_model_params=count))) is None
-    assert "cannot be checked" in forms.check_model("someone/not-downloaded", small)
+    assert f"allows at most {(count - 1) / 1e9:.2f}B per model" in allowlist.check_model(str(tiny), small)
+    enough = Policy(studio, limits=replace(small.limits, max_model_params=count))
+    assert allowlist.check_model(str(tiny), enough) is None
+    assert "cannot be checked" in allowlist.check_model("someone/not-downloaded", small)
 
 
 def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
-    from app.ui.common import Services
+    from app.access.gate import Services
 
     services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
     assert services.check({})["peft"] == {"r": 16, "lora_alpha": 32}
@@ -316,12 +318,12 @@ def test_preset_none_gives_the_library_defaults(policy, studio, tmp_path):
     tiny = str(studio / "models" / "tiny")
     given = {"preset": "none", "name": "plain", "model": tiny, "rewards": [{"name": "exact_match", "weight": 1.0}],
              "dataset": {"source": "arithmetic", "num_prompts": 8, "eval_size": 0}, "config": {"max_steps": 3}}
-    spec = forms.check_spec(given, policy).spec
-    assert spec is not None, forms.check_spec(given, policy).errors
+    spec = allowlist.check_spec(given, policy).spec
+    assert spec is not None, allowlist.check_spec(given, policy).errors
     # What the library runs for a spec that leaves a setting out (A2POConfig's defaults, TRL's), setting by setting.
     library = RunSpec(dataset={"source": "arithmetic", "eval_size": 0}).build_config(str(tmp_path))
     ran = RunSpec.from_dict(spec).build_config(str(tmp_path))
-    for param in forms.PARAMS:
+    for param in allowlist.PARAMS:
         if param.key != "max_steps":
             assert getattr(ran, param.key) == getattr(library, param.key), param.key
     assert ran.max_steps == 3
@@ -331,9 +333,9 @@ def test_preset_none_gives_the_library_defaults(policy, studio, tmp_path):
     # The form on preset none shows the same values, and an empty spec under it is the library's whole default run.
     form = forms.default_form("none")
     assert (form["max_completion_length"], form["learning_rate"], form["gradient_checkpointing"]) == (256, 5e-5, True)
-    assert forms.validate_form(form, policy).spec == forms.check_spec({"preset": "none"}, policy).spec
+    assert forms.validate_form(form, policy).spec == allowlist.check_spec({"preset": "none"}, policy).spec
     default = RunSpec()
-    bare = forms.check_spec({"preset": "none"}, policy).spec
+    bare = allowlist.check_spec({"preset": "none"}, policy).spec
     assert (bare["name"], bare["model"], bare["rewards"]) == (default.name, default.model, default.rewards)
     assert {k: bare["dataset"][k] for k in default.dataset} == default.dataset
 
@@ -346,10 +348,9 @@ def test_preset_none_gives_the_library_defaults(policy, studio, tmp_path):
     ({"seed": 2**40}, "config.seed", "seed must be a whole number from 0 to 4294967295"),
 ])
 def test_each_rule_is_the_librarys_reported_once_by_field(policy, config, path, rule):
-    from a2po.presets import with_defaults
-    from a2po.runspec import RunSpec, SpecError
+    from a2po.runspec import RunSpec, SpecError, with_defaults
 
-    result = forms.check_spec({"config": config}, policy)
+    result = allowlist.check_spec({"config": config}, policy)
     assert list(result.errors) == [path] and rule in result.errors[path]
     assert result.message().count(rule) == 1
     # The same rule, from the library (which the CLI runs): the allow-list adds nothing of its own.
@@ -366,6 +367,6 @@ def test_seeds_are_refused_where_they_enter(policy):
 
 
 def test_policy_and_library_problems_are_reported_together(policy):
-    result = forms.check_spec({"config": {"num_value_samples": 1000, "beta1": 0, "values_path": "/etc/x"}}, policy)
+    result = allowlist.check_spec({"config": {"num_value_samples": 1000, "beta1": 0, "values_path": "/etc/x"}}, policy)
     assert set(result.errors) == {"config.num_value_samples", "config.beta1", "config.values_path"}
     assert "at most 256 on this studio" in result.errors["config.num_value_samples"]

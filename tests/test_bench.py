@@ -1,4 +1,4 @@
-"""`python -m a2po.bench`: a fast smoke run (tiny model, ours only, one repeat) and the table helpers."""
+"""`python -m benchmarks.training`: a fast smoke run (tiny model, ours only, one repeat) and the table helpers."""
 
 import json
 

@@ -1,6 +1,6 @@
-"""Chunked runs (`app.chunks`): a run executed as short chunks, each in a freshly forked process that restores it
-from disk, ends as the same run executed by one worker process; a chunk killed mid-way loses nothing committed;
-ZeroGPU mode (`app.zerogpu`) wraps exactly the chunk function and drives it from the Run page.
+"""Chunked runs (`app.runtime.chunks`): a run executed as short chunks, each in a freshly forked process that restores
+it from disk, ends as the same run executed by one worker process; a chunk killed mid-way loses nothing committed;
+ZeroGPU mode (`app.runtime.zerogpu`) wraps exactly the chunk function and drives it from the Run page.
 
 Real forked processes, real SQLite files, the tiny random-init model; a fake `spaces` package
 (`tests/fake_spaces`) stands in for ZeroGPU's.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from app import chunks, journal
-from app.chunks import is_chunk_of, run_chunk
+from app.runtime import chunks, journal
+from app.runtime.chunks import is_chunk_of, run_chunk
 from storage import lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
@@ -172,8 +172,8 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
 
     fake.GPU = GPU
     monkeypatch.setitem(sys.modules, "spaces", fake)
-    monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)
-    zerogpu = importlib.import_module("app.zerogpu")  # wrapping happens at import
+    monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)
+    zerogpu = importlib.import_module("app.runtime.zerogpu")  # wrapping happens at import
     try:
         assert [w[0] for w in wrapped] == [zerogpu.chunk_on_gpu]
         duration = wrapped[0][1]
@@ -188,7 +188,7 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
         assert store.get_run(run_id)["config"]["runner"] == "chunked"  # every run is chunked there
         manager.lock.acquire()
         assert manager.tick() == []  # the scheduler starts no chunk there
-        from app.ui.common import Services
+        from app.access.gate import Services
 
         calls = []
 
@@ -222,8 +222,8 @@ def test_real_spaces_outside_zerogpu_changes_nothing(monkeypatch):
     import spaces
 
     assert not hasattr(spaces, "FAKE")  # the package from PyPI
-    monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)  # imported afresh, with the real package
-    zerogpu = importlib.import_module("app.zerogpu")
+    monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)  # imported afresh, with the real package
+    zerogpu = importlib.import_module("app.runtime.zerogpu")
     assert not zerogpu.enabled()
     assert zerogpu.gpu_chunk is zerogpu.chunk_on_gpu  # spaces.GPU returned it unchanged
     assert zerogpu.wrap(spaces) is zerogpu.chunk_on_gpu
@@ -270,7 +270,7 @@ def test_zerogpu_run_page_drives_chunks_pauses_when_closed_and_resumes(tmp_path,
     url = f"http://127.0.0.1:{port}/"
     try:
         wraps = [json.loads(line) for line in calls.read_text().splitlines()]
-        assert [w["name"] for w in wraps if w["event"] == "wrap"] == ["app.zerogpu.chunk_on_gpu"]
+        assert [w["name"] for w in wraps if w["event"] == "wrap"] == ["app.runtime.zerogpu.chunk_on_gpu"]
         client = Client(url, verbose=False)
         spec = chunk_spec(tiny_model_dir, "zerogpu", runner="worker", max_steps=200, save_steps=0)
         run_id = client.predict(spec=spec, api_name="/launch")["run_id"]

@@ -1,11 +1,11 @@
 """Chunked runs under load: every chunk runs in a forked copy of a process whose other threads keep reading and
-writing the database, while two busy loops take the CPUs. No forked process may touch SQLite (`app.journal`):
+writing the database, while two busy loops take the CPUs. No forked process may touch SQLite (`app.runtime.journal`):
 each run must end with the losses of the same run in one worker process, and the database must stay intact.
 
 `A2PO_STRESS_RUNS` runs of each mode (default 3: the CI profile; `make stress` runs 20):
 - forked mode, through the app (`python -m app --chunk-seconds 0.5`) with a client polling its API;
 - ZeroGPU mode, with the fake `spaces` package (each `@spaces.GPU` call in a freshly forked process, as ZeroGPU runs
-  it) and the Run page's driver (`app.zerogpu.ChunkDriver`), while threads of the same process serve the API's
+  it) and the Run page's driver (`app.runtime.zerogpu.ChunkDriver`), while threads of the same process serve the API's
   status and list reads as Gradio's do.
 """
 
@@ -114,13 +114,13 @@ def test_zerogpu_chunks_under_load_end_like_one_worker(tmp_path, taught_model, r
                                                        monkeypatch):
     monkeypatch.syspath_prepend(str(FAKE_SPACES))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
-    monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)
-    zerogpu = importlib.import_module("app.zerogpu")
+    monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)
+    zerogpu = importlib.import_module("app.runtime.zerogpu")
     try:
         import spaces
 
         assert getattr(spaces, "FAKE", False)  # each call in a freshly forked process
-        from app.ui.common import Services
+        from app.access.gate import Services
 
         store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=0.5)
         services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
@@ -152,4 +152,4 @@ def test_zerogpu_chunks_under_load_end_like_one_worker(tmp_path, taught_model, r
         assert integrity(store.path) == "ok"
     finally:
         monkeypatch.delitem(sys.modules, "spaces", raising=False)
-        monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)
+        monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)

@@ -94,7 +94,7 @@ def test_two_processes_each_estimate_their_shard_and_all_see_all_values(tmp_path
 def test_the_bare_command_is_the_dashboards_default_run():
     """`python -m a2po train` with no flags, the launch form as it opens and an empty API spec are one run."""
     from a2po.cli import parse, spec_from_args
-    from a2po.presets import preset_spec
+    from a2po.runspec import preset_spec
 
     command, script, _, fields = parse(["train"])
     bare = spec_from_args(command, script, fields).to_dict()
@@ -155,7 +155,7 @@ def test_cli_trains_grpo_and_refuses_its_values_action(tmp_path, tiny_model_dir)
 def test_run_spec_method_grpo_validates_and_round_trips():
     from a2po.cli import parse, spec_from_args
     from a2po.config import GRPOConfig
-    from a2po.presets import with_defaults
+    from a2po.runspec import with_defaults
 
     given = {"name": "g", "method": "grpo", "model": "m", "dataset": {"source": "arithmetic", "num_prompts": 8,
                                                                       "eval_size": 4},

@@ -1,6 +1,6 @@
 """The container without a Docker engine: the Dockerfile read as text, the entrypoint run as uid 1000 (the uid of a
 Docker Space) with `setpriv`, the whole start/stop chain (tini -> entrypoint -> `python -m app` -> SIGTERM), and
-the database snapshots that keep the studio's SQLite file off a Space's bucket mount (`app.snapshot`).
+the database snapshots that keep the studio's SQLite file off a Space's bucket mount (`app.runtime.snapshot`).
 
 What is not tested here, for want of a Docker engine: `docker build` itself (the apt, pip and useradd steps), the
 image's file ownership, and a real bucket mount."""
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from app.snapshot import DatabaseSnapshots, SnapshotError, check_database, filesystem_type, network_filesystem
+from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, check_database, filesystem_type, network_filesystem
 from tests.helpers import put_in
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,7 +300,7 @@ def test_restore_at_start_when_the_local_database_is_missing(tmp_path):
 
 
 def test_a_crash_mid_snapshot_never_replaces_the_previous_one(tmp_path, monkeypatch):
-    import app.snapshot as module
+    import app.runtime.snapshot as module
 
     db_path, data = tmp_path / "studio.db", tmp_path / "data"
     db = make_db(db_path)

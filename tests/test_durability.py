@@ -3,7 +3,7 @@ database write) and resumed ends exactly where an uninterrupted run with the sam
 no lost or duplicated rows, the same number of steps, the same losses (fp32 on the CPU, within 1e-6).
 
 Real worker processes, a real SQLite file per scenario, the tiny random-init model, faults armed through
-`A2PO_FAULTS` (`a2po.faults`). The scheduler's own failure modes (watchdog, single instance, stuck runs, launch
+`A2PO_FAULTS` (`a2po._faults`). The scheduler's own failure modes (watchdog, single instance, stuck runs, launch
 loops, id reuse, the container-stop path) are here too.
 """
 
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs import AlreadyServing, Devices, JobManager, pid_alive
+from app.runtime.devices import Devices
+from app.runtime.processes import pid_alive
+from app.runtime.scheduler import AlreadyServing, JobManager
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app
@@ -330,9 +332,9 @@ def test_devices_rule_counts_runs_started_elsewhere(tmp_path):
     assert Devices.parse("none").gpus == ()
 
     store, manager = make_manager(tmp_path / "data")
-    # A live worker of another studio process (its command line names app.worker and its run id).
+    # A live worker of another studio process (its command line names app.runtime.worker and its run id).
     running = store.create_run("elsewhere", "train", {})
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "app.worker", "--run-id",
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "app.runtime.worker", "--run-id",
                                 str(running)])
     try:
         store.apply(running, lifecycle.CLAIM, pid=sleeper.pid)

@@ -3,8 +3,8 @@ scatter and one prompt's trajectory."""
 
 import pytest
 
-from a2po.data import prompt_question
-from app.ui.explain import calculator, optimal_value, prompt_figure, regression_figure, value_curve_figure
+from a2po.answers import prompt_question
+from app.web.pages.explain import calculator, optimal_value, prompt_figure, regression_figure, value_curve_figure
 
 
 @pytest.mark.parametrize(("k", "expected"), [(0, 0.0), (1, 0.2935), (2, 0.4772), (4, 0.7169), (8, 1.0)])
@@ -41,7 +41,7 @@ def test_questions_not_templates():
 
 
 def test_pass_at_n_is_explained_as_what_stage_1_keeps_with_the_runs_figures():
-    from app.ui.explain import pass_at_n_text
+    from app.web.pages.explain import pass_at_n_text
 
     text = pass_at_n_text([], [], None)
     assert "train on" in text and "not a limit" in text

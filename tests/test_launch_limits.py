@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from app.auth import Auth, User
-from app.jobs import Devices, JobManager
-from app.policy import Limits, Policy
-from app.ui.common import Refused, Services
+from app.access.auth import Auth, User
+from app.access.gate import Refused, Services
+from app.access.policy import Limits, Policy
+from app.runtime.devices import Devices
+from app.runtime.scheduler import JobManager
 from storage import Store
 
 LAUNCHES = 8

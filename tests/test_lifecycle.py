@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from app.jobs import Devices, JobManager
+from app.runtime.devices import Devices
+from app.runtime.scheduler import JobManager
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_chunks import FAKE_SPACES, chunk_spec
@@ -142,14 +143,14 @@ def test_stop_reaches_a_forked_chunk_at_its_next_step(tmp_path, tiny_model_dir):
 
 @pytest.fixture
 def zerogpu(monkeypatch):
-    """`app.zerogpu` imported with the fake `spaces` package: each GPU call in a freshly forked process."""
+    """`app.runtime.zerogpu` imported with the fake `spaces` package: each GPU call in a freshly forked process."""
     monkeypatch.syspath_prepend(str(FAKE_SPACES))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
-    monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)
-    module = importlib.import_module("app.zerogpu")
+    monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)
+    module = importlib.import_module("app.runtime.zerogpu")
     yield module
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
-    monkeypatch.delitem(sys.modules, "app.zerogpu", raising=False)
+    monkeypatch.delitem(sys.modules, "app.runtime.zerogpu", raising=False)
 
 
 def drive_in_background(driver, run_id: int) -> threading.Thread:
@@ -160,7 +161,7 @@ def drive_in_background(driver, run_id: int) -> threading.Thread:
 
 @pytest.mark.parametrize("action", ["stop", "delete", "watchdog"])
 def test_zerogpu_chunks_are_asked_to_stop_never_signalled(tmp_path, tiny_model_dir, zerogpu, action):
-    from app.ui.common import Services
+    from app.access.gate import Services
 
     store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=600,
                                   watchdog_after=1.0 if action == "watchdog" else None)
@@ -200,7 +201,7 @@ def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny
     """ZeroGPU ends a call that runs past its duration (budget + margin; the fake `spaces` does too). An evaluation
     that starts near a chunk's deadline would run past it every time and fail the run: it is left for the next chunk,
     which starts with it."""
-    from app.ui.common import Services
+    from app.access.gate import Services
 
     monkeypatch.setattr(zerogpu, "CHUNK_MARGIN", 4.0)
     monkeypatch.setenv("A2PO_FAULTS", "evaluate_batch@1+=delay")  # each evaluation batch takes 2 s more: 4 s each

@@ -1,6 +1,7 @@
-"""The run state machine against the real thing: hypothesis drives the real scheduler (`app.jobs.JobManager`), a
-real SQLite file and real worker and chunk processes of a tiny model through launches, stops, resumes, kills of
-workers and of chunks, app restarts and deletes, and checks after every step what `storage.lifecycle` promises:
+"""The run state machine against the real thing: hypothesis drives the real scheduler
+(`app.runtime.scheduler.JobManager`), a real SQLite file and real worker and chunk processes of a tiny model through
+launches, stops, resumes, kills of workers and of chunks, app restarts and deletes, and checks after every step what
+`storage.lifecycle` promises:
 
 - no run with two live processes, and every live run's process exists (or is settled within a few passes);
 - the counters as documented (bounded restarts and launch failures, reset by a user's Resume; pids only on runs
@@ -31,8 +32,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from app.chunks import is_chunk_of
-from app.jobs import Devices, JobManager, pid_alive
+from app.runtime.chunks import is_chunk_of
+from app.runtime.devices import Devices
+from app.runtime.processes import pid_alive
+from app.runtime.scheduler import JobManager
 from storage import Store, lifecycle
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -53,8 +56,8 @@ def tiny_spec(model: str, runner: str, name: str) -> dict:
 
 
 def processes_of(run_id: int, data: Path) -> list[int]:
-    """Live processes working on the run: its worker (`app.worker ... --run-id N`) or a chunk of it (a thread named
-    `a2po-c<N>`), in the studio's folder of workers `data` (not another test session's), found in /proc."""
+    """Live processes working on the run: its worker (`app.runtime.worker ... --run-id N`) or a chunk of it (a thread
+    named `a2po-c<N>`), in the studio's folder of workers `data` (not another test session's), found in /proc."""
     here, found = str(data / "cache" / "worker-cwd"), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -65,7 +68,7 @@ def processes_of(run_id: int, data: Path) -> list[int]:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        worker = "app.worker" in argv and "--run-id" in argv and argv[argv.index("--run-id") + 1] == str(run_id)
+        worker = "app.runtime.worker" in argv and "--run-id" in argv and argv[argv.index("--run-id") + 1] == str(run_id)
         try:
             ours = os.readlink(f"/proc/{pid}/cwd") == here
         except OSError:

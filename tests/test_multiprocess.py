@@ -1,5 +1,5 @@
 """Runs of several processes (`num_processes`) on this CPU: gloo processes under `accelerate launch`, started by the
-scheduler (`app.jobs`) and run by the worker (`app.worker`) as the dashboard runs them.
+scheduler (`app.runtime.scheduler`) and run by the worker (`app.runtime.worker`) as the dashboard runs them.
 
 A 2-process run with 2 prompts per process and step is the 1-process run with 4 (the same global batch): the same
 V* table (every prompt's rewards and completions), the same loss at every step within 1e-5 (only the order of float
@@ -22,10 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from app import forms
-from app.jobs import Devices, JobManager, is_worker_of, launched_processes, pid_alive
-from app.policy import Policy
-from app.worker import checkpoint_complete
+from app.access import allowlist
+from app.access.policy import Policy
+from app.runtime.devices import Devices
+from app.runtime.processes import is_worker_of, launched_processes, pid_alive
+from app.runtime.scheduler import JobManager
+from app.runtime.worker import checkpoint_complete
+from app.web import forms
 from storage import Store
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
@@ -66,7 +69,7 @@ def raw_spec(model: str, name: str, processes: int = 1) -> dict:
 
 def studio_spec(model: str, name: str, processes: int = 1) -> dict:
     """The spec as the dashboard stores it (every form setting explicit), so the API's runs compare with these."""
-    result = forms.check_spec(raw_spec(model, name, processes), Policy(Path(model).parent, model_roots=(model,)))
+    result = allowlist.check_spec(raw_spec(model, name, processes), Policy(Path(model).parent, model_roots=(model,)))
     assert result.ok, result.errors
     return result.spec
 
@@ -126,7 +129,7 @@ def test_stop_reaches_every_process_and_resume_and_crashes_work_as_for_one(tmp_p
     run_id = manager.submit(studio_spec(model_dir, "two", processes=2))
     manager.start()
     try:
-        # The run's pid is the launcher's: the process the scheduler started, an `app.worker` of this run.
+        # The run's pid is the launcher's: the process the scheduler started, an `app.runtime.worker` of this run.
         wait_for(lambda: steps_done(store, run_id) >= 2, 180, "two training steps")
         run = store.get_run(run_id)
         launcher, ranks = run["pid"], launched_processes(run["pid"])
@@ -227,10 +230,11 @@ def test_processes_are_bounded_by_the_machine(tmp_path):
     with pytest.raises(ValueError, match="no GPU"):
         manager.submit({**raw_spec("m", "x"), "num_processes": 3})
     one = manager.worker_command(7, {"num_processes": 1})
-    assert one[1:3] == ["-m", "app.worker"] and one[-4:] == ["--run-id", "7", "--data-dir", str(manager.data_dir)]
+    assert one[1:3] == ["-m", "app.runtime.worker"]
+    assert one[-4:] == ["--run-id", "7", "--data-dir", str(manager.data_dir)]
     two = manager.worker_command(7, {"num_processes": 2})
     assert two[:3] == [sys.executable, "-m", "accelerate.commands.launch"] and "--multi_gpu" in two
-    assert two[two.index("--num_processes") + 1] == "2" and two[two.index("--module") + 1] == "app.worker"
+    assert two[two.index("--num_processes") + 1] == "2" and two[two.index("--module") + 1] == "app.runtime.worker"
     assert "--use_fsdp" not in manager.worker_command(7, {"num_processes": 2, "fsdp": "FULL_SHARD"})  # no GPU
     fsdp = JobManager(store, tmp_path / "data", devices=gpus).worker_command(7, {"num_processes": 2,
                                                                                   "fsdp": "FULL_SHARD"})
@@ -242,16 +246,16 @@ def test_the_spec_names_its_processes():
 
     policy = Policy(Path("/tmp"))
     spec = {"model": "SmolLM2-135M-Instruct", "num_processes": 2}
-    assert forms.check_spec(spec, policy).spec["num_processes"] == 2
-    assert forms.check_spec({"model": "SmolLM2-135M-Instruct"}, policy).spec["num_processes"] == 1
+    assert allowlist.check_spec(spec, policy).spec["num_processes"] == 2
+    assert allowlist.check_spec({"model": "SmolLM2-135M-Instruct"}, policy).spec["num_processes"] == 1
     # Specs stored before the rename still load, in the library and through the allow-list.
     assert RunSpec.from_dict({"num_devices": 3}).num_processes == 3
-    assert forms.check_spec({**spec, "num_devices": 3}, policy).spec["num_processes"] == 2
-    assert forms.check_spec({"num_devices": 3}, policy).spec["num_processes"] == 3
-    errors = forms.check_spec({**spec, "num_processes": 0, "fsdp": "EVERYTHING"}, policy).errors
+    assert allowlist.check_spec({**spec, "num_devices": 3}, policy).spec["num_processes"] == 2
+    assert allowlist.check_spec({"num_devices": 3}, policy).spec["num_processes"] == 3
+    errors = allowlist.check_spec({**spec, "num_processes": 0, "fsdp": "EVERYTHING"}, policy).errors
     assert "num_processes must be a whole number >= 1" in errors["num_processes"] and "FULL_SHARD" in errors["fsdp"]
-    assert "set num_processes >= 2" in forms.check_spec({"fsdp": "FULL_SHARD"}, policy).errors["fsdp"]
-    assert "at most 64 per run" in forms.check_spec({"num_devices": 100}, policy).errors["num_processes"]
+    assert "set num_processes >= 2" in allowlist.check_spec({"fsdp": "FULL_SHARD"}, policy).errors["fsdp"]
+    assert "at most 64 per run" in allowlist.check_spec({"num_devices": 100}, policy).errors["num_processes"]
     assert forms.spec_to_form({"num_processes": 2})["num_processes"] == 2
     assert forms.form_to_spec({**forms.default_form(), "num_processes": 2})["num_processes"] == 2
     run = RunSpec.from_dict({"num_processes": 2, "fsdp": "SHARD_GRAD_OP"})

@@ -18,7 +18,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from app.playground import (
+from app.access.policy import Limits
+from app.runtime.model_server import (
     MAX_SAMPLES,
     Engine,
     PlaygroundClient,
@@ -26,7 +27,6 @@ from app.playground import (
     check_request,
     trained_weights,
 )
-from app.policy import Limits
 from tests.helpers import wait_for
 from tests.test_app_api import free_port, start_app, stop_app, tiny_spec
 from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
@@ -37,7 +37,8 @@ USER, PASSWORD = "ada", "lovelace"
 
 def run_questions() -> list[tuple[str, str]]:
     """(question, answer) of the tiny run's arithmetic prompts (train and eval), as `tiny_spec` builds them."""
-    from a2po.data import arithmetic_dataset, prompt_question
+    from a2po.answers import prompt_question
+    from a2po.data import arithmetic_dataset
 
     rows = arithmetic_dataset(NUM_PROMPTS + EVAL_SIZE, operations="+", difficulty=1, seed=0)
     return [(prompt_question(p), a) for p, a in zip(rows["prompt"], rows["ground_truth"])]
@@ -110,7 +111,7 @@ def test_one_decode_gives_the_greedy_completion_and_the_samples(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from a2po.rollout import sample_completions
-    from app.playground import decode_greedy_and_samples
+    from app.runtime.model_server import decode_greedy_and_samples
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -305,4 +306,4 @@ def test_the_page_shows_both_policies_with_rewards(studio):
 
 def test_log_lines_name_the_process(studio):
     log = Path(studio["data_dir"]) / "logs" / "playground.log"
-    assert "python -m app.playground" in log.read_text()
+    assert "python -m app.runtime.model_server" in log.read_text()

@@ -1,4 +1,4 @@
-"""The Run page's polling (`app.ui.run.refresh`) against a real Store wrapped to count its reads: a finished run
+"""The Run page's polling (`app.web.pages.run.refresh`) against a real Store wrapped to count its reads: a finished run
 stops the timer and costs nothing, an unchanged active run costs at most the shared snapshot, only the views on
 screen are sent, and many sessions on one run share one computation per new data version."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from app.ui import live, run
-from app.ui.common import Services
+from app.access.gate import Services
+from app.web import live
+from app.web.pages import run
 from storage import Store, lifecycle
 from tests.helpers import put_in
 

@@ -23,10 +23,11 @@ import pytest
 import torch
 
 from a2po.core import optimal_value
-from app import chunks, journal
-from app.ui import compare, live, run
-from app.ui.common import Services
-from app.ui.export import write_csv
+from app.access.gate import Services
+from app.runtime import chunks, journal
+from app.web import live
+from app.web.pages import compare, run
+from app.web.pages.export import write_csv
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
@@ -137,7 +138,7 @@ def test_the_counts_and_the_revision_follow_the_run_rows(store):
 def test_a_chunk_journals_the_run_rows_as_the_store_writes_them(tmp_path):
     """What a chunk's recorder writes goes through its journal (`ChunkLedger`, then `Store.apply_journal`) into
     the same rows as a worker's direct writes."""
-    from app.recorder import StoreRecorder
+    from app.runtime.recorder import StoreRecorder
 
     data = tmp_path / "data"
     store = Store(data / "studio.db")

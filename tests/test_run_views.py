@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from a2po.presets import with_defaults
-from a2po.runspec import RunSpec
-from app import charts, forms
-from app.policy import Policy
-from app.ui.run import ChartOptions, _training_view, accuracy_change, header
-from app.ui.training import samples_frame
-from app.ui.values import filtered_frame, prompt_detail, values_frame
+from a2po.runspec import RunSpec, with_defaults
+from app.access import allowlist
+from app.access.policy import Policy
+from app.web import charts, forms
+from app.web.pages.run import ChartOptions, _training_view, accuracy_change, header
+from app.web.pages.training import samples_frame
+from app.web.pages.values import filtered_frame, prompt_detail, values_frame
 from storage import Store
 
 TEMPLATE = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -101,12 +101,12 @@ def test_time_axis_maps_steps_to_minutes(store):
 def test_clone_of_a_run_passes_the_allow_list_and_a_tampered_one_does_not(tmp_path):
     policy = Policy(tmp_path)
     spec = RunSpec.from_dict(with_defaults({"name": "teach"})).to_dict()
-    result = forms.check_spec({**spec, "name": "teach-clone"}, policy, offline=True)
+    result = allowlist.check_spec({**spec, "name": "teach-clone"}, policy, offline=True)
     assert result.ok, result.message()
     form = forms.spec_to_form(result.spec)
     assert form["name"] == "teach-clone" and form["learning_rate"] == spec["config"]["learning_rate"]
     tampered = {**spec, "config": {**spec["config"], "trust_remote_code": True}}
-    refused = forms.check_spec(tampered, policy, offline=True)
+    refused = allowlist.check_spec(tampered, policy, offline=True)
     assert not refused.ok and "trust_remote_code" in refused.message()
 
 
@@ -122,7 +122,7 @@ def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(s
                                        ceilings={"pass@1": 0.02, "pass@N": 0.156})
     line = next(t for t in spec["data"] if t["name"] == "eval_accuracy")
     assert line["y"] == [0.0625, 0.59375]  # an evaluation is not smoothed toward its predecessors
-    from app.ui.run import _eval_pass_rates
+    from app.web.pages.run import _eval_pass_rates
 
     vs = store.get_or_create_value_set("fp", {})
     run_id = store.create_run("r", "train", {}, model="m", dataset="d")

@@ -275,7 +275,7 @@ def test_hf_oauth_is_refused_off_a_space(tmp_path):
 def test_the_space_is_detected_as_gradio_detects_it(monkeypatch):
     from gradio.utils import get_space
 
-    from app.auth import oauth_problem, on_a_space
+    from app.access.auth import oauth_problem, on_a_space
 
     for env in [{}, {"SPACE_ID": "a/b"}, {"SYSTEM": "spaces"}, {"SYSTEM": "spaces", "SPACE_ID": "a/b"},
                 {"SYSTEM": "spaces", "SPACE_ID": ""}, {"SYSTEM": "docker", "SPACE_ID": "a/b"}]:

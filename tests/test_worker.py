@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs import JobManager
-from app.worker import run_output_dir
+from app.runtime.scheduler import JobManager
+from app.runtime.worker import run_output_dir
 from storage import Store
 from tests import helpers
 

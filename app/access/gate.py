@@ -1,0 +1,152 @@
+"""The one gate: every launch, stop, resume and delete, from a page or the API, goes through `Services`.
+
+It checks, in this order, the user's permission (`app.access.auth`), the spec against the allow-list
+(`app.access.allowlist`), and the operator's limits (`app.access.policy`: disk, queue size, runs per user, counted
+by the store in the transaction that inserts the run); only then does it hand the run to the scheduler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.access.auth import Auth, User
+from app.access.policy import Policy
+from storage import Admission, LimitReached, Store
+from storage.lifecycle import UNFINISHED
+
+ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
+
+
+class Refused(ValueError):
+    """A request the studio will not carry out: a bad spec, a limit, or a missing permission (message says which)."""
+
+
+@dataclass
+class Services:
+    """The store the pages read, the job manager they act through, the data folder, the operator's policy and
+    users. Every page and every API endpoint launches, stops, resumes and deletes through these methods, so the
+    allow-list, the limits and the permissions are checked in one place."""
+
+    store: Store
+    jobs: Any  # app.runtime.scheduler.JobManager
+    data_dir: Path
+    policy: Policy | None = None
+    auth: Auth | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.policy is None:
+            self.policy = Policy(self.data_dir)
+        if self.auth is None:
+            self.auth = Auth()
+
+    @property
+    def exports_dir(self) -> Path:
+        path = self.data_dir / "exports"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def check(self, spec: Any) -> dict[str, Any]:
+        """The clean spec, or `Refused` naming every problem (the API's and the form's allow-list)."""
+        return self.checked(spec)[0]
+
+    def checked(self, spec: Any) -> tuple[dict[str, Any], list[str]]:
+        """The clean spec and its warnings (a registered reward changed since the spec recorded it), or `Refused`
+        naming every problem."""
+        from app.access import allowlist
+
+        if self.policy.zerogpu and isinstance(spec, dict) and "peft" not in spec:
+            spec = {**spec, "peft": dict(ZEROGPU_LORA)}  # chunks restore and save an adapter in ~2 s, a model in ~16
+        result = allowlist.check_spec(spec, self.policy, offline=offline())
+        if not result.ok:
+            raise Refused(result.message())
+        return result.spec, result.warnings
+
+    def launch(self, spec: Any, user: User | None) -> int:
+        """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
+        size, runs per user); returns its id. No run is stored when it is refused."""
+        return self.launch_run(spec, user)[0]
+
+    def launch_run(self, spec: Any, user: User | None) -> tuple[int, list[str]]:
+        """`launch`, returning the run's id and the warnings the check gave (also written to the run's log)."""
+        problem = self.auth.can_launch(user)
+        if problem:
+            raise Refused(problem)
+        clean, warnings = self.checked(spec)
+        problem = self.policy.disk_problem()
+        if problem:
+            raise Refused(problem)
+        clean["dataset"] = self._keep_upload(clean["dataset"])
+        limits, owner = self.policy.limits, self.auth.owner_of(user)
+        # Counted by the store in the transaction that inserts the run: launches arriving together (the form's
+        # buttons and the API are separate Gradio events) cannot pass a limit together.
+        admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
+        try:
+            run_id = self.jobs.submit(clean, owner=owner, admission=admission)
+        except LimitReached as full:
+            if full.what == "queue":
+                raise Refused(f"The queue is full: {full.count} runs wait, the limit is {full.limit} runs in the "
+                              "queue. Try again when some have started.") from None
+            raise Refused(f"You have {full.count} runs queued or running; the limit is {full.limit} queued or running "
+                          "runs per user. Stop one, or wait for one to end.") from None
+        for warning in warnings:
+            self.store.add_log(run_id, warning, level="WARNING")
+        return run_id, warnings
+
+    def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
+        """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in
+        `<data-dir>/datasets/uploads/` instead, named by its content."""
+        if dataset.get("source") != "file":
+            return dataset
+        path = Path(dataset["path"])
+        if self.policy.inside(path, self.policy.dataset_roots()) is not None:
+            return dataset  # else `check_spec` accepted it as a file Gradio received
+        return {**dataset, "path": str(store_upload(self.policy, path))}
+
+    def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:
+        """Stop, resume or delete a run if `user` may (their own runs, or any as admin); returns the run as it was."""
+        run = self.store.get_run(int(run_id))
+        if run is None:
+            raise Refused(f"No run #{run_id}.")
+        problem = self.auth.can_manage(user, run)
+        if problem:
+            raise Refused(problem)
+        try:
+            getattr(self.jobs, action)(int(run_id))
+        except (ValueError, RuntimeError) as exc:
+            raise Refused(str(exc)) from exc
+        return run
+
+
+def offline() -> bool:
+    """True when the hub may not be reached (HF_HUB_OFFLINE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def store_upload(policy: Policy, source: Path, name: str | None = None) -> Path:
+    """Copy an uploaded data file into `<data-dir>/datasets/uploads/<content hash>-<name>` (checked: a data file
+    type, within the upload limit); returns the stored path."""
+    from app.access.allowlist import DATA_SUFFIXES
+
+    suffix = source.suffix.lower()
+    if suffix not in DATA_SUFFIXES:
+        raise Refused(f"Unsupported file type {suffix!r}: upload a {', '.join(DATA_SUFFIXES)} file.")
+    size = source.stat().st_size
+    limit = policy.limits.upload_mb
+    if limit is not None and size > limit * 1e6:
+        raise Refused(f"The file has {size / 1e6:.1f} MB; the limit is {limit:g} MB per upload.")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    stem = re.sub(r"[^\w.-]", "_", Path(name or source.name).stem)[:60] or "data"
+    target = policy.datasets_dir / "uploads" / f"{digest}-{stem}{suffix}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        shutil.copyfile(source, target)
+    return target
+
+

@@ -1,0 +1,541 @@
+"""One studio job in its own process: `python -m app.runtime.worker --db PATH --run-id N --data-dir DIR`.
+
+The worker claims the queued run, builds the trainer from the stored run spec, runs the action ("values",
+"train" or "evaluate") with a `StoreRecorder` attached, and records how it ended: finished, stopped, or failed
+(with the traceback). A background thread writes a heartbeat every few seconds, so the dashboard can tell a
+dead worker from a slow one.
+
+Stage-1 values live in a value set shared by every run with the same V* settings (`RunSpec.value_fingerprint`):
+the rows already stored are handed to the trainer (`A2POTrainer.set_optimal_values`), so stage 1 samples only the
+prompts still missing (none when the set is complete). The set does not depend on beta1 or `filter_all_incorrect`:
+the trainer recomputes V* and the filter from the stored rewards, and what the run trains with is recorded as its
+own rows (`Store.set_run_values`), which every page of the run shows.
+
+SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops stage 1 after the current batch or stage 2 after
+the current step, the Trainer writes a full checkpoint, and the run ends "stopped" (or "interrupted" when the
+studio itself is shutting down, see `app.runtime.scheduler`). Queuing the same run again resumes it: stage 1 continues
+with the prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also checkpoints
+every few minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training; samples are
+functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
+
+The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
+scheduler sees the worker exit and writes it. Fail points (`a2po._faults`) mark where the tests kill or hang it.
+
+A run with `num_processes` > 1 runs under `accelerate launch` (see `app.runtime.scheduler`), one worker per process:
+stage 1 is sharded across them and every process gets the whole V* table; stage 2 is DDP. Only the main process (rank 0)
+writes to the database (claim, heartbeat, log lines, values, metrics, samples of every process, checkpoints, the
+end), and it claims the run with the pid of the launcher, its parent. A stop reaches every process at the same
+stage-1 batch or training step (`A2POTrainer` combines their wishes), so all write the checkpoint together. Each
+process dies with the launcher (`die_with_parent`), and the launcher exits when any of them fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from a2po._faults import fault_point
+from storage import Store, lifecycle
+
+# Seconds between heartbeats; `app.runtime.scheduler` calls a worker dead after many missed ones.
+HEARTBEAT_INTERVAL = 2.0
+LOG_TAIL_LINES = 20
+END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
+CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+logger = logging.getLogger("app.runtime.worker")
+
+
+class StopRequested(Exception):
+    """The run was asked to stop between two phases of the job."""
+
+
+def run_output_dir(data_dir: str | os.PathLike[str], run_id: int) -> Path:
+    """Where a run's checkpoints and final model go."""
+    return Path(data_dir) / "runs" / f"run-{run_id}"
+
+
+def run_log_path(data_dir: str | os.PathLike[str], run_id: int) -> Path:
+    """The worker's stdout/stderr file (tracebacks of crashes that never reached the database end up here)."""
+    return Path(data_dir) / "logs" / f"run-{run_id}.log"
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a text file ("" if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Heartbeat(threading.Thread):
+    """Marks the run alive every `interval` seconds, turns an in-process stop request into status "stopping",
+    and flushes `log_handler` (so buffered log lines show up even while training logs nothing new)."""
+
+    def __init__(self, store: Store, run_id: int, stop_event: threading.Event, log_handler=None,
+                 interval: float = HEARTBEAT_INTERVAL) -> None:
+        super().__init__(name=f"heartbeat-{run_id}", daemon=True)
+        self.store, self.run_id, self.stop_event, self.interval = store, run_id, stop_event, interval
+        self.log_handler = log_handler
+        self._done = threading.Event()
+        self._stop_recorded = False
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                self.store.heartbeat(self.run_id)
+                if self.stop_event.is_set() and not self._stop_recorded:
+                    self._stop_recorded = True
+                    self.store.apply(self.run_id, lifecycle.REQUEST_STOP)
+                if self.log_handler is not None:
+                    self.log_handler.flush()
+            except Exception as error:  # noqa: BLE001 - a busy database must not kill the heartbeat for good
+                logger.warning("Heartbeat of run %s failed: %s", self.run_id, error)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+
+
+def ensure_value_set(store: Any, run: dict[str, Any], spec: Any) -> int:
+    """The run's value set: the one it has, else the one for its V* settings (shared by every run with the same
+    sampling settings; created if new), recorded with the run. A worker and a chunk's parent both call it after
+    claiming the run."""
+    if run.get("value_set_id"):
+        return int(run["value_set_id"])
+    value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec))
+    store.update_run(run["id"], value_set_id=value_set_id)
+    return value_set_id
+
+
+def remove_checkpoints(store: Store, run_id: int) -> None:
+    """The final model replaces a finished run's checkpoints (optimizer states are twice the model): free the disk.
+    Only once its end is recorded, so a kill before that still resumes from them."""
+    for row in store.list_checkpoints(run_id):
+        shutil.rmtree(row["path"], ignore_errors=True)
+        store.remove_checkpoint(run_id, row["path"])
+
+
+def value_set_meta(spec) -> dict[str, Any]:
+    """What a value set was sampled with, for people reading the value-set table (the spec's settings, else
+    A2POConfig's defaults: what `RunSpec.value_fingerprint` identifies)."""
+    from a2po.config import A2POConfig
+    from a2po.runspec import SAMPLING_FIELDS
+
+    defaults = A2POConfig.__dataclass_fields__
+
+    def setting(name: str) -> Any:
+        return spec.config.get(name, defaults[name].default)
+
+    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards, "seed": setting("seed"),
+            "sampling": {k: setting(k) for k in SAMPLING_FIELDS}}
+
+
+def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], num_value_samples: int) -> None:
+    """Refresh per-split summaries from the stored rows; mark the set complete once every split has every prompt."""
+    from a2po.values import prompt_id_for, summarize
+
+    summary, complete = {}, True
+    for split, dataset in splits.items():
+        rows = store.get_values(value_set_id, split)
+        done = {row["prompt_id"] for row in rows if row["v_star"] is not None}
+        complete &= {prompt_id_for(row) for row in dataset.to_list()} <= done
+        if rows:
+            summary[split] = summarize([r for r in rows if r["v_star"] is not None], num_value_samples)
+    if complete:
+        store.mark_value_set_complete(value_set_id, summary)
+    elif summary:
+        store.update_value_set_summary(value_set_id, summary)
+
+
+def _record_reused_values(store: Store, run: dict[str, Any], splits: dict[str, Any],
+                          known: dict[str, list[dict[str, Any]]], args) -> None:
+    """Give the run its own V* rows for the prompts stage 1 reuses from the shared set, before stage 1 starts (its
+    end writes the whole table again), so the run's pages show them while the rest is sampled: V* and the filter
+    recomputed from the stored rewards with the run's beta1, as the trainer does (`a2po.values.rescore`). Once per
+    run: a resumed run that has them already skips it."""
+    from a2po.values import prompt_id_for, rescore
+    from app.runtime.recorder import run_value_rows
+
+    have = run.get("value_counts") or {}
+    for name, rows in known.items():
+        if not rows or int(have.get(name) or 0) >= len(rows):
+            continue
+        # Only the prompts the trainer takes from the shared set: in the split, without a V* of their own.
+        reused = {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}
+        mine = [rescore(row, args.beta1, args.filter_all_incorrect) for row in rows if row["prompt_id"] in reused]
+        store.set_run_values(run["id"], name, run_value_rows(mine))
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, number of processes) of this worker: (0, 1) alone, else as `accelerate launch` set them."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _from_main(trainer, value: Any) -> Any:
+    """`value` as the main process has it, on every process (one broadcast when there are several)."""
+    if trainer.accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value], from_process=0)[0]
+
+
+def _any_process(trainer, flag: bool) -> bool:
+    """True on every process when `flag` is true on any."""
+    if trainer.accelerator.num_processes == 1:
+        return flag
+    from accelerate.utils import gather_object
+
+    return any(gather_object([bool(flag)]))
+
+
+def stop_on_signal(stop_event: threading.Event):
+    """A callback for a process other than the main one: a stop signal (SIGTERM) it got itself asks for a stop as
+    the main process's recorder does, and `A2POTrainer` stops every process at the same batch or step.
+    (Built here: `a2po` imports transformers, which `app.runtime.scheduler`, importing this module, must not pay
+    for.)"""
+    from a2po.callbacks import A2POCallback
+
+    class StopOnSignal(A2POCallback):
+        stopped = False
+
+        def on_values_batch(self, args, state, control, **kwargs):
+            if stop_event.is_set():
+                self.stopped = control.should_training_stop = True
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop_event.is_set():
+                self.stopped = control.should_training_stop = control.should_save = control.should_log = True
+
+    return StopOnSignal()
+
+
+def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
+            stop_event: threading.Event, deadline: float | None = None) -> str:
+    """Run a claimed run to its end; returns "finished". Raises on failure, `StopRequested` /
+    `a2po.StageInterrupted` when stopped.
+
+    `deadline` (a `time.monotonic()` time; a chunk of `app.runtime.chunks`) stops the run as a stop request does, after
+    the last stage-1 batch or training step that ends before it (with a full checkpoint in stage 2), without
+    setting `stop_event`: a caller tells the two apart by it.
+
+    Under `accelerate launch` every process runs this: the main one (rank 0) records the run (recorder, value set,
+    checkpoints); the others only compute and read the database, and every decision they must share (the value
+    set, which V* rows are known, the checkpoint to resume, a stop) comes from the main process or from all."""
+    from a2po.runspec import RunSpec
+    from app.runtime.recorder import StoreRecorder
+
+    run_id = run["id"]
+    main = process_rank()[0] == 0
+    spec = RunSpec.from_dict(run["config"])
+    output_dir = run_output_dir(data_dir, run_id)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    recorder = None
+    if main:
+        store.update_run(run_id, output_dir=str(output_dir))
+        recorder = StoreRecorder(store, run_id, stop_event=stop_event, deadline=deadline)
+    stopper = recorder if recorder is not None else stop_on_signal(stop_event)
+
+    def check_stop() -> None:
+        wanted = recorder.stop_requested() if recorder is not None else stop_event.is_set()
+        if _any_process(trainer, wanted):
+            raise StopRequested(f"Run {run_id} was asked to stop.")
+
+    if main:
+        logger.info("Run %s: %s %s on %s (output in %s).", run_id, spec.action, spec.model, run["dataset"],
+                    output_dir)
+    # The store is the one source of truth for V*: the trainer's own jsonl cache would let it skip prompts whose
+    # values never reached the database (e.g. a worker killed between the two writes).
+    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], save_values=False)
+    if recorder is not None:
+        recorder.touch()  # loading the model counts as progress for the watchdog
+    if spec.action == "evaluate" and trainer.eval_dataset is None:
+        raise ValueError("An 'evaluate' run needs an eval set: set dataset.eval_size > 0 in the run spec.")
+    args = trainer.args
+    value_set_id = None
+    if main:
+        value_set_id = recorder.value_set_id = ensure_value_set(store, run, spec)
+    value_set_id = _from_main(trainer, value_set_id)
+
+    # Hand the stored V* rows to the trainer, so stage 1 samples only what is missing.
+    splits = {"train": trainer.train_dataset, **trainer.eval_sets()} if trainer.train_dataset is not None \
+        else trainer.eval_sets()
+    known = {name: [row for row in store.get_values(value_set_id, name) if row["rewards"]] for name in splits}
+    if trainer.accelerator.num_processes > 1:
+        # The rows the main process read, on every process (another run may add rows to a shared value set
+        # meanwhile): the processes must agree on what is pending, or their shards would overlap.
+        ids = _from_main(trainer, {name: sorted(row["prompt_id"] for row in rows) for name, rows in known.items()})
+        for name, rows in known.items():
+            by_id = {row["prompt_id"]: row for row in rows}
+            if not set(ids[name]) <= set(by_id):
+                raise RuntimeError(f"Stage 1 ({name}): V* rows the main process read are missing here.")
+            known[name] = [by_id[pid] for pid in ids[name]]
+    for name, rows in known.items():
+        trainer.set_optimal_values(rows, name)
+    # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
+    needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
+    if main:
+        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
+    check_stop()
+
+    try:
+        for split in needed:
+            trainer.estimate_optimal_values(splits[split], split=split)
+    finally:
+        if main:
+            _update_value_set(store, value_set_id, splits, args.num_value_samples)
+    check_stop()
+
+    if spec.action == "train":
+        checkpoint = resume_checkpoint(store, run_id, output_dir) if main else None
+        checkpoint = _from_main(trainer, checkpoint)
+        if recorder is not None:
+            recorder.final_evaluation = trainer.eval_dataset is not None
+        if checkpoint:
+            evaluated = {e["step"] for e in store.get_evaluations(run_id)} if main else set()
+            pending = main and evaluation_pending(trainer, checkpoint, evaluated)
+            # An evaluation due at the checkpoint's step that never ran (a chunk left it for the next one) runs
+            # first, on the checkpoint's weights.
+            trainer.evaluate_on_resume = _from_main(trainer, pending)
+            if main:
+                logger.info("Run %s: resuming stage 2 from %s.", run_id, checkpoint, extra={"flush_now": True})
+        if checkpoint and trained_to_the_end(trainer, checkpoint):
+            restore_final(trainer, checkpoint)  # nothing left to train; resuming would train one step more
+        else:
+            trainer.train(resume_from_checkpoint=checkpoint)
+        if _any_process(trainer, stopper.stopped):
+            raise StopRequested(f"Run {run_id} stopped at step {trainer.state.global_step}.")
+        evaluated = {e["step"] for e in store.get_evaluations(run_id)} if main else set()
+        if _from_main(trainer, trainer.eval_dataset is not None and trainer.state.global_step not in evaluated):
+            if recorder is not None:
+                recorder.set_stage("eval")
+            trainer.evaluate()
+        trainer.save_model()
+        if main:
+            # Its checkpoints go once the end is recorded (`remove_checkpoints`), not before: a kill
+            # in between still resumes from them.
+            logger.info("Run %s: final model saved in %s.", run_id, output_dir)
+    elif spec.action == "evaluate":
+        if recorder is not None:
+            recorder.set_stage("eval")
+        trainer.evaluate()
+    return "finished"
+
+
+def _checkpoint_step(checkpoint: str) -> int:
+    return int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
+
+
+def trained_to_the_end(trainer, checkpoint: str) -> bool:
+    """Whether the checkpoint holds the run's last step (`max_steps`)."""
+    return trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps
+
+
+def restore_final(trainer, checkpoint: str) -> None:
+    """The weights (or adapter) and the trainer state of a checkpoint of the last step, without training: the
+    Trainer, resumed there in the middle of an epoch, would train one step past `max_steps`."""
+    from transformers.trainer_callback import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+
+
+def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
+    """Whether the checkpoint's step was due for a periodic evaluation (every `eval_steps`) that is not among the
+    `evaluated` steps. (The evaluation after the last step is the job's own, after training.)"""
+    if trainer.eval_dataset is None:
+        return False
+    args = trainer.args
+    step = _checkpoint_step(checkpoint)
+    every = args.eval_steps if str(args.eval_strategy) in ("steps", "IntervalStrategy.STEPS") else None
+    if every is not None and every < 1 and args.max_steps > 0:  # a fraction of the run, as the Trainer reads it
+        every = math.ceil(args.max_steps * every)
+    last = args.max_steps > 0 and step >= args.max_steps
+    return bool(every) and step % int(every) == 0 and not last and step not in evaluated
+
+
+def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
+    """True when a checkpoint folder holds everything a resume needs. The Trainer writes `trainer_state.json`
+    last, so a folder without a readable one was cut short (a kill or a full disk mid-save)."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    weights = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+    return "global_step" in state and any((path / name).is_file() for name in weights)
+
+
+def resume_checkpoint(store: Store, run_id: int, output_dir: Path) -> str | None:
+    """The newest complete checkpoint of the run, or None (train from the start).
+
+    Checkpoint folders after it (cut short by a kill mid-save, or never recorded because the kill came between
+    the save and the database write) are removed first: the Trainer's rotation keeps the highest step numbers,
+    so a torn newer folder would otherwise survive while a complete older one is deleted.
+    """
+    recorded = {Path(row["path"]).name for row in store.list_checkpoints(run_id)}
+    folders = sorted((p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+                     key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+    chosen = next((p for p in folders if checkpoint_complete(p)), None)
+    for folder in folders:
+        if chosen is None or int(folder.name.split("-")[-1]) > int(chosen.name.split("-")[-1]):
+            logger.warning("Run %s: removing incomplete checkpoint %s.", run_id, folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            store.remove_checkpoint(run_id, str(folder))
+    if chosen is not None and chosen.name not in recorded:
+        step = json.loads((chosen / "trainer_state.json").read_text())["global_step"]
+        store.add_checkpoint(run_id, step, str(chosen))  # saved, but the worker died before recording it
+    return None if chosen is None else str(chosen)
+
+
+def record_end(store: Store, run_id: int, status: str, error: str | None) -> bool:
+    """Write how the run ended (`lifecycle.end_event`), retrying while the database is busy; False if it could not
+    be written (then `app.runtime.scheduler` writes it when it sees this process exit). A stop asked by the studio's own
+    shutdown ends "interrupted": it is resumed when the studio starts again. A finished run's checkpoints are
+    removed once its end is written."""
+    fields: dict[str, Any] = {"error": error}
+    if status == "finished":
+        fields.update(progress=1.0, stage=None)
+    for attempt in range(END_WRITE_ATTEMPTS):
+        try:
+            fault_point("record_end")
+            run = store.get_run(run_id)
+            event = lifecycle.end_event(status, run.get("stop_reason") if run else None)
+            # Only a run this worker still owns: a run deleted or failed by the scheduler meanwhile stays so.
+            if store.apply(run_id, event, **fields) and status == "finished":
+                remove_checkpoints(store, run_id)
+            return True
+        except Exception as failure:  # noqa: BLE001 - a locked or full disk: wait and try again
+            logger.warning("Could not record the end of run %s (attempt %d): %s", run_id, attempt + 1, failure)
+            time.sleep(min(10.0, 0.5 * 2**attempt))
+    return False
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent (the launcher) dies, however it dies (`accelerate
+    launch` starts each process in a session of its own, out of reach of a signal to the launcher's group)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux: the scheduler kills the launcher's children itself
+        return
+    if os.getppid() != parent:  # it died before prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def follow(store: Store, run_id: int, data_dir: str, owner: int, stop_event: threading.Event) -> int:
+    """A process other than the main one: wait until the main process claimed the run for this launch (`owner`),
+    then compute its share. It writes nothing to the database; its output goes to the run's log file."""
+    from a2po.callbacks import StageInterrupted
+
+    deadline = time.monotonic() + CLAIM_WAIT
+    while True:
+        run = store.get_run(run_id)
+        if run is not None and run["pid"] == owner and run["status"] in lifecycle.LIVE:
+            break
+        if run is None or run["status"] != lifecycle.QUEUED or stop_event.is_set() or time.monotonic() > deadline:
+            print(f"Run {run_id} is not running for this launch (pid {owner}); nothing to do.", flush=True)
+            return 0
+        time.sleep(0.1)
+    try:
+        run_job(store, run, data_dir, stop_event)
+    except (StopRequested, StageInterrupted):
+        pass
+    except Exception:  # noqa: BLE001 - printed to the run's log; the launcher then ends the other processes
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Claim run `--run-id`, run it, and record its end. Exit code 0: finished, stopped or nothing to do.
+
+    Under `accelerate launch` every process runs this: the main one (rank 0) claims the run with the launcher's
+    pid, beats the heartbeat, records everything and how the run ended; the others wait for its claim (`follow`)."""
+    parser = argparse.ArgumentParser(prog="python -m app.runtime.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True, help="the studio database file")
+    parser.add_argument("--run-id", type=int, required=True, help="the queued run to execute")
+    parser.add_argument("--data-dir", required=True, help="where run outputs go (<data-dir>/runs/run-<id>)")
+    options = parser.parse_args(argv)
+
+    rank, world = process_rank()
+    # Under `accelerate launch` (several processes) the run belongs to the launcher, this process's parent: its pid
+    # is the run's pid (the scheduler started it; it exits when any process of the run fails), and no process of
+    # the run outlives it.
+    owner = os.getppid() if world > 1 else os.getpid()
+    if world > 1:
+        die_with_parent(owner)
+    where = f" [process {rank} of {world}]" if world > 1 else ""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
+    store = Store(options.db)
+    run_id = options.run_id
+    stop_event = threading.Event()
+    # Only set a flag here: the handler runs between two bytecodes of the main thread, maybe mid-transaction.
+    signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: stop_event.set())
+
+    fault_point("worker_start")
+    if rank > 0:
+        return follow(store, run_id, options.data_dir, owner, stop_event)
+    if not store.apply(run_id, lifecycle.CLAIM, pid=owner):
+        run = store.get_run(run_id)
+        state = "does not exist" if run is None else f"is {run['status']}, not queued"
+        print(f"Run {run_id} {state} in {options.db}; nothing to do (queue it again to run it).", flush=True)
+        return 0
+
+    from app.runtime.recorder import StoreLogHandler
+
+    log_handler = StoreLogHandler(store, run_id)
+    logging.getLogger().addHandler(log_handler)
+    heartbeat = Heartbeat(store, run_id, stop_event, log_handler)
+    heartbeat.start()
+    status, error = "failed", None
+    try:
+        status = run_job(store, store.get_run(run_id), options.data_dir, stop_event)
+    except StopRequested as stop:
+        status = "stopped"
+        logger.info("%s", stop)
+    except Exception as failure:
+        from a2po.callbacks import StageInterrupted
+
+        if isinstance(failure, StageInterrupted):
+            status = "stopped"
+            logger.info("Run %s: %s", run_id, failure)
+        else:
+            error = traceback.format_exc()
+            if world > 1:  # often a collective that failed because another process died: its traceback is there
+                error += (f"\n(One of the run's {world} processes; the output of every process is in "
+                          f"{run_log_path(options.data_dir, run_id)}.)")
+            logger.error("Run %s failed:\n%s", run_id, error)
+    finally:
+        heartbeat.stop()
+        logger.info("Run %s %s.", run_id, status)
+        log_handler.flush()
+        logging.getLogger().removeHandler(log_handler)
+        recorded = record_end(store, run_id, status, error)
+    fault_point("worker_exit")
+    return 1 if status == "failed" or not recorded else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

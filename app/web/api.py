@@ -1,0 +1,186 @@
+"""Named API endpoints, so a script can drive the dashboard with `gradio_client` (documented in docs/api.md).
+
+    from gradio_client import Client, handle_file
+    client = Client("http://127.0.0.1:7860/")
+    run = client.predict(spec={"config": {"max_steps": 20}}, api_name="/launch")   # {} is the teaching demo
+    client.predict(run_id=run["run_id"], api_name="/status")
+
+On a studio with logins, get a token from `/login` and send it in a header:
+`Client(url, headers={"x-a2po-token": token})`. Reading (status, lists, metrics, limits) needs no login.
+Every endpoint goes through `Services`, like the pages: the same allow-list, limits and permissions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from app.access import allowlist
+from app.access.gate import Refused, Services, store_upload
+from app.web import forms, live
+from storage.lifecycle import UNFINISHED
+
+RUN_KEYS = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
+            "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
+            "stop_reason", "chunks_done", "chunk_seconds")
+
+
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The public fields of a run row (no process id) plus whether it is still active."""
+    return {**{k: run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
+
+
+def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
+    """A stored spec as the API shows it (and accepts it back): a file dataset names its file under "file",
+    relative to the studio's datasets folder when it lies there, since gradio_client would try to download any
+    object with a "path" key."""
+    dataset = dict(spec.get("dataset") or {})
+    if dataset.get("source") == "file" and "path" in dataset:
+        from pathlib import Path
+
+        path = Path(dataset.pop("path"))
+        dataset["file"] = str(path.relative_to(datasets_dir)) if path.is_relative_to(datasets_dir) else str(path)
+    return {**spec, "dataset": dataset}
+
+
+def register_api(services: Services) -> None:
+    """Add the named endpoints (inside gr.Blocks): /launch, /stop, /resume, /delete, /status, /list_runs, /metrics,
+    /limits, /login, /upload_dataset, /playground, /try_reward."""
+    store, auth = services.store, services.auth
+
+    def get(run_id: int) -> dict[str, Any]:
+        run = store.get_run(int(run_id))
+        if run is None:
+            raise gr.Error(f"No run #{run_id}.")
+        return run
+
+    def refused(call):
+        try:
+            return call()
+        except Refused as exc:
+            raise gr.Error(str(exc)) from None
+
+    def launch(spec: dict, request: gr.Request) -> dict:
+        """Check a run spec (see docs/api.md; missing keys take the teaching demo's values, `preset` picks another
+        preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once."""
+        user = auth.identify(request=request)
+        run_id, warnings = refused(lambda: services.launch_run(spec, user))
+        run = store.get_run(run_id)
+        return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"]),
+                "warnings": warnings}
+
+    def stop(run_id: int, request: gr.Request) -> dict:
+        """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
+        refused(lambda: services.act("stop", run_id, auth.identify(request=request)))
+        return run_summary(get(run_id))
+
+    def resume(run_id: int, request: gr.Request) -> dict:
+        """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*.
+        `warnings`: its registered rewards that changed since it started (it goes on with the current ones)."""
+        from a2po.reward_registry import reward_changes
+
+        refused(lambda: services.act("resume", run_id, auth.identify(request=request)))
+        run = get(run_id)
+        return {**run_summary(run), "warnings": reward_changes((run.get("config") or {}).get("rewards"),
+                                                               what="the resumed run")}
+
+    def delete(run_id: int, request: gr.Request) -> dict:
+        """Delete a run with its metrics, samples and files (its worker is killed if it runs)."""
+        refused(lambda: services.act("delete", run_id, auth.identify(request=request)))
+        return {"deleted": int(run_id)}
+
+    def status(run_id: int) -> dict:
+        """A run's status, stage, progress, error and best eval accuracy, plus its latest value of each metric."""
+        run = get(run_id)
+        value_set = store.get_value_set(run["value_set_id"]) if run.get("value_set_id") else None
+        values = None
+        if value_set:
+            # The run's own figures (its beta1 and filter), computed once per change of its rows.
+            version = (tuple(sorted((run.get("value_counts") or {}).items())), run.get("values_revision"))
+            summary = live.SHARED.get(("value-summary", run["id"]), version,
+                                      lambda _prev: store.value_summary(run["id"]))
+            values = {"num_prompts": sum((run.get("value_counts") or {}).values()),
+                      "complete": bool(value_set["complete"]), "summary": summary}
+        return {**run_summary(run), "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
+                "latest_metrics": store.latest_metrics(run["id"]), "values": values}
+
+    def list_runs() -> list:
+        """Every run, newest first (the fields of /status without metrics)."""
+        return [run_summary(r) for r in store.list_runs()]
+
+    def metrics(run_id: int, after_id: int = 0) -> list:
+        """Metric rows {id, step, name, value} of a run with id > after_id (poll with the largest id seen)."""
+        get(run_id)
+        return [{k: r[k] for k in ("id", "step", "name", "value")}
+                for r in store.get_metrics(int(run_id), after_id=int(after_id))]
+
+    def limits() -> dict:
+        """This studio's limits (None: no limit), whether launching needs a login, and what the operator allowed."""
+        from a2po.reward_registry import read_registry
+        from app.web.pages.launch import reward_choices
+
+        policy = services.policy
+        registry = read_registry()
+        return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
+                "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
+                "allow_hub": policy.allow_hub, "settable": [p.key for p in allowlist.PARAMS],
+                "rewards": [{"name": n, "doc": d, "registered": n in registry.rewards}
+                            for n, d in reward_choices().items()]}
+
+    def login(username: str, password: str) -> dict:
+        """A token for a studio user: send it as the `x-a2po-token` header. Wrong credentials are an error."""
+        token = auth.login(str(username), str(password)) if auth.passwords else None
+        if token is None:
+            raise gr.Error("Wrong user name or password." if auth.passwords else "This studio has no password users.")
+        return {"token": token, "user": username}
+
+    for fn in (launch, stop, resume, delete, status, list_runs, metrics, limits, login):
+        reads = fn in (status, list_runs, metrics, limits)
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=None if reads else 1)
+
+    def playground(run_id: int | None = None, model: str = "", prompt: str = "", num_samples: int = 4,
+                   answer: str = "", request: gr.Request = None) -> dict:
+        """A run's reference and trained policies (or one model's) answer `prompt`: a greedy completion and
+        `num_samples` (1-8) samples each, scored by the run's reward (`answer`: the expected answer of a typed
+        prompt). Returns {"reference": [...], "trained": [...], ...}, items {"completion", "reward", "greedy"}.
+        Needs a login where launching does."""
+        from app.web.pages.playground import play
+
+        user = auth.identify(request=request)
+        return refused(lambda: play(services, user, run_id=run_id, model=model, prompt=prompt,
+                                    num_samples=num_samples, answer=answer))
+
+    gr.api(playground, api_name="playground", concurrency_limit=1, concurrency_id="playground")
+
+    def try_reward(spec: dict, sample_model: bool = True, request: gr.Request = None) -> dict:
+        """Score a few of a spec's dataset prompts with its rewards before launching: each row's answer column
+        (should score 1), a wrong answer (should score 0) and, with `sample_model` and a small model, one sample.
+        Returns {"rows": [{"prompt", "kind", "completion", "reward"}], "verdict", "error", "note"}. Needs a login
+        where launching does; runs in the playground's process."""
+        from app.web.pages.playground import try_reward as score
+
+        user = auth.identify(request=request)
+        return refused(lambda: score(services, user, spec, sample_model=bool(sample_model)))
+
+    gr.api(try_reward, api_name="try_reward", concurrency_limit=1, concurrency_id="playground")
+
+    # A file endpoint needs a file component: an invisible one, used only by API clients.
+    upload_in = gr.File(visible=False, file_types=list(allowlist.DATA_SUFFIXES))
+    upload_out = gr.JSON(visible=False)
+    upload_button = gr.Button(visible=False)
+
+    def upload_dataset(file: str | None, request: gr.Request) -> dict:
+        """Store a data file (.jsonl, .json, .csv, .parquet) for runs: returns {"file"} to use as
+        `{"source": "file", "file": ...}` in a spec. Needs a login where launching does."""
+        problem = auth.can_launch(auth.identify(request=request))
+        if problem:
+            raise gr.Error(problem.replace("Launching runs", "Uploading data"))
+        if not file:
+            raise gr.Error("Send a file (gradio_client.handle_file(path)).")
+        from pathlib import Path
+
+        stored = refused(lambda: store_upload(services.policy, Path(file)))
+        return {"file": str(stored.relative_to(services.policy.datasets_dir))}
+
+    upload_button.click(upload_dataset, upload_in, upload_out, api_name="upload_dataset", concurrency_limit=2)

@@ -1,0 +1,515 @@
+"""Launch page: pick a preset, a model, a dataset and rewards, set hyper-parameters, validate, and start a run.
+
+It opens on the teaching-demo preset, which works offline: one press of "Train" starts a run. A preset fills the
+form; the form still shows every value. Every problem is shown right under the field it concerns, with the
+studio's limits next to the fields they bound. The form goes through the same allow-list as the API
+(`app.access.allowlist.check_spec`, via `Services.launch`).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from a2po.data import MAX_DIFFICULTY
+from a2po.names import ACTIONS
+from app.access import allowlist
+from app.access.gate import Refused, Services, offline
+from app.web import forms
+from app.web.common import model_choices, short
+
+SOURCES = [("Built-in arithmetic (offline)", "arithmetic"),
+           ("Reasoning task (reasoning-gym, offline)", "reasoning-gym"),
+           ("Hugging Face hub dataset", "hub"), ("Upload a file (jsonl / csv / parquet)", "file")]
+ACTION_LABELS = {"train": "Train (A*-PO)", "values": "Estimate V* only", "evaluate": "Evaluate"}  # `a2po.names.ACTIONS`
+PREVIEW_ROWS = 5
+
+
+@dataclass
+class LaunchPage:
+    """Components other pages use: the id of the run this session launched last, the form's inputs."""
+
+    launched: gr.State
+    events: list[Any]
+    model: gr.Dropdown
+    inputs: dict[str, gr.components.Component] = field(default_factory=dict)
+    preset: gr.Dropdown | None = None
+    # What "Clone this run" fills: `load_spec(spec, verb)` returns updates for `fill_outputs`.
+    fill_outputs: list[Any] = field(default_factory=list)
+    load_spec: Any = None
+
+
+def load_dataset_preview(dataset: dict[str, Any], rows: int = PREVIEW_ROWS) -> tuple[list[str], pd.DataFrame]:
+    """The raw columns of the dataset a form describes and its first rows (may raise on unreadable data).
+
+    A hub dataset is streamed (a few rows, never a full download in the UI process). The rows are shown as the
+    model will see them (prompt and ground_truth added) when the columns allow it.
+    """
+    from a2po import data
+
+    if dataset["source"] == "arithmetic":
+        ds = data.arithmetic_dataset(num_prompts=min(rows, dataset["num_prompts"]), operations=dataset["operations"],
+                                     difficulty=dataset["difficulty"], seed=dataset["seed"], chat=False)
+        columns = list(ds.column_names)
+    elif dataset["source"] == "reasoning-gym":
+        preview = data.preview_tasks(dataset, rows)
+        return ["prompt", "ground_truth", "task"], pd.DataFrame(
+            [{"task": r["task"], "prompt": short(r["prompt"], 300), "answer": short(str(r["answer"]), 80)}
+             for r in preview])
+    else:
+        source = dataset["name"] if dataset["source"] == "hub" else dataset["path"]
+        head = data.peek_dataset(source, dataset.get("split") or "train", dataset.get("config_name"), rows)
+        columns = list(head.column_names)
+        try:
+            ds = data.normalize_prompt_dataset(head, dataset.get("prompt_column"), dataset.get("answer_column"))
+        except ValueError:
+            ds = head  # the form shows what is missing; preview the raw rows meanwhile
+    preview = data.preview_rows(ds, rows)
+    frame = pd.DataFrame([{k: short(v if isinstance(v, str) else repr(v), 200) for k, v in row.items()}
+                          for row in preview])
+    return columns, frame
+
+
+def _form_values(keys: list[str], values: tuple[Any, ...], reward_names: list[str]) -> dict[str, Any]:
+    raw = dict(zip(keys, values, strict=True))
+    form = {k: v for k, v in raw.items() if not k.startswith(("use_reward:", "weight_reward:"))}
+    form["rewards"] = {n: raw[f"weight_reward:{n}"] for n in reward_names if raw[f"use_reward:{n}"]}
+    form["operations"] = "".join(raw.get("operations") or [])
+    return form
+
+
+def validate(services: Services, form: dict[str, Any]) -> forms.FormResult:
+    """Validate the form, reading the first rows of hub and file datasets so column problems show too."""
+    result = forms.validate_form(form, services.policy, offline=offline())
+    if result.spec is None or result.spec["dataset"]["source"] not in ("file", "hub"):
+        return result
+    try:
+        columns, _ = load_dataset_preview(result.spec["dataset"], rows=1)
+    except Exception as exc:  # an unreadable dataset is a form error, shown next to its field
+        key = "hub_name" if result.spec["dataset"]["source"] == "hub" else "file_path"
+        return forms.FormResult(None, {key: f"Could not read this dataset: {short(str(exc), 300)}"})
+    return forms.validate_form(form, services.policy, columns=columns, offline=offline())
+
+
+def _task_help() -> str:
+    """The reasoning-gym tasks and their settings, as the form's help text."""
+    try:
+        from a2po.tasks import TASKS, settings_schema
+    except ImportError:
+        return "reasoning-gym is not installed: `pip install 'a2po-studio[tasks]'`."
+    lines = []
+    for name, task in TASKS.items():
+        settings = ", ".join(f"`{s['name']}` ({s['default']})" for s in settings_schema(name)) or "none"
+        lines.append(f"- **{name}**: {task.description} Settings: {settings}.")
+    return "\n".join(lines)
+
+
+def build_launch_page(services: Services, token: gr.BrowserState | None = None) -> LaunchPage:
+    """Lay out the launch form and wire presets, validation, preview, the command view and the three actions."""
+    from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS
+
+    limits = services.policy.limits
+    defaults = forms.default_form()
+    reward_info = reward_choices()
+    reward_names = list(reward_info)
+    inputs: dict[str, gr.components.Component] = {}
+    errors: dict[str, gr.Markdown] = {}
+
+    def error_slot(key: str) -> None:
+        errors[key] = gr.Markdown(visible=False, elem_classes=["field-error"], elem_id=f"error-{key}")
+
+    def number(key: str, label: str, info: str = "", **kw: Any) -> None:
+        inputs[key] = gr.Number(value=defaults[key], label=label, info=info or None, elem_id=f"field-{key}", **kw)
+        error_slot(key)
+
+    gr.Markdown("## Launch a run\nThe teaching demo works offline: press **Train** to fine-tune the built-in "
+                "model on arithmetic and watch stage 1 (V* estimation) and stage 2 (A*-PO training) live.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            preset = gr.Dropdown([(PRESET_DESCRIPTIONS[name].split(":")[0], name) for name in PRESET_DESCRIPTIONS],
+                                 value=DEFAULT_PRESET, label="Preset", elem_id="field-preset",
+                                 info=PRESET_DESCRIPTIONS[DEFAULT_PRESET])
+            with gr.Group():
+                inputs["name"] = gr.Textbox(value=defaults["name"], label="Run name", elem_id="field-name",
+                                            max_length=limits.max_name_length)
+                error_slot("name")
+                inputs["model"] = gr.Dropdown(choices=model_choices(services), value=defaults["model"],
+                                              allow_custom_value=True, label="Model", elem_id="field-model",
+                                              info="Built-in name, hub id (org/name) or a folder under "
+                                                   f"{services.data_dir / 'models'}.")
+                error_slot("model")
+            gr.Markdown("### Dataset")
+            with gr.Group():
+                inputs["dataset_source"] = gr.Radio(SOURCES, value=defaults["dataset_source"], label="Source",
+                                                    elem_id="field-dataset_source")
+                error_slot("dataset_source")
+                with gr.Row():
+                    with gr.Column():
+                        number("num_prompts", "Number of prompts", precision=0, minimum=1,
+                               info=f"At most {limits.max_prompts} here.")
+                    with gr.Column():
+                        number("data_seed", "Data seed", precision=0)
+                    with gr.Column():
+                        number("eval_size", "Held-out eval prompts", precision=0, minimum=0,
+                               info=f"At most {limits.max_eval_size} here.")
+                with gr.Row(visible=defaults["dataset_source"] == "arithmetic") as arithmetic_box:
+                    with gr.Column():
+                        inputs["difficulty"] = gr.Slider(1, MAX_DIFFICULTY, value=defaults["difficulty"],
+                                                         step=1, label="Difficulty (digits)",
+                                                         elem_id="field-difficulty")
+                        error_slot("difficulty")
+                    with gr.Column():
+                        inputs["operations"] = gr.CheckboxGroup(list(forms.ARITHMETIC_OPERATIONS),
+                                                                value=list(defaults["operations"]),
+                                                                label="Operations", elem_id="field-operations")
+                        error_slot("operations")
+                with gr.Column(visible=False) as task_box:
+                    with gr.Row():
+                        inputs["task"] = gr.Dropdown(_task_names(), value=defaults["task"], label="Task",
+                                                     elem_id="field-task")
+                        inputs["task_settings"] = gr.Textbox(
+                            value=defaults["task_settings"], label="Settings (JSON)", elem_id="field-task_settings",
+                            info='e.g. {"max_terms": 3}; or a mix: [{"task": "chain_sum", "weight": 2}, ...]')
+                    inputs["answer_format"] = gr.Radio(
+                        [("between <answer> tags", "tags"), ("just the number (numeric tasks)", "number")],
+                        value=defaults["answer_format"], label="Answer format", elem_id="field-answer_format",
+                        info="Small models rarely write the tags (SmolLM2: never on chain sums); with 'number' the "
+                             "checker reads the completion's last number.")
+                    error_slot("answer_format")
+                    error_slot("task")
+                    error_slot("task_settings")
+                    with gr.Accordion("Tasks and their settings", open=False):
+                        gr.Markdown(_task_help())
+                with gr.Row(visible=False) as hub_box:
+                    with gr.Column(scale=2):
+                        inputs["hub_name"] = gr.Textbox(value=defaults["hub_name"], label="Hub dataset id",
+                                                        elem_id="field-hub_name")
+                        error_slot("hub_name")
+                    inputs["hub_config"] = gr.Textbox(value=defaults["hub_config"], label="Config")
+                    inputs["hub_split"] = gr.Textbox(value=defaults["hub_split"], label="Split")
+                with gr.Column(visible=False) as file_box:
+                    upload = f" (at most {limits.upload_mb:g} MB)" if limits.upload_mb else ""
+                    inputs["file_path"] = gr.File(label=f"Data file{upload}", file_types=list(allowlist.DATA_SUFFIXES),
+                                                  type="filepath", elem_id="field-file_path")
+                    error_slot("file_path")
+                with gr.Row(visible=False) as columns_box:
+                    with gr.Column():
+                        inputs["prompt_column"] = gr.Textbox(label="Prompt column (default: prompt)",
+                                                             elem_id="field-prompt_column")
+                        error_slot("prompt_column")
+                    with gr.Column():
+                        inputs["answer_column"] = gr.Textbox(label="Answer column (default: ground_truth)",
+                                                             elem_id="field-answer_column")
+                        error_slot("answer_column")
+                with gr.Row():
+                    with gr.Column(min_width=200, scale=1):
+                        inputs["template_system_prompt"] = gr.Checkbox(
+                            value=defaults["template_system_prompt"], label="Chat template's own system prompt",
+                            elem_id="field-template_system_prompt",
+                            info="SmolLM2's adds 16 tokens ('You are a helpful AI assistant named SmolLM, ...') "
+                                 "to every prompt.")
+                    with gr.Column(scale=3):
+                        inputs["system_prompt"] = gr.Textbox(
+                            value=defaults["system_prompt"], label="System prompt (when the box is off)",
+                            elem_id="field-system_prompt", max_lines=4, placeholder="empty: an empty system message",
+                            info="Put before every conversational prompt; empty keeps prompts short (the teaching "
+                                 "demo's choice).")
+                        error_slot("system_prompt")
+            gr.Markdown("### Rewards")
+            with gr.Group():
+                for name in reward_names:
+                    with gr.Row():
+                        inputs[f"use_reward:{name}"] = gr.Checkbox(value=name in defaults["rewards"], label=name,
+                                                                   info=reward_info[name] or None,
+                                                                   elem_id=f"field-use-{element_id(name)}")
+                        inputs[f"weight_reward:{name}"] = gr.Number(value=defaults["rewards"].get(name, 1.0),
+                                                                    label=f"{name} weight", minimum=0)
+                error_slot("rewards")
+            with gr.Row():
+                try_btn = gr.Button("Try the reward", size="sm", scale=0, min_width=160, elem_id="try-reward")
+                try_verdict = gr.Markdown("Scores a few of the dataset's prompts before launching: their answer "
+                                          "column (should score 1), a wrong answer (should score 0) and a sample of "
+                                          "the model.", elem_id="try-verdict")
+            try_table = gr.Dataframe(headers=TRY_COLUMNS, interactive=False, wrap=True, visible=False,
+                                     label="Try the reward", elem_id="try-table", max_height=400,
+                                     column_widths=["40%", "16%", "32%", "12%"])
+            gr.Markdown("### Hyper-parameters")
+            with gr.Row():
+                for param in [p for p in allowlist.PARAMS if not p.advanced]:
+                    with gr.Column(min_width=200):
+                        _param_input(param, defaults, inputs, limits)
+                        error_slot(param.key)
+            with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                with gr.Row():
+                    for param in [p for p in allowlist.PARAMS if p.advanced]:
+                        with gr.Column(min_width=200):
+                            _param_input(param, defaults, inputs, limits)
+                            error_slot(param.key)
+            gr.Markdown("### LoRA")
+            with gr.Row():
+                with gr.Column(min_width=150):
+                    inputs["lora"] = gr.Checkbox(value=defaults["lora"], label="Train a LoRA adapter",
+                                                 elem_id="field-lora")
+                with gr.Column(min_width=150):
+                    inputs["lora_r"] = gr.Number(value=defaults["lora_r"], label="Rank r", precision=0,
+                                                 elem_id="field-lora_r", info=f"At most {limits.max_lora_rank} here.")
+                    error_slot("lora_r")
+                with gr.Column(min_width=150):
+                    inputs["lora_alpha"] = gr.Number(value=defaults["lora_alpha"], label="Alpha",
+                                                     elem_id="field-lora_alpha")
+                    error_slot("lora_alpha")
+            gr.Markdown("### Processes")
+            with gr.Row():
+                with gr.Column(min_width=150):
+                    inputs["num_processes"] = gr.Number(value=defaults["num_processes"], label="Processes / GPUs",
+                                                        precision=0, minimum=1, elem_id="field-num_processes",
+                                                        info=processes_info(services))
+                    error_slot("num_processes")
+        with gr.Column(scale=2):
+            gr.Markdown("### Start")
+            buttons = [gr.Button(ACTION_LABELS[action], variant="primary" if action == "train" else "secondary",
+                                 elem_id=f"action-{action}") for action in ACTIONS]
+            error_slot(forms.FORM_ERROR)
+            status = gr.Markdown(elem_id="launch-status")
+            with gr.Row():
+                check_btn = gr.Button("Check form", size="sm", elem_id="check-form")
+                command_btn = gr.Button("Show command", size="sm", elem_id="show-command")
+                preview_btn = gr.Button("Preview data", size="sm", elem_id="preview-data")
+            with gr.Row():
+                save_btn = gr.Button("Save as YAML", size="sm", elem_id="save-yaml")
+                load_btn = gr.UploadButton("Load YAML", file_types=[".yaml", ".yml"], size="sm", elem_id="load-yaml")
+            saved = gr.File(label="Config file (python -m a2po train --config FILE)", visible=False,
+                            interactive=False, elem_id="saved-yaml")
+            command = gr.Code(label="Equivalent command line", language="shell", lines=3, interactive=False,
+                              elem_id="command", wrap_lines=True)
+            default_dataset = forms.form_to_spec(defaults)["dataset"]
+            preview_info = gr.Markdown("The preset's prompts:", elem_id="preview-info")
+            preview = gr.Dataframe(value=lambda: load_dataset_preview(default_dataset)[1],
+                                   label="First rows of the dataset", interactive=False, wrap=True,
+                                   elem_id="preview", max_height=300)
+            gr.Markdown(f"**This studio's limits:** at most {limits.text()}.", elem_id="limits-info")
+
+    keys = list(inputs)
+    error_keys = list(errors)
+    launched = gr.State(None)
+    token = token if token is not None else gr.State(None)
+
+    def error_updates(result_errors: dict[str, str]) -> list[Any]:
+        return [gr.Markdown(value=f"⚠ {result_errors[k]}", visible=True) if k in result_errors
+                else gr.Markdown(value="", visible=False) for k in error_keys]
+
+    def check(*values: Any) -> list[Any]:
+        result = validate(services, _form_values(keys, values, reward_names))
+        message = ("✅ The form is valid." if result.ok
+                   else f"❌ {len(result.errors)} problem(s): see the marked fields.")
+        return [*error_updates(result.errors), message]
+
+    def show_command(*values: Any) -> list[Any]:
+        result = validate(services, _form_values(keys, values, reward_names))
+        text = forms.command_line(result.spec) if result.ok else "# Fix the marked fields first."
+        return [*error_updates(result.errors), text]
+
+    def show_preview(*values: Any) -> tuple[Any, ...]:
+        spec = forms.form_to_spec(_form_values(keys, values, reward_names))
+        # The dataset as the allow-list states it (a file's path resolved), whatever the other fields hold.
+        result = allowlist.check_dataset(spec["dataset"], services.policy)
+        if not result.ok:
+            return "⚠ " + " ".join(result.errors.values()), None
+        try:
+            columns, frame = load_dataset_preview(result.spec)
+        except Exception as exc:  # shown to the user, not raised: a bad file is an input problem
+            return f"⚠ Could not read this dataset: {short(str(exc), 300)}", None
+        return f"Columns: {', '.join(f'`{c}`' for c in columns)}", frame
+
+    def start(action: str):
+        # Inputs as a set: the handler gets a dict of values, and Gradio can add the request (for the login).
+        def handler(data: dict, request: gr.Request) -> list[Any]:
+            values = tuple(data[inputs[k]] for k in keys)
+            user_token = data[token]
+            form = {**_form_values(keys, values, reward_names), "action": action}
+            result = validate(services, form)
+            if not result.ok:
+                return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) "
+                        "— see the marked fields.", None]
+            try:
+                run_id = services.launch(result.spec, services.auth.identify(token=user_token, request=request))
+            except Refused as exc:
+                return [*error_updates({}), f"❌ Not started: {exc}", None]
+            return [*error_updates({}), f"✅ Started run #{run_id} ({ACTIONS[action]}).", run_id]
+        return handler
+
+    def try_it(data: dict, request: gr.Request) -> list[Any]:
+        from app.web.pages.playground import try_reward
+
+        values = tuple(data[inputs[k]] for k in keys)
+        spec = forms.form_to_spec(_form_values(keys, values, reward_names))
+        try:
+            result = try_reward(services, services.auth.identify(token=data[token], request=request), spec)
+        except Refused as exc:
+            return [f"❌ {exc}", gr.Dataframe(visible=False)]
+        return [result["verdict"], gr.Dataframe(value=try_frame(result["rows"]), visible=bool(result["rows"]))]
+
+    all_inputs = [inputs[k] for k in keys]
+    errors_out = [errors[k] for k in error_keys]
+    try_btn.click(try_it, {token, *all_inputs}, [try_verdict, try_table], api_visibility="private",
+                  concurrency_limit=1, concurrency_id="playground")
+    check_btn.click(check, all_inputs, [*errors_out, status], api_visibility="private")
+    command_btn.click(show_command, all_inputs, [*errors_out, command], api_visibility="private")
+    preview_btn.click(show_preview, all_inputs, [preview_info, preview], api_visibility="private")
+    events = [button.click(start(action), {token, *all_inputs}, [*errors_out, status, launched],
+                           api_visibility="private", concurrency_limit=1)
+              for button, action in zip(buttons, ACTIONS, strict=True)]
+
+    boxes = [arithmetic_box, task_box, hub_box, file_box, columns_box]
+
+    def toggle(source: str) -> list[Any]:
+        return [gr.update(visible=source == "arithmetic"), gr.update(visible=source == "reasoning-gym"),
+                gr.update(visible=source == "hub"), gr.update(visible=source == "file"),
+                gr.update(visible=source in ("hub", "file"))]
+
+    inputs["dataset_source"].change(toggle, inputs["dataset_source"], boxes, api_visibility="private")
+    reward_boxes = [inputs[f"use_reward:{name}"] for name in reward_names]
+
+    def match_rewards(source: str) -> list[Any]:
+        """A task is scored by its own checker, and only by it; other sources start from exact_match again."""
+        wanted = "task_checker" if source == "reasoning-gym" else "exact_match"
+        return [gr.update(value=name == wanted) for name in reward_names]
+
+    # `.input`: only a user's pick switches the rewards, not a preset, a loaded config or a clone filling the form.
+    inputs["dataset_source"].input(match_rewards, inputs["dataset_source"], reward_boxes, api_visibility="private")
+
+    def fill(values: dict[str, Any]) -> list[Any]:
+        """Updates that show `values` (the form's flat fields) in every input, and the right dataset boxes."""
+        updates = []
+        for key in keys:
+            if key.startswith("use_reward:"):
+                updates.append(gr.update(value=key.split(":", 1)[1] in values["rewards"]))
+            elif key.startswith("weight_reward:"):
+                updates.append(gr.update(value=values["rewards"].get(key.split(":", 1)[1], 1.0)))
+            elif key == "operations":
+                updates.append(gr.update(value=list(values["operations"])))
+            elif key == "file_path":
+                updates.append(gr.update())
+            else:
+                updates.append(gr.update(value=values.get(key)))
+        return [*updates, *toggle(values["dataset_source"])]
+
+    def apply_preset(name: str) -> list[Any]:
+        """Fill every field from the preset (the form keeps showing each value)."""
+        return [*fill(forms.default_form(name)), gr.Dropdown(info=PRESET_DESCRIPTIONS[name])]
+
+    preset.input(apply_preset, preset, [*all_inputs, *boxes, preset], api_visibility="private")
+
+    def save_yaml(*values: Any) -> list[Any]:
+        from a2po.runspec import RunSpec
+
+        result = validate(services, _form_values(keys, values, reward_names))
+        if not result.ok:
+            return [*error_updates(result.errors), "❌ Fix the marked fields first.", gr.File(visible=False)]
+        spec = RunSpec.from_dict(result.spec)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.name)[:60]
+        path = services.exports_dir / f"config-{safe}.yaml"
+        path.write_text(spec.to_yaml())
+        return [*error_updates({}), f"✅ Saved {path.name}: run it with `python -m a2po train --config "
+                f"{path.name}`, or load it here later.", gr.File(value=str(path), visible=True)]
+
+    def load_yaml(file: str | None) -> list[Any]:
+        """Fill the form from a YAML config, after the same allow-list as the API (a file can name anything)."""
+        from a2po.cli import spec_from_config_file
+
+        keep = [gr.update() for _ in [*all_inputs, *boxes]]
+        if not file:
+            return [*keep, gr.skip()]
+        try:
+            spec = spec_from_config_file(file).to_dict()
+        except ValueError as exc:
+            return [*keep, f"❌ Not loaded: {short(str(exc), 500)}"]
+        return load_spec(spec, "Loaded")
+
+    def load_spec(spec: Any, verb: str) -> list[Any]:
+        """Fill the form from a run spec (a YAML file's, or a run's to clone) after the API's allow-list: a spec that
+        names a refused field fills nothing and says why."""
+        result = allowlist.check_spec(spec, services.policy, offline=offline())
+        if not result.ok:
+            return [*(gr.update() for _ in [*all_inputs, *boxes]), f"❌ Not {verb.lower()}: "
+                    f"{short(result.message(), 800)}"]
+        warnings = "".join(f"\n\n⚠ {html.escape(w)}" for w in result.warnings)
+        return [*fill(forms.spec_to_form(result.spec)), f"✅ {verb} {html.escape(result.spec['name'])}: check the "
+                                                      f"fields, then start it.{warnings}"]
+
+    save_btn.click(save_yaml, all_inputs, [*errors_out, status, saved], api_visibility="private")
+    load_btn.upload(load_yaml, load_btn, [*all_inputs, *boxes, status], api_visibility="private")
+    return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
+                      fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec)
+
+
+def reward_choices() -> dict[str, str]:
+    """The rewards the form offers, each with its docstring's summary: the built-in ones, then those the
+    operator registered (read from their source, never imported here), with their file."""
+    from a2po.reward_registry import read_registry, summary
+    from a2po.rewards import REWARD_FUNCTIONS
+
+    out = {name: summary(func.__doc__) for name, func in REWARD_FUNCTIONS.items()}
+    for reward in read_registry().rewards.values():
+        where = os.path.basename(reward.file) if reward.file else reward.origin
+        out[reward.name] = f"{reward.doc} (registered: {where})" if reward.doc else f"Registered: {where}."
+    return out
+
+
+def element_id(name: str) -> str:
+    """A reward's name as part of an element id."""
+    return re.sub(r"[^\w-]", "_", name)
+
+
+TRY_COLUMNS = ["prompt", "kind", "completion", "reward"]
+
+
+def try_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows of "Try the reward" as a small table."""
+    return pd.DataFrame([{"prompt": short(r["prompt"], 120), "kind": r["kind"],
+                          "completion": short(r["completion"], 200), "reward": f"{r['reward']:g}"} for r in rows],
+                        columns=TRY_COLUMNS)
+
+
+def processes_info(services: Services) -> str:
+    """What the "Processes / GPUs" field does on this machine."""
+    devices = getattr(services.jobs, "devices", None)
+    gpus = len(getattr(devices, "gpus", ()) or ())
+    split = ("Stage 1 is split between the processes and each gets the whole V* table; the batch size is per "
+             "process, so a step trains on processes × batch size prompts.")
+    if gpus:
+        return (f"More than 1: one process per GPU under `accelerate launch` (DDP); this machine has {gpus} "
+                f"GPU(s). {split}")
+    cores = getattr(devices, "cpu_processes", None) or os.cpu_count() or 1
+    return (f"This machine has no GPU: more than 1 runs that many processes on its CPU (gloo, at most {cores}); "
+            f"they share its cores, so this is for trying multi-process runs, not for speed. {split}")
+
+
+def _task_names() -> list[str]:
+    try:
+        from a2po.tasks import TASKS
+    except ImportError:
+        return []
+    return list(TASKS)
+
+
+def _param_input(param: allowlist.Param, defaults: dict[str, Any], inputs: dict[str, Any], limits) -> None:
+    value = defaults[param.key]
+    elem_id = f"field-{param.key}"
+    info = allowlist.limit_info(param, limits) or None
+    if param.kind == "bool":
+        inputs[param.key] = gr.Checkbox(value=value, label=param.label, info=info, elem_id=elem_id)
+    elif param.kind == "choice":
+        inputs[param.key] = gr.Dropdown(list(param.choices), value=value, label=param.label, info=info,
+                                        elem_id=elem_id)
+    else:
+        inputs[param.key] = gr.Number(value=value, label=param.label, info=info, elem_id=elem_id,
+                                      precision=0 if param.kind == "int" else None)
+
+

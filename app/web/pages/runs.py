@@ -1,0 +1,114 @@
+"""Runs page: every run with its status, stage, progress, timing and best eval accuracy; a click opens it.
+
+Its timer runs only while the page is open (`RunsPage.poll_while_open`): every `POLL_SECONDS` while some run is
+active (queued, running, stopping), every `IDLE_SECONDS` otherwise, only to notice runs launched elsewhere (another
+tab, the API). Each poll reads the runs table once and sends nothing unless a row shown changed; the table itself
+is built once per change for all sessions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.access.gate import Services
+from app.web import live
+from app.web.common import elapsed_and_remaining, format_duration, format_time
+from app.web.pages.run import SHOW_RUN_TAB
+from storage.lifecycle import UNFINISHED
+
+COLUMN_WIDTHS = ["4%", "11%", "6%", "8%", "6%", "6%", "7%", "7%", "12%", "13%", "6%", "6%", "8%"]
+RUN_COLUMNS = ["id", "name", "kind", "status", "stage", "progress", "elapsed", "remaining", "model", "dataset",
+               "best eval acc", "owner", "created"]
+POLL_SECONDS = 3.0
+IDLE_SECONDS = 15.0
+# The run fields the table shows (elapsed and remaining from the times and the progress), the signature of a poll.
+SHOWN = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "best_eval_accuracy", "owner",
+         "created_at", "started_at", "finished_at")
+
+
+@dataclass
+class RunsPage:
+    table: gr.Dataframe
+    selected: gr.State
+    select_event: Any
+    timer: gr.Timer
+    refresh_outputs: list[Any]
+    poll: Callable[[Any], tuple[Any, ...]]
+
+    def poll_while_open(self, tab: gr.Tab, other_tabs: list[gr.Tab]) -> None:
+        """Run the timer only while `tab` (the one holding this page) is the selected tab: opening it redraws the
+        table and starts the timer, opening any of `other_tabs` stops it (clicking a run, which opens the Run
+        page, stops it too)."""
+        private = {"api_visibility": "private", "show_progress": "hidden"}
+        tab.select(lambda previous: self.poll(previous, restart=True), self.refresh_outputs[2],
+                   self.refresh_outputs, **private)
+        for other in other_tabs:
+            other.select(lambda: gr.Timer(active=False), None, self.timer, **private)
+
+
+def runs_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        elapsed, remaining = elapsed_and_remaining(run)
+        best = run.get("best_eval_accuracy")
+        rows.append({"id": run["id"], "name": run["name"], "kind": run["kind"], "status": run["status"],
+                     "stage": run.get("stage") or "", "progress": f"{(run.get('progress') or 0):.0%}",
+                     "elapsed": format_duration(elapsed), "remaining": format_duration(remaining),
+                     "model": Path(run["model"]).name if "/" in run["model"] and Path(run["model"]).is_absolute()
+                     else run["model"], "dataset": run["dataset"],
+                     "best eval acc": "" if best is None else f"{best:.1%}", "owner": run.get("owner") or "",
+                     "created": format_time(run["created_at"])})
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def build_runs_page(services: Services) -> RunsPage:
+    gr.Markdown("## Runs\nClick a row to open the run. Times: elapsed since the run started; remaining is "
+                "estimated from the progress of its current stage.")
+    with gr.Row():
+        refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100, elem_id="runs-refresh")
+        info = gr.Markdown(elem_id="runs-info")
+    table = gr.Dataframe(headers=RUN_COLUMNS,
+                         interactive=False, show_search="filter", max_height=700, wrap=True, elem_id="runs-table",
+                         label="Runs", column_widths=COLUMN_WIDTHS)
+    selected = gr.State(None)
+    timer = gr.Timer(POLL_SECONDS, active=False)  # see `RunsPage.poll_while_open`
+    last = gr.State(None)
+
+    def poll(previous: Any, restart: bool = False):
+        """(table, info, signature, timer): the table only when a row shown changed, the timer only when its pace
+        does (or `restart`: the page was just opened)."""
+        runs = services.store.list_runs()
+        active = sum(r["status"] in UNFINISHED for r in runs)
+        # Elapsed and remaining times move while runs are active: their 5-second bucket is part of the signature.
+        signature = (str([tuple(r.get(k) for k in SHOWN) for r in runs]), int(time.time() // 5) if active else 0)
+        pace = POLL_SECONDS if active else IDLE_SECONDS
+        timer_update = (gr.Timer(pace, active=True) if restart or not previous or previous[1] != pace
+                        else gr.skip())
+        if previous and previous[0] == signature:
+            return gr.skip(), gr.skip(), previous, timer_update
+        frame = live.SHARED.get(("runs",), signature, lambda _prev: runs_frame(runs))
+        info = f"{len(runs)} run{'s' if len(runs) != 1 else ''}, {active} active."
+        return frame, info, (signature, pace), timer_update
+
+    outputs = [table, info, last, timer]
+    common = {"show_progress": "hidden", "concurrency_limit": None}
+    # Callable by clients (scripts/polling_cost.py simulates a class with it); it reads only the runs list.
+    timer.tick(poll, last, outputs, api_name="runs_poll", api_visibility="undocumented", **common)
+    refresh.click(lambda: poll(None, restart=True), None, outputs, api_visibility="private", **common)
+
+    def select(evt: gr.SelectData):
+        if not evt.row_value:
+            return gr.skip(), gr.skip()
+        return int(evt.row_value[0]), gr.Timer(active=False)  # the Run page opens: stop polling this one
+
+    event = table.select(select, None, [selected, timer], api_visibility="private")
+    table.select(None, None, None, js=SHOW_RUN_TAB)  # even when the run clicked is the one already open
+    return RunsPage(table=table, selected=selected, select_event=event, timer=timer, refresh_outputs=outputs,
+                    poll=poll)
