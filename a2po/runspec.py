@@ -352,7 +352,7 @@ class RunSpec:
         return data.train_eval_split(full, eval_size, seed=int(d.get("seed", 0)))
 
     def reward_funcs(self) -> list:
-        from a2po.rewards import get_reward_function
+        from a2po.reward_registry import get_reward_function
 
         return [get_reward_function(r["name"]) for r in self.rewards]
 

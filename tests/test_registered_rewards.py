@@ -18,12 +18,12 @@ from datasets import Dataset
 from a2po.reward_registry import (
     MODULES_ENV,
     RewardRegistryError,
+    get_reward_function,
     read_registry,
     register_modules,
     reward_changes,
     stamp_sources,
 )
-from a2po.rewards import get_reward_function
 from a2po.runspec import RunSpec, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,14 +7,9 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import pytest  # noqa: E402
 
-from a2po.rewards import (  # noqa: E402
-    REWARD_FUNCTIONS,
-    completion_text,
-    exact_match,
-    extract_final_answer,
-    get_reward_function,
-    math_equivalence,
-)
+from a2po.answers import completion_text, extract_final_answer  # noqa: E402
+from a2po.reward_registry import get_reward_function  # noqa: E402
+from a2po.rewards import REWARD_FUNCTIONS, exact_match, math_equivalence  # noqa: E402
 
 
 @pytest.mark.parametrize("text, expected", [

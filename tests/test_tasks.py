@@ -15,7 +15,7 @@ from datasets import Dataset
 from a2po import A2POConfig, A2POTrainer
 from a2po.cli import main, parse, spec_from_args
 from a2po.data import mixed_task_dataset, preview_tasks, task_dataset
-from a2po.rewards import get_reward_function
+from a2po.reward_registry import get_reward_function
 from a2po.runspec import RunSpec
 from a2po.tasks import (
     ANSWER_INSTRUCTION,

@@ -676,7 +676,7 @@ class Engine:
         """The run's weighted reward of each completion, or None each when the prompt cannot be scored."""
         if not self._scorable(request, row):
             return [None] * len(texts)
-        from a2po.rewards import get_reward_function
+        from a2po.reward_registry import get_reward_function
 
         columns = {k: v for k, v in (row or {}).items() if k not in ("prompt", "completions")}
         if request.get("answer"):
@@ -700,7 +700,7 @@ def score_rows(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts:
     """The weighted reward of each completion `texts[i]` of `rows[i]`, called as the trainer calls reward functions
     (prompts, completions, every other column; conversational prompts get conversational completions); a failure
     or a bad result raises, naming the function (and, registered, its file)."""
-    from a2po.rewards import get_reward_function
+    from a2po.reward_registry import get_reward_function
 
     prompts = [row["prompt"] for row in rows]
     completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for t, p in zip(texts, prompts)]
