@@ -66,23 +66,25 @@ def timers(times: dict[str, float]):
                (Trainer, "training_step"): "step"}
     originals = {key: getattr(*key) for key in patched}
 
-    def timed(function, part):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                times[part] += time.perf_counter() - start
-        return wrapper
-
     for (owner, name), part in patched.items():
-        setattr(owner, name, timed(originals[(owner, name)], part))
+        setattr(owner, name, timed(originals[(owner, name)], times, part))
     try:
         yield
     finally:
         for (owner, name), function in originals.items():
             setattr(owner, name, function)
+
+
+def timed(function, times: dict[str, float], part: str):
+    """`function`, adding the seconds of each call to `times[part]`."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            times[part] += time.perf_counter() - start
+    return wrapper
 
 
 def optimizer_step_timer(times: dict[str, float]):
@@ -93,16 +95,7 @@ def optimizer_step_timer(times: dict[str, float]):
 
     def create_optimizer(self, *args, **kwargs):
         optimizer = original(self, *args, **kwargs)
-        step = optimizer.step
-
-        @functools.wraps(step)
-        def timed_step(*a, **k):
-            start = time.perf_counter()
-            try:
-                return step(*a, **k)
-            finally:
-                times["step"] += time.perf_counter() - start
-        optimizer.step = timed_step
+        optimizer.step = timed(optimizer.step, times, "step")
         return optimizer
 
     Trainer.create_optimizer = create_optimizer

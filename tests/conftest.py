@@ -18,3 +18,12 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_model(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless chromium for a module's browser tests (`tests.browser`)."""
+    from tests.browser import chromium
+
+    with chromium() as browser:
+        yield browser

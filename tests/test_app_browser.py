@@ -7,7 +7,6 @@ main views into docs/screenshots/ (launch, values, training, samples, runs).
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +14,8 @@ from pathlib import Path
 import playwright.sync_api as playwright
 import pytest
 
+from tests.browser import chromium, fill_form, open_page, open_tab, set_field, shoot, train_on_cpu
 from tests.test_app_api import free_port, start_app, stop_app
-
-# Debian's chromium, which `make test` installs; a missing browser fails the test rather than skipping it.
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
-TIMEOUT_MS = 90_000
 
 
 @pytest.fixture(scope="module")
@@ -39,32 +32,8 @@ def app_url(tmp_path_factory, taught_model_dir) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def page(app_url):
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(TIMEOUT_MS)
-        playwright.expect.set_options(timeout=TIMEOUT_MS)
-        page.goto(app_url, wait_until="load")
-        page.wait_for_selector("#main-tabs")
-        yield page
-        browser.close()
-
-
-def set_field(page, elem_id: str, value: str) -> None:
-    """Type into a Gradio textbox / number / dropdown and leave it, so the value is committed."""
-    box = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
-    box.fill(value)
-    box.press("Tab")
-
-
-def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).first.click()
-
-
-def shoot(page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    time.sleep(0.5)  # let Plotly finish its transitions
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    with chromium() as browser:
+        yield open_page(browser, app_url)
 
 
 @pytest.fixture(scope="module")
@@ -100,16 +69,9 @@ def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     expect(page.locator("#error-model")).to_contain_text("/no/such/model is not under a model folder of this studio")
 
     # A tiny run: the taught tiny model, 12 + 4 arithmetic prompts, N = 8 reference samples, 2 steps on CPU.
-    set_field(page, "field-beta1", "0.5")
-    set_field(page, "field-model", taught_model_dir)
-    set_field(page, "field-name", "browser-tiny")
-    set_field(page, "field-num_prompts", "12")
-    set_field(page, "field-eval_size", "4")
-    set_field(page, "field-max_completion_length", "8")
-    set_field(page, "field-max_steps", "2")
-    set_field(page, "field-per_device_train_batch_size", "4")
-    page.get_by_text("Advanced", exact=True).click()
-    page.locator("#field-use_cpu input[type=checkbox]").check()
+    fill_form(page, beta1="0.5", model=taught_model_dir, name="browser-tiny", num_prompts="12", eval_size="4",
+                  max_completion_length="8", max_steps="2", per_device_train_batch_size="4")
+    train_on_cpu(page)
     page.locator("#check-form").click()
     expect(page.locator("#launch-status")).to_contain_text("The form is valid")
     expect(page.locator("#error-beta1")).to_be_hidden()
@@ -189,13 +151,8 @@ def test_pick_a_reasoning_gym_task_preview_it_and_launch(page, taught_model_dir)
     set_field(page, "field-task_settings", '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}')
     page.locator("#preview-data").click()
     expect(page.locator("#preview")).to_contain_text("<answer>")
-    set_field(page, "field-model", taught_model_dir)
-    set_field(page, "field-name", "browser-chain-sum")
-    set_field(page, "field-num_prompts", "6")
-    set_field(page, "field-eval_size", "2")
-    set_field(page, "field-num_value_samples", "2")
-    set_field(page, "field-max_completion_length", "4")
-    set_field(page, "field-max_steps", "1")
+    fill_form(page, model=taught_model_dir, name="browser-chain-sum", num_prompts="6", eval_size="2",
+                  num_value_samples="2", max_completion_length="4", max_steps="1")
     page.locator("#action-values").click()
     expect(page.locator("#run-header")).to_contain_text("browser-chain-sum")
     expect(page.locator("#run-header")).to_contain_text("finished")

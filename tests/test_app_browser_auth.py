@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import playwright.sync_api as playwright
 import pytest
 
+from tests.browser import open_page, set_field
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, set_field
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +24,6 @@ def studio(tmp_path_factory, tiny_model_dir) -> Iterator[tuple[str, str]]:
         yield f"http://127.0.0.1:{port}/", str(model)
     finally:
         stop_app(proc)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[playwright.Browser]:
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        playwright.expect.set_options(timeout=TIMEOUT_MS)
-        yield browser
-        browser.close()
-
-
-def open_page(browser: playwright.Browser, url: str) -> playwright.Page:
-    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url, wait_until="load")
-    page.wait_for_selector("#main-tabs")
-    return page
 
 
 def test_only_the_signed_in_owner_stops_a_run(studio, browser):

@@ -13,9 +13,9 @@ from pathlib import Path
 import playwright.sync_api as playwright
 import pytest
 
+from tests.browser import TIMEOUT_MS, fill_form, set_field
 from tests.helpers import wait_for
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, set_field
 
 QA = "".join(f'{{"question": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(12))
 
@@ -35,15 +35,6 @@ def studio(tmp_path_factory, tiny_model_dir) -> Iterator[tuple[str, Path, str]]:
         yield f"http://127.0.0.1:{port}/", data_dir, str(model)
     finally:
         stop_app(proc)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[playwright.Browser]:
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        playwright.expect.set_options(timeout=TIMEOUT_MS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -98,11 +89,7 @@ def test_a_file_picked_in_the_form_is_accepted_and_kept(page, studio):
     page.get_by_label("Upload a file (jsonl / csv / parquet)").check()
     page.locator("#field-file_path input[type=file]").set_input_files(str(upload))
     expect(page.locator("#field-file_path")).to_contain_text("my data.jsonl")
-    set_field(page, "field-model", model)
-    set_field(page, "field-name", "picked-file")
-    set_field(page, "field-num_value_samples", "2")
-    set_field(page, "field-max_completion_length", "4")
-    set_field(page, "field-eval_size", "2")
+    fill_form(page, model=model, name="picked-file", num_value_samples="2", max_completion_length="4", eval_size="2")
     page.locator("#check-form").click()
     expect(page.locator("#launch-status")).to_contain_text("The form is valid")
     page.locator("#action-values").click()

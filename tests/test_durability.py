@@ -282,12 +282,22 @@ def test_runs_whose_worker_is_gone(tmp_path):
         manager.close()
 
 
-def test_a_worker_dying_before_its_claim_is_retried_then_failed(tmp_path, tiny_model_dir):
-    store, manager = make_manager(tmp_path / "data", "worker_start@1=kill", launch_backoff=(0.2, 0.4))
-    run_id = manager.submit(durable_spec(tiny_model_dir))
+def failed_launch(tmp_path: Path, model: str, fault: str, **options) -> tuple[Store, JobManager, dict]:
+    """A durable run whose worker meets `fault` at its start, and the run once it failed; close the manager."""
+    store, manager = make_manager(tmp_path / "data", fault, **options)
+    run_id = manager.submit(durable_spec(model))
     manager.start()
     try:
-        run = wait_status(store, run_id, ("failed",), timeout=120)
+        return store, manager, wait_status(store, run_id, ("failed",), timeout=120)
+    except BaseException:
+        manager.close()
+        raise
+
+
+def test_a_worker_dying_before_its_claim_is_retried_then_failed(tmp_path, tiny_model_dir):
+    store, manager, run = failed_launch(tmp_path, tiny_model_dir, "worker_start@1=kill", launch_backoff=(0.2, 0.4))
+    run_id = run["id"]
+    try:
         assert "exited with code -9 before starting the run, 3 times in a row" in run["error"]
         assert run["launch_failures"] == 3
         starts = [r for r in store.get_logs(run_id) if r["message"].startswith("Worker started")]

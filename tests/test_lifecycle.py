@@ -19,7 +19,7 @@ from app.runtime.scheduler import JobManager
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_chunks import FAKE_SPACES, chunk_spec
-from tests.test_durability import MAX_STEPS, durable_spec, make_manager, wait_status
+from tests.test_durability import MAX_STEPS, durable_spec, failed_launch, make_manager, wait_status
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.05)
@@ -115,11 +115,9 @@ def test_a_kill_between_the_final_model_and_the_end_still_resumes_from_a_checkpo
 
 
 def test_a_worker_that_never_claims_its_run_is_killed_and_the_run_fails(tmp_path, tiny_model_dir):
-    store, manager = make_manager(tmp_path / "data", "worker_start@1=hang", launch_backoff=(0.2,), claim_timeout=3)
-    run_id = manager.submit(durable_spec(tiny_model_dir))
-    manager.start()
+    store, manager, run = failed_launch(tmp_path, tiny_model_dir, "worker_start@1=hang", launch_backoff=(0.2,),
+                                        claim_timeout=3)
     try:
-        run = wait_status(store, run_id, ("failed",), timeout=120)
         assert "did not claim the run within 3 s of its start (killed), 2 times in a row" in run["error"]
         assert run["launch_failures"] == 2
         assert not manager.active_run_ids()

@@ -27,9 +27,13 @@ from app.runtime.model_server import (
     check_request,
     trained_weights,
 )
+from tests.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    SCREENSHOTS,
+)
 from tests.helpers import wait_for
 from tests.test_app_api import free_port, start_app, stop_app, tiny_spec
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 
 NUM_PROMPTS, EVAL_SIZE = 8, 4
 USER, PASSWORD = "ada", "lovelace"

@@ -11,9 +11,9 @@ import playwright.sync_api as playwright
 import pytest
 
 from storage import Store
+from tests.browser import chromium, fill_form, open_page, train_on_cpu
 from tests.helpers import wait_for
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, set_field
 from tests.test_registered_rewards import REWARDS, marker_pids, write
 
 
@@ -34,15 +34,8 @@ def studio(tmp_path_factory, tiny_model_dir) -> Iterator[tuple[str, Path, Path, 
 
 @pytest.fixture
 def page(studio) -> Iterator[playwright.Page]:
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        playwright.expect.set_options(timeout=TIMEOUT_MS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(studio[0], wait_until="load")
-        page.wait_for_selector("#main-tabs")
-        yield page
-        browser.close()
+    with chromium() as browser:
+        yield open_page(browser, studio[0], height=1000)
 
 
 def test_pick_a_registered_reward_try_it_and_launch(page, studio, tiny_model_dir):
@@ -52,16 +45,9 @@ def test_pick_a_registered_reward_try_it_and_launch(page, studio, tiny_model_dir
     expect(picker).to_contain_text("1.0 where the completion is the answer, else 0.0. (registered: my_rewards.py)")
     page.locator("#field-use-exact_match input[type=checkbox]").uncheck()
     picker.locator("input[type=checkbox]").check()
-    set_field(page, "field-model", tiny_model_dir)
-    set_field(page, "field-name", "registered-in-the-form")
-    set_field(page, "field-num_prompts", "8")
-    set_field(page, "field-eval_size", "2")
-    set_field(page, "field-num_value_samples", "2")
-    set_field(page, "field-max_completion_length", "4")
-    set_field(page, "field-max_steps", "1")
-    set_field(page, "field-per_device_train_batch_size", "4")
-    page.get_by_text("Advanced", exact=True).click()
-    page.locator("#field-use_cpu input[type=checkbox]").check()
+    fill_form(page, model=tiny_model_dir, name="registered-in-the-form", num_prompts="8", eval_size="2",
+                  num_value_samples="2", max_completion_length="4", max_steps="1", per_device_train_batch_size="4")
+    train_on_cpu(page)
     page.locator("#field-filter_all_incorrect input[type=checkbox]").uncheck()  # a random tiny model solves nothing
 
     page.locator("#try-reward").click()

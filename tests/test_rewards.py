@@ -38,17 +38,20 @@ def test_completion_text_handles_strings_and_conversations():
     assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "x"}]}]) == "x"
 
 
-def test_exact_match_strings_and_conversational():
-    completions = [
-        "68",
-        "68.00",
-        [{"role": "assistant", "content": "23 + 45 = 68."}],
-        "23 + 45 = 67",
-        "no answer",
-        "#### 1,234",
-    ]
-    truths = ["68", "68", "68.0", "68", "68", "1234"]
-    assert exact_match(completions, ground_truth=truths, prompts=["p"] * 6) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+@pytest.mark.parametrize("reward, cases", [
+    ("exact_match", [("68", "68", 1.0), ("68.00", "68", 1.0), ([{"role": "assistant", "content": "23 + 45 = 68."}],
+                     "68.0", 1.0), ("23 + 45 = 67", "68", 0.0), ("no answer", "68", 0.0), ("#### 1,234", "1234", 1.0)]),
+    ("math_equivalence", [("The answer is \\boxed{0.5}", "\\frac{1}{2}", 1.0), ("So it is $\\frac{2}{4}$", "0.5", 1.0),
+                          ([{"role": "assistant", "content": "\\boxed{\\frac{1}{\\sqrt{2}}}"}],
+                           "\\frac{\\sqrt{2}}{2}", 1.0),
+                          ("#### 1/2", "0.5", 1.0), ("\\boxed{0.6}", "\\frac{1}{2}", 0.0),
+                          ("I give up", "\\frac{1}{2}", 0.0)]),
+])
+def test_answers_strings_and_conversations(reward, cases):
+    """Equal answers score 1 whatever their form (exact_match: numbers; math_equivalence: expressions)."""
+    completions, truths, expected = zip(*cases, strict=True)
+    scores = REWARD_FUNCTIONS[reward](list(completions), ground_truth=list(truths), prompts=["p"] * len(cases))
+    assert scores == list(expected)
 
 
 def test_exact_match_rejects_mismatched_ground_truth():
@@ -56,19 +59,6 @@ def test_exact_match_rejects_mismatched_ground_truth():
         exact_match(["1", "2"], ground_truth=["1"])
     with pytest.raises(ValueError, match="got a string"):
         exact_match(["1"], ground_truth="1")
-
-
-def test_math_equivalence_accepts_equivalent_forms():
-    completions = [
-        "The answer is \\boxed{0.5}",
-        "So it is $\\frac{2}{4}$",
-        [{"role": "assistant", "content": "\\boxed{\\frac{1}{\\sqrt{2}}}"}],
-        "#### 1/2",
-        "\\boxed{0.6}",
-        "I give up",
-    ]
-    truths = ["\\frac{1}{2}", "0.5", "\\frac{\\sqrt{2}}{2}", "0.5", "\\frac{1}{2}", "\\frac{1}{2}"]
-    assert math_equivalence(completions, ground_truth=truths) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
 
 
 def test_math_equivalence_falls_back_to_exact_match():

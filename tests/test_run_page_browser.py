@@ -15,7 +15,7 @@ import playwright.sync_api as playwright
 import pytest
 
 from storage import Store, lifecycle
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import polling_cost  # noqa: E402
