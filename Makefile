@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # One BLAS thread per process: the tests run a worker process and a browser beside pytest, and OpenMP threads
-# that spin-wait on 2 shared cores run up to 10x slower than one thread each.
+# that spin-wait on 2 shared cores run many times slower than one thread each.
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
 
 .PHONY: install app test stress lint bench chromium

@@ -2,7 +2,7 @@
 the same engine, for comparison: `from a2po import GRPOConfig, GRPOTrainer`.
 
 The names below are imported on first use (PEP 562), so `import a2po._faults` or `a2po.runspec`'s light helpers
-do not pay for torch and transformers: a worker that fails before its job (or a test of one) starts in ~1 s.
+do not pay for torch and transformers: a worker that fails before its job (or a test of one) starts without them.
 """
 
 from importlib import import_module

@@ -54,8 +54,8 @@ def frozen_gc(method: Callable) -> Callable:
     """Run `method` with the objects alive at its start exempt from Python's cyclic garbage collector.
 
     A process that has imported torch, transformers and datasets holds millions of objects, and each full
-    collection scans them all: ~0.2 s a time on a laptop-class CPU, several times an epoch, for nothing, since those
-    objects live until the end. Objects created during the call are collected as usual.
+    collection scans them all, a noticeable pause several times an epoch (docs/benchmarks.md, "Design figures"),
+    for nothing, since those objects live until the end. Objects created during the call are collected as usual.
     """
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

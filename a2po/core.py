@@ -59,8 +59,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
     Only the per-position log-sum-exp is kept for the backward pass (the logits are the model's output, alive
     anyway); the softmax is recomputed one chunk at a time there, using d logp_t / d logit_j = [j = t] - p_j.
-    So neither pass holds a float32 copy of all the logits: on bf16 logits of 8 x 256 positions x 151,936
-    vocabulary, autograd-through-chunks kept ~3.5 GB alive for the backward pass, this ~1.8 GB.
+    So neither pass holds a float32 copy of all the logits: at a large vocabulary this keeps about half of what
+    autograd through the chunks keeps alive for the backward pass (figures: docs/benchmarks.md, "Design figures").
     """
 
     @staticmethod
@@ -93,8 +93,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, chunk_size: int |
 
     logits: (batch, T, vocab) for the positions that predict `tokens` (batch, T); float32 result. Positions are
     processed in chunks, forward and backward (see `_SelectiveLogSoftmax`); by default a chunk holds 2**24 logits
-    (64 MiB in float32: 110 positions at a 152k vocabulary), which kept a bf16 log-prob pass at 8 x 256 positions
-    of that vocabulary at 1.6 GB with gradients instead of 2.7 GB with 1024-position chunks.
+    (64 MiB in float32: 110 positions at a 152k vocabulary), which keeps a long bf16 log-prob pass at that vocabulary
+    well below what 1024-position chunks need (figures: docs/benchmarks.md, "Design figures").
     """
     if chunk_size is None:
         chunk_size = max(1, 2**24 // logits.shape[-1])

@@ -6,14 +6,14 @@ forces the latter. Both give the next-token logits of the same model; tests chec
 
 Why a second forward for Llama-family models: where a decode step is latency-bound (small batches, small models,
 GPUs) the general forward spends much of each step outside the matrix products, and stage 1 stores each prompt's
-keys and values N times. Measured on 2 CPU cores (`--size small` model, fp32, 96-token sequences): transformers'
-`DynamicCache` concatenates every layer's keys and values into a fresh tensor each step (~0.4 ms a layer at 128
-rows); its SDPA call for a single query token costs 1.2 ms a layer at 128 rows where the two small matmuls below
-cost 0.5 ms; and the mask and module plumbing add ~0.8 ms a step at 8 rows. `LlamaDecoder` writes keys and values
-into buffers sized for the whole rollout, keeps one copy of a prompt's keys and values for all its samples, skips
-masks when no row is padded, and calls the model's own projection, MLP and norm modules, so PEFT adapters (and
-their `disable_adapter()`), quantised linears and autocast behave exactly as in the model's forward. Where a step
-is compute-bound (SmolLM2-135M at 128 rows on the same CPU) both forwards run at the same speed.
+keys and values N times. Transformers' `DynamicCache` concatenates every layer's keys and values into a fresh
+tensor each step; its SDPA call for a single query token costs more than the two small matmuls below; and the mask
+and module plumbing add a fixed cost to every step (figures: docs/benchmarks.md, "Design figures"). `LlamaDecoder`
+writes keys and values into buffers sized for the whole rollout, keeps one copy of a prompt's keys and values for
+all its samples, skips masks when no row is padded, and calls the model's own projection, MLP and norm modules, so
+PEFT adapters (and their `disable_adapter()`), quantised linears and autocast behave exactly as in the model's
+forward. Where a step is compute-bound (SmolLM2-135M at 128 rows on a 2-core CPU) both forwards run at the same
+speed.
 """
 
 from __future__ import annotations
@@ -91,11 +91,11 @@ FEW_ROWS = 32
 def project(linear: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`linear(x)`; for a plain `nn.Linear` on the CPU with at most `FEW_ROWS` rows, computed as (W @ x^T)^T.
 
-    Same product, another operand order: MKL's kernels for x @ W^T with a handful of rows reach ~6 GB/s of weights on
-    this benchmark's 2-core EPYC, while W @ x^T streams W's rows like a wide product. Measured on the `--size small`
-    decode step (4 layers, vocab 8192): 5.1 -> 3.5 ms at 8 rows, 5.0 -> 3.0 ms at 4, 7.2 -> 6.4 ms at 32, equal at
-    1. Results differ from `linear(x)` only in float rounding (summation order). Adapter-wrapped (LoRA), quantised
-    and GPU layers are called as they are.
+    Same product, another operand order: MKL's kernels for x @ W^T with a handful of rows read the weights slowly on
+    a small CPU, while W @ x^T streams W's rows like a wide product, so few-row decode steps get faster up to
+    `FEW_ROWS` rows, with no gain at one row (figures: docs/benchmarks.md, "Design figures"). Results differ from
+    `linear(x)` only in float rounding (summation order). Adapter-wrapped (LoRA), quantised and GPU layers are called
+    as they are.
     """
     rows = x.numel() // x.shape[-1]
     if type(linear) is not torch.nn.Linear or rows > FEW_ROWS or x.device.type != "cpu":

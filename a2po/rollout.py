@@ -81,7 +81,7 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None,
 
     Inverse-CDF sampling: one uniform number per row, searched in the cumulative sum. It draws from exactly the
     same distribution as `torch.multinomial(probs, 1)` but needs one random number per row instead of one per
-    vocabulary entry: 16x faster on a CPU at vocab 8k-150k (1.4 ms vs 0.09 ms for 8 rows x 8192). Zero-probability
+    vocabulary entry, which is much faster on a CPU (figures: docs/benchmarks.md, "Design figures"). Zero-probability
     tokens (filtered by top-k/top-p) have empty intervals and are never drawn. `uniforms` (one per row) replaces
     the generator's numbers, for reproducible per-row streams (`row_uniforms`).
     """

@@ -41,7 +41,7 @@ ANSWER_INSTRUCTION = "Give your final answer between <answer> and </answer> tags
 NUMBER_INSTRUCTION = "Answer with just the number."
 # How a prompt asks for its answer and where the checker finds it: "tags" (reasoning-gym's convention) or "number"
 # (the last number of the completion, for tasks whose answers are numbers). Small instruct models rarely write the
-# tags (SmolLM2-135M: 0 of 192 samples on 1-digit chain sums) but do end with a number (docs/benchmarks.md).
+# tags (SmolLM2-135M almost never does, even on 1-digit chain sums) but do end with a number (docs/benchmarks.md).
 ANSWER_FORMATS = ("tags", "number")
 MAX_PROMPTS = 100_000
 MAX_TASKS = 16
@@ -109,8 +109,9 @@ def _range(what: str, default: tuple[int, int], low: int, high: int, help: str) 
 
 
 OPERATORS = ("+", "-", "*", "/")
-# reasoning-gym finds a divisor for '/' by trial division up to the square root of the left operand: one prompt of
-# 6 four-digit terms took 289 s. With '/', (max_terms - 1) * max_digits <= 12 keeps every prompt under ~0.3 s.
+# reasoning-gym finds a divisor for '/' by trial division up to the square root of the left operand, so a prompt of
+# many long terms can take minutes. With '/', (max_terms - 1) * max_digits <= 12 keeps every prompt quick to make
+# (figures: docs/benchmarks.md, "Design figures").
 MAX_DIVISION_SPAN = 12
 # Names, types and defaults are those of reasoning-gym 0.1.25's config dataclasses (tests/test_tasks.py checks),
 # except basic_arithmetic's operators (no '/' by default, see above); the ranges are what a run sensibly uses
@@ -235,7 +236,7 @@ def format_prompt(question: str, answer_format: str = "tags") -> str:
 
 
 def _entries(task: str, settings: dict, seed: int, size: int):
-    """reasoning-gym entries 0..size-1 of the task at `seed`, generated lazily (countdown takes ~30 ms each).
+    """reasoning-gym entries 0..size-1 of the task at `seed`, generated lazily (countdown entries are slow to make).
 
     An entry the generator fails on (a rare division by zero in basic_arithmetic) is skipped, deterministically;
     a run of failures means the settings cannot be met (e.g. a countdown target out of reach).

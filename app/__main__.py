@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     demo = build_demo(services)
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
-    calm_queue(demo)  # its idle loop used 9% of a core with no page open (see app.web.live)
+    calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
     devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
           f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "

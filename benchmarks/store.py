@@ -6,7 +6,7 @@
 
 It fills a database with one train run (its V* set of `--prompts` prompts with N completions each, `--samples`
 stage-2 samples, `--metrics` metric rows, logs and evaluations) plus a few small runs, then times (median of
-`--repeats`) every query the dashboard makes, with the targets of issue 8: each poll query <= 50 ms, opening
+`--repeats`) every query the dashboard makes, against the dashboard's targets: each poll query <= 50 ms, opening
 any Run page view <= 300 ms. Each operation is timed twice where the dashboard changed how it gets its data:
 "previous" is what the dashboard did before (whole splits with their completions, every metric row, tables
 built in memory for CSV), "current" is what it does now. CSV exports are timed once each and their peak memory

@@ -5,7 +5,7 @@
     completion length, prompts python -m benchmarks.training --size q05 --out results.json --markdown results.md   #
     on a GPU (bf16)
 
-The set-up is the one of `shared/tools/anchor.py`: a random-init Qwen2 model (tiny / small on the CPU in fp32,
+The set-up is the peers' benchmark one (docs/benchmarks.md): a random-init Qwen2 model (tiny / small on the CPU in fp32,
 Qwen2.5-0.5B-shaped `q05` on a GPU in bf16), a word-level tokenizer built in code, random prompts and a
 deterministic binary reward (md5 of the completion text, ~40% ones); batch 8, 8 value samples / generations,
 gradient checkpointing, one epoch. TRL's trainers are the optional `bench` extra; they are skipped with a note when
@@ -21,7 +21,7 @@ interleaved (ours, trl-a2po, trl-grpo, ours, ...) and medians are reported. What
 - decoding: ours reports `trainer.rollout_stats`; for TRL every `model.generate` call is timed (prefill included,
   as in ours). `ms/step` is the time per batched decode step, `tok/s` counts completion tokens up to the first EOS.
 
-CPU fairness: on 2 shared cores OpenMP threads spin-wait, so a competing process slows a run ~10x. Before each
+CPU fairness: on 2 shared cores OpenMP threads spin-wait, so a competing process slows a run many times. Before each
 run the bench waits until the machine is idle (CPU busy fraction from /proc/stat, measured over 2 s, below
 `--max-busy`), and afterwards it records how much CPU *other* processes used during the run
 (`foreign_cpu`, fraction of all cores); a run above `--max-foreign` is repeated (`--retries`).
@@ -60,7 +60,7 @@ SCALING = {"num_value_samples": (2, 4, 8, 16), "max_completion_length": (16, 32,
 
 @dataclass(frozen=True)
 class Shape:
-    """A model and workload size, as in `anchor.py`."""
+    """A model and workload size of the benchmark set-up."""
 
     vocab: int
     num_prompts: int
@@ -97,11 +97,11 @@ class Job:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The workload (same as anchor.py)
+# The workload (the peers' benchmark set-up, docs/benchmarks.md)
 
 
 def make_prompts(size: str, count: int | None = None) -> list[str]:
-    """Random word prompts; the first ones are anchor.py's prompts whatever `count` is."""
+    """Random word prompts; the first ones are the same whatever `count` is."""
     shape = SIZES[size]
     rng = random.Random(0)
     return [" ".join(f"t{rng.randrange(3, shape.vocab)}" for _ in range(shape.prompt_words))
@@ -109,12 +109,12 @@ def make_prompts(size: str, count: int | None = None) -> list[str]:
 
 
 def binary_reward(completions: Sequence[str], **kwargs: Any) -> list[float]:
-    """Deterministic in the text, ~40% ones (anchor.py's reward)."""
+    """Deterministic in the text, ~40% ones (the benchmark set-up's reward)."""
     return [float(int(hashlib.md5(c.encode()).hexdigest(), 16) % 10 < 4) for c in completions]
 
 
 def make_tokenizer(size: str):
-    """anchor.py's word-level tokenizer ("t<id>" words), built in code.
+    """The benchmark set-up's word-level tokenizer ("t<id>" words), built in code.
 
     Built in each run rather than loaded: `AutoTokenizer` would pick the Qwen2 tokenizer class from the model type.
     """
@@ -129,7 +129,7 @@ def make_tokenizer(size: str):
 
 
 def build_model(size: str, directory: str | Path, dtype_name: str) -> str:
-    """Save anchor.py's random-init Qwen2 model (and its tokenizer) under `directory`; returns the path."""
+    """Save the benchmark set-up's random-init Qwen2 model (and its tokenizer) under `directory`; returns the path."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 

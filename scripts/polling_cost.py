@@ -1,4 +1,4 @@
-"""What watching a run costs: the dashboard's CPU (and memory) while pages poll it (issue 8).
+"""What watching a run costs: the dashboard's CPU (and memory) while pages poll it.
 
     python scripts/polling_cost.py                      # every measurement, 60 s windows
     python scripts/polling_cost.py --window 30 --only idle,page-live --prompts 20000

@@ -162,7 +162,7 @@ def _v1(con: sqlite3.Connection) -> None:
 def _v2(con: sqlite3.Connection) -> None:
     """A covering index for metric curves by name: the Run page's training chart reads a run's curves downsampled
     in SQL (`Store.metric_series`) from the index alone, instead of looking up every metric row of the run
-    (benchmarks.store, 200k metric rows: 155-165 ms -> 70-110 ms)."""
+    (faster on a big run: docs/benchmarks.md, "Design figures")."""
     con.execute("CREATE INDEX ix_metrics_series ON metrics (run_id, name, step, value)")
 
 

@@ -62,7 +62,7 @@ class Services:
         from app.access import allowlist
 
         if self.policy.zerogpu and isinstance(spec, dict) and "peft" not in spec:
-            spec = {**spec, "peft": dict(ZEROGPU_LORA)}  # chunks restore and save an adapter in ~2 s, a model in ~16
+            spec = {**spec, "peft": dict(ZEROGPU_LORA)}  # each chunk restores and saves it; an adapter is quicker
         result = allowlist.check_spec(spec, self.policy, offline=offline())
         if not result.ok:
             raise Refused(result.message())

@@ -2,8 +2,8 @@
 
 Nothing here touches the database or Gradio, so every builder is unit-testable. The charts a live Run page redraws
 (training grid, V* histogram, correct-count bars, pass rates) are built as plain dicts (`*_spec`) that `to_json`
-serialises directly: building and checking a Plotly object took 150-400 ms for the training grid, more than
-the queries behind it; the `go.Figure` functions wrap the same specs. Long series are downsampled
+serialises directly: building and checking a Plotly object cost the training grid more time than the queries
+behind it; the `go.Figure` functions wrap the same specs. Long series are downsampled
 (`downsample`) before drawing so a chart stays responsive with many thousands of logged steps, and training curves
 are drawn twice: the raw values faint, the exponential moving average (`ema`) on top.
 """
@@ -120,7 +120,7 @@ def _template() -> dict:
 
 def to_json(spec: Mapping) -> str:
     """A figure spec (the `*_spec` builders) as the JSON Plotly.js draws: what `go.Figure(spec).to_json()` gives,
-    without building and checking a Plotly object (10-40x faster for the training grid)."""
+    without building and checking a Plotly object (much faster for the training grid)."""
     return json.dumps(spec, separators=(",", ":"), allow_nan=False)
 
 

@@ -105,12 +105,12 @@ def calm_queue(demo: Any) -> None:
     attributes a Gradio version lacks are left alone):
 
     - look for new events 20 times a second while idle instead of 1000 (progress updates 10 instead of 100), as
-      Gradio does on Windows: its 1 ms loop cost the studio with no page open 9% of a core, all in the server's
-      event loop (1.9% at 20 ms). A new event starts at most 50 ms later.
+      Gradio does on Windows: its 1 ms loop kept the server's event loop busy with no page open, a slower loop
+      costs a fraction of that (figures: docs/benchmarks.md, "Design figures"). A new event starts at most 50 ms later.
     - summarise its event analytics (a pandas DataFrame of up to the last 10,000 events, grouped per function)
       every 1,000 events instead of after every one, and keep 1,000 events: with pages polling, the server's CPU per
-      event grew with the events seen (13 ms at first, 26 ms after 1,200 events, and on up to 10,000; flat at 12 ms
-      now). The studio turns Gradio's monitoring off, so nothing reads that summary.
+      event grew with the events seen, on up to 10,000; now it stays flat (docs/benchmarks.md, "Design figures").
+      The studio turns Gradio's monitoring off, so nothing reads that summary.
     """
     queue = getattr(demo, "_queue", None)
     if queue is None:

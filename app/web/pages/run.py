@@ -5,8 +5,8 @@ A `gr.Timer` ticks every `POLL_SECONDS` while the run is active (queued, running
 page stays open. Picking an active run, or resuming this one, switches it on again.
 
 A tick is cheap, on both sides. Its event runs in the browser only (`POLLER_JS`): a Gradio event, even one that
-changes nothing, makes the page walk every component of the app twice (their loading status), which cost this
-page about 0.3 s of CPU per event; so the tick only asks `run_version` for a short string saying what the run
+changes nothing, makes the page walk every component of the app twice (their loading status), which is costly
+on this page; so the tick only asks `run_version` for a short string saying what the run
 could show, read from a snapshot shared by every session (`live.snapshot`, read at most once a second). When it
 moved, the poller clicks a hidden Redraw button (at most every `LIVE_REDRAW_SECONDS`, at once when the status
 changed), and that Gradio event (`refresh`) sends only the views on screen whose version moved: the header and the
@@ -303,7 +303,7 @@ def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartO
 def _samples_view(store: Store, run_id: int, sample_id: int, query: dict[str, Any]) -> dict[str, Any]:
     """The newest `MAX_SAMPLES` samples matching the filters; later polls fetch only rows newer than the last.
     A text or step filter looks through the newest `SEARCH_WINDOW` sample ids only: a substring has no index, and
-    a search through a million samples took 1-2 s (the CSV export has them all)."""
+    a search through a million samples is slow (the CSV export has them all)."""
     filtered = query.get("text") is not None or query.get("step") is not None
     floor = max(0, sample_id - SEARCH_WINDOW) if filtered else 0
 
@@ -341,8 +341,8 @@ LIVE_REDRAW_SECONDS = 5.0
 TAB_VIEWS = {"values": ("summary", "charts", "table_info", "table"), "filtered": ("filtered",),
              "training": ("training",), "samples": ("samples",), "logs": ("logs",)}
 # What the poller redraws, group by group: each group is its own Gradio event with exactly its outputs (an output
-# left out with `gr.skip()` still costs the server a component built and its config regenerated: 20 of them made a
-# redraw cost 55 ms), drawn when its version in `run_version` moved and its tab (None: any) is open.
+# left out with `gr.skip()` still costs the server a component built and its config regenerated, which adds up
+# over a page's many outputs), drawn when its version in `run_version` moved and its tab (None: any) is open.
 # A tab's group redraws the header too (one event instead of two; "head" alone when nothing else moved).
 HEAD = ("header", "progress")
 GROUPS: dict[str, tuple[str | None, tuple[str, ...]]] = {
@@ -350,7 +350,7 @@ GROUPS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "controls": (None, ("error", "stop", "resume", "delete", "picker", "split")),
     # The timer alone, switched off by the poller once a finished status has been drawn (see POLLER_JS): were it
     # drawn with the controls, a snapshot newer than the header's could stop the polls before the header shows the
-    # end (a page stuck on "stopping" after a stop that took 0.2 s).
+    # end (a page stuck on "stopping" after a quick stop).
     "idle": (None, ("timer",)),
     "values": ("values", (*HEAD, "summary", "histogram", "correct_bar", "pass_rates", "table_info")),
     "table": ("values", ("table",)),
@@ -369,8 +369,8 @@ async () => {
   if (!live) return [];
   const run = Number(live.dataset.run), now = Date.now();
   const root = ((window.gradio_config && window.gradio_config.root) || location.origin).replace(/\/$/, "");
-  // One session for all of this page's polls: without one, each poll made the server build a new session (50 ms
-  // of CPU, and 0.7 MB kept per poll).
+  // One session for all of this page's polls: without one, each poll makes the server build a new session (CPU,
+  // and memory kept per poll).
   window.__runPollSession = window.__runPollSession || "run-poll-" + Math.random().toString(36).slice(2);
   let versions = null;
   try {
