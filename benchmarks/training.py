@@ -539,7 +539,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="Ours only: wall time vs num_value_samples, max_completion_length and num_prompts.")
     parser.add_argument("--repeats", type=int, default=3, help="Interleaved runs per implementation (medians).")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="auto: cuda for q05 (bf16), cpu (fp32) for tiny and small, as anchor.py.")
+                        help="auto: cuda for q05 (bf16), cpu (fp32) for tiny and small.")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch / OpenMP threads for every run on the CPU (default: all CPUs available).")
     parser.add_argument("--max-busy", type=float, default=0.1,
@@ -555,7 +555,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", help="Where models and run outputs go (default: a temporary directory).")
     parser.add_argument("--bandwidth", type=float, default=4.3,
                         help="GPU memory bandwidth in TB/s for the decode floor (reading all weights once per step; "
-                             "4.3: measured on an H200).")
+                             "the default is an H200's).")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

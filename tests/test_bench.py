@@ -63,7 +63,7 @@ def test_ratios_and_tables():
 
 
 def test_prompts_match_the_anchor_harness():
-    # anchor.py: rng = Random(0); N prompts of PROMPT_WORDS words "t<id>" with ids in [3, VOCAB).
+    # The peers' harness: rng = Random(0); N prompts of PROMPT_WORDS words "t<id>" with ids in [3, VOCAB).
     small = bench.make_prompts("small")
     assert len(small) == 32 and all(len(p.split()) == 48 for p in small)
     assert bench.make_prompts("small", 64)[:32] == small

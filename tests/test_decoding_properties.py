@@ -6,7 +6,7 @@ extra all-padding columns, batch sizes, N samples per prompt (rows beyond `proje
 finishing at any step (at the first generated token as well), `max_completion_length` from 1, Llama and Qwen2, tied
 and untied embeddings, grouped-query ratios 1, 2, 4 and 8, LoRA off, on and disabled; both decoders.
 
-What they found (issue 12): a prompt batch one token wide (one-character text prompts without a chat template, any
+What they found: a prompt batch one token wide (one-character text prompts without a chat template, any
 prompt under `max_prompt_length=1`) took `LlamaDecoder`'s one-token decode branch in the prefill: with N > 1 "The
 expanded size of the tensor (B*N) must match the existing size (B)", with N = 1 an IndexError on the empty prompt
 cache. Fixed by telling `_forward` which call is the prefill rather than reading it from the width. Nothing else in

@@ -1,4 +1,4 @@
-"""Each run's pages show the V* and the kept/filtered split that run trained with (issue 18, section 3).
+"""Each run's pages show the V* and the kept/filtered split that run trained with.
 
 A value set holds the reference samples of every run with the same model, data, rewards, sampling settings and
 seed, stored once; beta1 and `filter_all_incorrect` are not part of it: each run recomputes V* and the filter
