@@ -224,7 +224,8 @@ class A2POConfig(_BaseConfig):
             256 sequences (at least `per_device_train_batch_size`), since a decode step costs little more for a
             wider batch. Raise it on a large GPU, lower it if stage 1 runs out of memory.
         values_path (ours): a V* table saved by `save_optimal_values` (or by an earlier run in `output_dir`) to reuse.
-        save_values (ours): save the V* table to `<output_dir>/optimal_values.jsonl` as it is estimated, so a rerun
+        save_values (ours): save the V* table to `<output_dir>/optimal_values-<split>-<fingerprint>.jsonl` as it is
+            estimated, so a rerun
             or an interrupted run reuses it instead of sampling again.
     Checkpoints:
         save_every_seconds (ours): also save a checkpoint whenever this many seconds of training passed since the

@@ -21,6 +21,7 @@ from datasets import Dataset
 from a2po.answers import CORRECT_THRESHOLD
 from a2po.core import optimal_value, pass_at_k
 
+PROMPT_IS_JSON = "prompt_is_json"  # a parquet V* table's column: the prompt is a JSON list of messages
 VALUE_COLUMNS = ("prompt_id", "prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
 
 
@@ -100,7 +101,7 @@ def load_optimal_values(path: str | os.PathLike) -> Dataset:
     if path.suffix == ".parquet":
         rows = Dataset.from_parquet(str(path)).to_list()
         for row in rows:
-            if isinstance(row.get("prompt"), str) and row["prompt"].startswith("["):
+            if row.pop(PROMPT_IS_JSON, False):
                 row["prompt"] = json.loads(row["prompt"])
         return Dataset.from_list(rows)
     return Dataset.from_list(read_jsonl(path))
@@ -119,6 +120,9 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    # Parquet needs one type per column: messages lists are stored as JSON text.
+    # Parquet needs one type per column: messages lists are stored as JSON text, flagged so that a text prompt that
+    # happens to look like JSON ("[1, 2] + [3]") reads back as text.
     prompt = row.get("prompt")
-    return {**row, "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)}
+    if isinstance(prompt, str):
+        return {**row, PROMPT_IS_JSON: False}
+    return {**row, "prompt": json.dumps(prompt, ensure_ascii=False), PROMPT_IS_JSON: True}

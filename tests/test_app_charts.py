@@ -82,6 +82,16 @@ def test_training_figure_has_raw_and_smoothed_traces_per_metric():
     assert _names(no_smoothing) == ["loss", "reward"]
 
 
+def test_nonfinite_losses_get_a_panel_only_when_there_are_some():
+    healthy = {"loss": ([1, 2], [1.0, 0.5]), "frac_nonfinite_loss": ([1, 2], [0.0, 0.0])}
+    assert _names(charts.training_figure(healthy, smoothing=0.0)) == ["loss"]
+    broken = {"loss": ([1, 2], [1.0, 0.5]), "frac_nonfinite_loss": ([1, 2], [0.0, 1.0])}
+    fig = charts.training_figure(broken, smoothing=0.5)
+    assert _names(fig) == ["loss (raw)", "loss", "frac_nonfinite_loss"]
+    assert list(fig.data[-1].y) == [0.0, 1.0]
+    assert "Non-finite loss (share of the step)" in [a.text for a in fig.layout.annotations]
+
+
 def test_training_figure_downsamples_long_series():
     n = 20_000
     fig = charts.training_figure({"loss": (list(range(n)), np.random.default_rng(0).random(n).tolist())},

@@ -576,3 +576,13 @@ def test_remove_unused_columns_keeps_what_training_reads(tmp_path, tiny_model_di
                           train_dataset=data)
     assert trainer.train().global_step == 1
     assert "parity" not in seen and set(trainer.train_dataset.column_names) == {"prompt", "prompt_id", "v_star"}
+
+
+def test_parquet_values_keep_text_prompts_that_look_like_json(tmp_path):
+    from a2po.values import value_record
+
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    rows = [value_record("a", "[1, 2] + [3] = ?", "[1, 2] + [3] = ?", [1.0, 0.0], ["x", "y"], 0.5, True),
+            value_record("b", messages, "user: 2 + 2?", [0.0, 0.0], ["x", "y"], 0.5, True)]
+    for i, row in enumerate(rows):  # a Dataset holds one prompt type per table
+        assert load_optimal_values(save_optimal_values([row], tmp_path / f"{i}.parquet")).to_list() == [row]

@@ -34,9 +34,12 @@ TRAINING_METRICS: list[tuple[str, str]] = [
     ("completion_length", "Completion length"),
     ("learning_rate", "Learning rate"),
     ("eval_accuracy", "Eval accuracy"),
+    ("frac_nonfinite_loss", "Non-finite loss (share of the step)"),
 ]
-# A schedule, and evaluations (a few exact points each on the same prompts): drawn as they are, never smoothed.
-UNSMOOTHED = {"learning_rate", "eval_accuracy"}
+# A schedule, evaluations (a few exact points each on the same prompts) and a failure count: drawn as they are.
+UNSMOOTHED = {"learning_rate", "eval_accuracy", "frac_nonfinite_loss"}
+# Panels drawn only once a value is not 0: a healthy run logs 0 at every step, which is not worth a panel.
+ONLY_WHEN_NONZERO = {"frac_nonfinite_loss"}
 MAX_POINTS = 1000
 RAW_OPACITY = 0.25
 
@@ -220,7 +223,8 @@ def training_figure_spec(series: Mapping[str, Series], smoothing: float = 0.6, m
     `buckets` ({name: {"count", "min", "max"}}):
     series that are bucket means of a downsampled run (see `bucketed_series`).
     """
-    present = [(key, title) for key, title in metrics if series.get(key) and len(series[key][0])]
+    present = [(key, title) for key, title in metrics if series.get(key) and len(series[key][0])
+               and (key not in ONLY_WHEN_NONZERO or any(v != 0 for v in series[key][1]))]
     if not present:
         return empty_spec("Waiting for the first logged training step…")
     cols, rows = 2, math.ceil(len(present) / 2)
