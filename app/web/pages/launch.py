@@ -341,7 +341,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                 run_id = services.launch(result.spec, services.auth.identify(token=user_token, request=request))
             except Refused as exc:
                 return [*error_updates({}), f"❌ Not started: {exc}", None]
-            return [*error_updates({}), f"✅ Started run #{run_id} ({ACTIONS[action]}).", run_id]
+            return [*error_updates({}), f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).", run_id]
         return handler
 
     def try_it(data: dict, request: gr.Request) -> list[Any]:
