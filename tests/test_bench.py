@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from a2po import bench
+from benchmarks import training as bench
 
 
 def test_smoke_run_reports_positive_numbers_per_stage(tmp_path, capsys):

@@ -362,12 +362,12 @@ def test_devices_rule_counts_runs_started_elsewhere(tmp_path):
 
 
 def test_fault_spec_parsing():
-    from a2po import faults
+    from a2po import _faults
 
-    assert faults.parse("a@2=hang, b") == {"a": (2, "hang", False), "b": (1, "kill", False)}
-    assert faults.parse("c@3+=delay") == {"c": (3, "delay", True)}
+    assert _faults.parse("a@2=hang, b") == {"a": (2, "hang", False), "b": (1, "kill", False)}
+    assert _faults.parse("c@3+=delay") == {"c": (3, "delay", True)}
     with pytest.raises(ValueError, match="name@count=action"):
-        faults.parse("a@x=kill")
+        _faults.parse("a@x=kill")
     with pytest.raises(ValueError, match="name@count=action"):
-        faults.parse("a=explode")
-    assert json.dumps(faults.parse("")) == "{}"
+        _faults.parse("a=explode")
+    assert json.dumps(_faults.parse("")) == "{}"

@@ -412,9 +412,9 @@ def _child(data_dir: str, run_id: int, budget_seconds: float, env: dict[str, str
             del tqdm._lock  # tqdm's multiprocessing lock, possibly held by a parent thread at the fork
     os.environ.clear()
     os.environ.update(env)
-    from a2po import faults
+    from a2po._faults import rearm
 
-    faults.rearm()
+    rearm()
     stop_event = threading.Event()
     # Only set a flag: the handler runs between two bytecodes of this (main) thread.
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())

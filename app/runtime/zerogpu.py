@@ -68,12 +68,12 @@ def chunk_on_gpu(data_dir: str, run_id: int, budget_seconds: float = DEFAULT_BUD
     result."""
     import gc
 
-    from a2po import faults
+    from a2po._faults import rearm
 
     gc.freeze()  # as in a forked chunk (`app.runtime.chunks._child`): no finalizer of an inherited object runs here
     try:
         _scrub_environment(keep_hub_token)
-        faults.rearm()
+        rearm()
         return run_chunk(data_dir, int(run_id), float(budget_seconds))
     finally:
         gc.unfreeze()  # ZeroGPU may keep this process for the next call
