@@ -10,6 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 
+from a2po.answers import prompt_question  # noqa: E402
 from a2po.data import (  # noqa: E402
     GSM8K_INSTRUCTION,
     MATH_INSTRUCTION,
@@ -198,7 +199,7 @@ def test_system_prompt_replaces_or_adds_the_system_message_of_chat_prompts():
     assert out[1]["prompt"] == [{"role": "system", "content": ""}, {"role": "user", "content": "3 + 3?"}]
     assert data.with_system_prompt(text, "")[0]["prompt"] == "plain text"  # no chat template for text prompts
     assert data.with_system_prompt(dataset, None)[0]["prompt"] == dataset[0]["prompt"]
-    assert data.prompt_question(out[1]["prompt"]) == "3 + 3?"
+    assert prompt_question(out[1]["prompt"]) == "3 + 3?"
     with pytest.raises(ValueError, match="system_prompt must be a string"):
         data.with_system_prompt(dataset, 3)
 

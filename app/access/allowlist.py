@@ -1,7 +1,7 @@
 """The one allow-list of run specs: what a spec may ask of this studio.
 
 Every way to start a run (the launch form, the named API, a YAML config loaded in the form, "clone this run")
-goes through `check_spec(spec, policy)`. A missing key takes its preset's value (`a2po.presets.with_defaults`;
+goes through `check_spec(spec, policy)`. A missing key takes its preset's value (`a2po.runspec.with_defaults`;
 a setting the preset does not name, the library's own default). Whether a spec is *valid* is the library's
 verdict (`a2po.runspec.RunSpec.from_dict`, which the CLI runs too); this module adds only the studio's *policy*:
 
