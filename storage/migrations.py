@@ -386,14 +386,19 @@ def alembic_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def _alembic(conn: Connection, command: str, revision: str) -> None:
-    from alembic import command as commands
+def _config(conn: Connection | None = None):
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(REVISIONS))
     config.attributes["connection"] = conn
-    getattr(commands, command)(config, revision)
+    return config
+
+
+def _alembic(conn: Connection, command: str, revision: str) -> None:
+    from alembic import command as commands
+
+    getattr(commands, command)(_config(conn), revision)
 
 
 def _describe(conn: Connection) -> str:
@@ -422,14 +427,11 @@ def ensure_schema(conn: Connection) -> str | None:
                              "bring a SQLite studio to a server, use python -m storage.move.")
         _alembic(conn, "stamp", BASELINE)
         return None
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
 
-    config = Config()
-    config.set_main_option("script_location", str(REVISIONS))
     try:
-        ScriptDirectory.from_config(config).get_revision(found)
+        ScriptDirectory.from_config(_config()).get_revision(found)
     except CommandError:
         raise SchemaTooNew(f"{_describe(conn)} has schema revision {found!r}, which this A*-PO Studio does not "
                            f"know (its newest is {HEAD!r}): it was written by a newer studio. Upgrade the studio, "
