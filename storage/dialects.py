@@ -20,7 +20,6 @@ Advisory locks are per database: two studios on two databases of one server do n
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 from typing import Any
@@ -122,9 +121,8 @@ class AdvisoryLock:
     def acquire(self, **owner: Any) -> None:
         if self._connection is not None:
             return
-        label = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), **owner}, separators=(",", ":"))
-        # NAMEDATALEN: PostgreSQL keeps the first 63 bytes of an application name.
-        name = f"a2po-studio {label}".encode()[:63].decode(errors="ignore")
+        label = " ".join(["a2po-studio", socket.gethostname(), f"pid {os.getpid()}", *map(str, owner.values())])
+        name = label.encode()[:63].decode(errors="ignore")  # NAMEDATALEN: PostgreSQL keeps 63 bytes of it
         engine = create_engine(self.url, poolclass=NullPool, connect_args={"application_name": name})
         connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
