@@ -77,6 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                               "queued_per_user=1, disk_quota_gb=50, upload_mb=20; 'none' removes it.")
     # --- database location and snapshots (app/runtime/snapshot.py) ---
     database = parser.add_argument_group("database (see docs/spaces.md)")
+    database.add_argument("--db", metavar="PATH_OR_URL", default=os.environ.get("A2PO_STUDIO_DB") or None,
+                          help="The database (default $A2PO_STUDIO_DB, else <db-dir>/studio.db): a SQLite file, or "
+                               "a server every node can write, e.g. postgresql+psycopg://studio@dbhost/studio "
+                               "(pip install 'a2po-studio[cluster]'; docs/cluster.md). --db-dir and the snapshots "
+                               "are for SQLite files.")
     database.add_argument("--db-dir", type=Path, default=os.environ.get("A2PO_STUDIO_DB_DIR") or None,
                           help="Folder of the database studio.db (default $A2PO_STUDIO_DB_DIR, else the data folder). "
                                "Keep it on local disk: SQLite's WAL mode is unsafe on network and FUSE mounts.")
@@ -185,10 +190,22 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as error:
         raise SystemExit(f"A*-PO Studio: {error}") from None
     # --- database location and snapshots (app/runtime/snapshot.py) ---
-    from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    from sqlalchemy.exc import OperationalError
 
-    db_path = (args.db_dir.expanduser().resolve() if args.db_dir else data_dir) / "studio.db"
-    snapshots = DatabaseSnapshots(db_path, data_dir, every=args.db_snapshot_every)
+    from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    from storage.store import locate
+
+    try:
+        db_path = locate(args.db)[1] if args.db else (args.db_dir.expanduser().resolve() if args.db_dir
+                                                      else data_dir) / "studio.db"
+    except ValueError as error:
+        raise SystemExit(f"A*-PO Studio: --db: {error}") from None
+    if db_path is None and args.db_snapshot_every:
+        raise SystemExit("A*-PO Studio: --db-snapshot-every copies a SQLite file; a database server is backed up "
+                         "with its own tools (pg_dump, docs/cluster.md).")
+    # A server database has no file to snapshot or to keep off network mounts.
+    snapshots = DatabaseSnapshots(db_path or data_dir / "studio.db", data_dir,
+                                  every=args.db_snapshot_every if db_path else 0)
     if snapshots.enabled:
         try:
             restored = snapshots.restore()
@@ -196,12 +213,16 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"A*-PO Studio: {error}") from None
         if restored is not None:
             print(f"A*-PO Studio: restored the database {db_path} from the snapshot {restored}.", flush=True)
-    fs_type = network_filesystem(db_path.parent)
+    fs_type = network_filesystem(db_path.parent) if db_path else None
     if fs_type:
         print(f"A*-PO Studio: WARNING: the database {db_path} is on a {fs_type} filesystem, where SQLite's WAL mode "
               "is unsafe (corruption, 'database is locked'). Keep it on local disk with --db-dir and copy it into the "
               "data folder with --db-snapshot-every (docs/spaces.md).", file=sys.stderr, flush=True)
-    store = Store(db_path)
+    try:
+        store = Store(db_path or args.db)
+    except OperationalError as error:  # a server that cannot be reached, or refuses the login
+        raise SystemExit(f"A*-PO Studio: could not open the database {locate(args.db)[0].render_as_string()}: "
+                         f"{error.orig}") from None
     # --- end database ---
     enter_worker_cwd(data_dir)
     # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU

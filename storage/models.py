@@ -7,8 +7,9 @@ kept/filtered split recomputed from those samples with its beta1, is a narrow ro
 Run and value-set ids are AUTOINCREMENT: an id once used is never given to another run, so nothing that still
 names a deleted run (a bookmark, an export file, a log) can point at a new one.
 
-The schema has a version (SQLite's `user_version`); `storage.migrations` brings older files up to date. A change
-to these classes needs a migration step there (a test checks that a migrated file and a new one are the same).
+The schema has a version (an Alembic revision; before those, SQLite's `user_version`); `storage.migrations` brings
+older databases up to date. A change to these classes needs a new revision in `storage/revisions/versions` (a test
+checks that the revisions give exactly these tables, on SQLite and on PostgreSQL).
 """
 
 from __future__ import annotations

@@ -27,3 +27,31 @@ def browser():
 
     with chromium() as browser:
         yield browser
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of the session's own (`tests.postgres`), stopped at its end."""
+    from tests import postgres
+
+    binaries = postgres.find_binaries()
+    problem = postgres.MISSING if binaries is None else None
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        problem = "psycopg is not installed: pip install -e '.[dev,cluster]' (which `make test` does)."
+    if problem:
+        if postgres.required():
+            pytest.fail(f"A2PO_REQUIRE_POSTGRES is set but {problem}", pytrace=False)
+        pytest.skip(problem)
+    server = postgres.PostgresServer(binaries).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """Where a test's store lives: a new SQLite file, or a new database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "studio.db")
+    return request.getfixturevalue("postgres_server").create_database()

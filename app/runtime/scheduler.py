@@ -193,7 +193,8 @@ class JobManager:
         self.chunk_seconds = float(chunk_seconds)
         self.zerogpu = zerogpu
         self.pause_after = pause_after
-        self.lock = SchedulerLock(self.store.path.parent)  # beside the database, on local disk (docs/spaces.md)
+        # On a server, its advisory lock (storage.dialects); on SQLite beside the file, on local disk (docs/spaces.md).
+        self.lock = self.store.scheduler_lock(AlreadyServing) or SchedulerLock(self.store.path.parent)
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
@@ -348,7 +349,8 @@ class JobManager:
         """The command that runs a run: `python -m app.runtime.worker ...`, or for `num_processes` > 1 the same module
         under `accelerate launch` (DDP, or FSDP when the spec asks for it; gloo processes on a CPU-only machine),
         whose process is then the run's (its pid is the run's pid, see `app.runtime.worker`)."""
-        worker = ["--db", str(self.store.path), "--run-id", str(run_id), "--data-dir", str(self.data_dir)]
+        worker = ["--db", str(self.store.path or self.store.url), "--run-id", str(run_id),
+                  "--data-dir", str(self.data_dir)]
         processes = processes_of(spec)
         if processes <= 1:
             return [sys.executable, "-m", "app.runtime.worker", *worker]

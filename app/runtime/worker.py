@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     Under `accelerate launch` every process runs this: the main one (rank 0) claims the run with the launcher's
     pid, beats the heartbeat, records everything and how the run ended; the others wait for its claim (`follow`)."""
     parser = argparse.ArgumentParser(prog="python -m app.runtime.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--db", required=True, help="the studio database file")
+    parser.add_argument("--db", required=True, help="the studio database: a SQLite file or a server's URL")
     parser.add_argument("--run-id", type=int, required=True, help="the queued run to execute")
     parser.add_argument("--data-dir", required=True, help="where run outputs go (<data-dir>/runs/run-<id>)")
     options = parser.parse_args(argv)
