@@ -60,6 +60,8 @@ class Run(Base):
     value_set_id: Mapped[int | None] = mapped_column(ForeignKey("value_sets.id", ondelete="SET NULL"), nullable=True)
     output_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The Ray job of its latest start when the studio runs on a cluster (`app.runtime.ray_backend`), else None.
+    ray_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     # When the run last entered the queue (creation or resume): the scheduler serves runs in this order.
     queued_at: Mapped[float] = mapped_column(Float)
