@@ -16,7 +16,7 @@ from gradio_client import Client
 from storage import Store
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_durability import assert_same_run, durable_spec, make_manager, record
+from tests.test_durability import assert_same_run, durable_spec, record
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.1)
@@ -24,16 +24,20 @@ wait_for = functools.partial(helpers.wait_for, poll=0.1)
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir) -> dict:
-    """The run of a local worker on SQLite (the default backend)."""
-    store, manager = make_manager(tmp_path_factory.mktemp("local"))
-    run_id = manager.submit(durable_spec(tiny_model_dir, "local"))
-    manager.start()
+    """The run through /launch of an app with local workers and SQLite (the defaults)."""
+    data_dir = tmp_path_factory.mktemp("local")
+    port = free_port()
+    app = start_app(data_dir, port, "--model-root", tiny_model_dir)
     try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        assert client.predict(api_name="/limits")["runs_go_to"]["backend"] == "local"
+        run_id = client.predict(spec=durable_spec(tiny_model_dir, "local"), api_name="/launch")["run_id"]
+        store = Store(data_dir / "studio.db")
         run = helpers.wait_status(store, run_id, ("finished", "failed"), 180)
         assert run["status"] == "finished", run["error"]
         return record(store, run_id)
     finally:
-        manager.close()
+        stop_app(app)
 
 
 def ray_app(data_dir, db: str, model_root: str, faults: str = ""):
@@ -130,7 +134,8 @@ def test_stop_resume_kill_and_restart_on_ray(ray_cluster, postgres_server, tmp_p
 def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_cluster, postgres_server, tmp_path,
                                                                        tiny_model_dir):
     """A node that does not mount the studio's data folder: the worker finds no check file there and fails the run
-    with that reason, not a traceback (here the file is removed, as a node with an empty folder at the path)."""
+    with that reason, not a traceback (here the folder holds another studio's check file, as a node would whose
+    path holds a folder of its own instead of the shared one)."""
     from app.runtime.ray_backend import RayCluster
     from app.runtime.scheduler import JobManager
 
@@ -138,7 +143,7 @@ def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_clus
     store = Store(db)
     manager = JobManager(store, tmp_path / "data", poll_interval=0.2, ray=RayCluster(ray_cluster))
     run_id = manager.submit(durable_spec(tiny_model_dir, "unseen"))
-    manager._data_folder_token()
+    (tmp_path / "data").mkdir()
     (tmp_path / "data" / ".a2po-data-folder").write_text("another studio's folder\n")
     manager._data_folder_token = lambda: "this studio's token"  # what the studio would pass: not what the node sees
     started = time.monotonic()
@@ -149,3 +154,19 @@ def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_clus
         manager.close()
     assert run["status"] == "failed" and "cannot see the studio's data folder" in run["error"], run["error"]
     assert "Traceback" not in run["error"] and time.monotonic() - started < 120
+
+
+def test_the_worker_drops_credentials_it_was_not_given_on_purpose():
+    """A Ray job starts from its node's environment: the worker keeps only the credentials the studio passed."""
+    import subprocess
+    import sys
+
+    from app.runtime.processes import with_project_path
+
+    env = with_project_path({"PATH": os.environ["PATH"], "NODE_API_KEY": "node", "AWS_SECRET_ACCESS_KEY": "node",
+                             "HF_TOKEN": "studio", "A2PO_PASSED_SECRETS": "HF_TOKEN"})
+    code = ("import json, os; from app.runtime.worker import drop_secrets; drop_secrets(); "
+            "print(json.dumps(sorted(k for k in os.environ if k in ('NODE_API_KEY', 'AWS_SECRET_ACCESS_KEY', "
+            "'HF_TOKEN'))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == '["HF_TOKEN"]'

@@ -60,7 +60,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 PASSED_SECRETS_ENV = "A2PO_PASSED_SECRETS"
 # A worker started away from the studio's machine (a Ray job) checks that the data folder it was given is the
 # studio's: the file `DATA_FOLDER_MARK` there holds the token the studio put in this variable.
-DATA_FOLDER_TOKEN_ENV = "A2PO_DATA_FOLDER_TOKEN"
+DATA_FOLDER_TOKEN_ENV = "A2PO_DATA_FOLDER_CHECK"  # not named like a credential: those are dropped
 DATA_FOLDER_MARK = ".a2po-data-folder"
 
 logger = logging.getLogger("app.runtime.worker")
