@@ -7,6 +7,8 @@ TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANAL
 # The store's tests run on SQLite and on a PostgreSQL server of their own (tests/postgres.py): in CI a missing
 # server is a failure, not a skip.
 TEST_ENV += A2PO_REQUIRE_POSTGRES=1
+# The Ray backend's tests start a one-node Ray cluster (tests/conftest.py, `ray_cluster`); Ray comes with .[cluster].
+TEST_ENV += A2PO_REQUIRE_RAY=1
 
 .PHONY: install app test stress lint bench chromium postgresql
 
