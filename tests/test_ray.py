@@ -170,3 +170,17 @@ def test_the_worker_drops_credentials_it_was_not_given_on_purpose():
             "'HF_TOKEN'))))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == '["HF_TOKEN"]'
+
+
+def test_the_studio_imports_ray_only_with_ray_address():
+    """Ray is optional (the `cluster` extra): the studio's modules never import it by themselves."""
+    import subprocess
+    import sys
+
+    from app.runtime.processes import with_project_path
+
+    code = ("import sys, app.__main__, app.runtime.scheduler, app.runtime.worker, app.web.api; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], env=with_project_path(os.environ), capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
