@@ -94,7 +94,7 @@ def main() -> None:
                 spec["dataset"]["seed"] = trial
                 times[name].append(first_values_after_launch(client, store, spec))
                 print(f"trial {trial + 1}: {name} {times[name][-1]:.2f} s", flush=True)
-        print("\nLaunch -> first V* rows (median of %d): " % args.trials
+        print(f"\nLaunch -> first V* rows (median of {args.trials}): "
               + ", ".join(f"{name} {statistics.median(t):.2f} s" for name, t in times.items()))
         for name, t in times.items():
             print(f"  {name}: " + " ".join(f"{x:.2f}" for x in t))

@@ -53,8 +53,12 @@ def postgres_server():
 def store_url(request, tmp_path) -> str:
     """Where a test's store lives: a new SQLite file, or a new database on the session's PostgreSQL server."""
     if request.param == "sqlite":
-        return str(tmp_path / "studio.db")
-    return request.getfixturevalue("postgres_server").create_database()
+        yield str(tmp_path / "studio.db")
+        return
+    server = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    yield url
+    server.drop_database(url)
 
 
 RAY_DASHBOARD = "http://127.0.0.1:8265"
