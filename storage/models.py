@@ -7,8 +7,9 @@ kept/filtered split recomputed from those samples with its beta1, is a narrow ro
 Run and value-set ids are AUTOINCREMENT: an id once used is never given to another run, so nothing that still
 names a deleted run (a bookmark, an export file, a log) can point at a new one.
 
-The schema has a version (SQLite's `user_version`); `storage.migrations` brings older files up to date. A change
-to these classes needs a migration step there (a test checks that a migrated file and a new one are the same).
+The schema has a version (an Alembic revision; before those, SQLite's `user_version`); `storage.migrations` brings
+older databases up to date. A change to these classes needs a new revision in `storage/revisions/versions` (a test
+checks that the revisions give exactly these tables, on SQLite and on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Run(Base):
     value_set_id: Mapped[int | None] = mapped_column(ForeignKey("value_sets.id", ondelete="SET NULL"), nullable=True)
     output_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The Ray job of its latest start when the studio runs on a cluster (`app.runtime.ray_backend`), else None.
+    ray_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     # When the run last entered the queue (creation or resume): the scheduler serves runs in this order.
     queued_at: Mapped[float] = mapped_column(Float)

@@ -1,17 +1,30 @@
-"""`Store`: the one public entry point to the studio database (SQLite, via the SQLAlchemy 2 ORM).
+"""`Store`: the one public entry point to the studio database (via the SQLAlchemy 2 ORM).
+
+`Store(where)` takes a file path (a SQLite database: the default, embedded, one machine) or a SQLAlchemy URL:
+`sqlite:///path` (the same file) or `postgresql+psycopg://user@host/db` (a server that workers on other machines
+can write; `pip install 'a2po-studio[cluster]'`, docs/cluster.md). Both get the same schema (`storage.migrations`),
+the same queries (what differs between the two is in `storage.dialects`) and the same methods.
 
 Everything returned is a plain dict or list, so no ORM object (and no open session) leaks to callers.
 
-Concurrency: the UI process, the scheduler and one worker process write to the same file at once. The database
-runs in WAL mode (readers never block the writer), every connection waits up to `busy_timeout` for a lock, and
-write transactions start with `BEGIN IMMEDIATE`: they take the write lock up front, so a transaction never has
+Concurrency on SQLite: the UI process, the scheduler and one worker process write to the same file at once. The
+database runs in WAL mode (readers never block the writer), every connection waits up to `busy_timeout` for a lock,
+and write transactions start with `BEGIN IMMEDIATE`: they take the write lock up front, so a transaction never has
 to upgrade a read lock later, which in SQLite fails at once with "database is locked" instead of waiting.
+
+Concurrency on PostgreSQL (READ COMMITTED): writers run at once, so each write that reads before it writes locks
+what it reads first: a run's state change is one `UPDATE ... WHERE id = ? AND status IN (...)`, a compare-and-set
+that a second writer re-checks against the first one's committed row (so two processes never both apply
+conflicting events); the writes that read a run's or a value set's counters lock its row (`SELECT ... FOR UPDATE`,
+a no-op on SQLite, which holds the write lock anyway); a launch counts its limits under a transaction-level
+advisory lock (`dialects.serialize`).
 
 Durability: with `synchronous=NORMAL` in WAL mode a commit is atomic and the file is never corrupted, but the WAL
 is synced to disk only at checkpoints, so a power cut (not a process crash: the OS still holds the data) can
 roll back the last commits before it. That is fine for metrics, samples, logs and stage-1 rows (a resumed run
 writes them again, the same values, since runs are reproducible); run state must not go back in time (a run
 queued, claimed, finished or deleted, a checkpoint recorded), so those writes commit with `synchronous=FULL`.
+A PostgreSQL server's commits are durable as it is configured (`synchronous_commit`, on by default).
 """
 
 from __future__ import annotations
@@ -27,15 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Integer, cast, create_engine, delete, event, func, literal, or_, select, update
-from sqlalchemy.dialects.sqlite import insert
+from sqlalchemy import URL, Engine, Integer, cast, create_engine, delete, event, func, literal, or_, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.names import ACTIONS, STAGES
-from storage import lifecycle, migrations
+from storage import dialects, lifecycle, migrations
+from storage.dialects import greatest, insert, truncate
 from storage.models import (
-    Base,
     Checkpoint,
     Evaluation,
     LatestMetric,
@@ -75,6 +89,45 @@ def _make_engine(path: Path, synchronous: str = "NORMAL") -> Engine:
         conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")
 
     return engine
+
+
+def _make_server_engine(url: URL) -> Engine:
+    # A studio outlives server restarts and idle timeouts: a pooled connection is checked before each use.
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=20)
+
+
+def locate(where: str | os.PathLike[str] | URL) -> tuple[URL, Path | None]:
+    """The SQLAlchemy URL of a store given as a path or a URL, and its file (None for a server). A plain path (or
+    `sqlite:///path`) is a SQLite file; `postgresql://` means the psycopg driver. Anything else is refused with
+    what to give instead."""
+    if isinstance(where, os.PathLike) or (isinstance(where, str) and "://" not in where):
+        path = Path(where).expanduser().resolve()
+        return URL.create("sqlite", database=str(path)), path
+    try:
+        url = make_url(where)
+    except ArgumentError:
+        raise ValueError(f"{where!r} is neither a file path nor a database URL: give a path (a SQLite file, e.g. "
+                         "data/studio.db) or postgresql+psycopg://USER@HOST:PORT/DATABASE.") from None
+    backend = url.get_backend_name()
+    if backend == dialects.SQLITE:
+        if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
+            raise ValueError(f"{url} is an in-memory SQLite database, which each process would see empty: give a "
+                             "file (sqlite:///path/to/studio.db, or just the path).")
+        path = Path(url.database).expanduser().resolve()
+        return URL.create("sqlite", database=str(path)), path
+    if backend == dialects.POSTGRESQL:
+        if url.get_driver_name() not in ("psycopg", "postgresql", ""):
+            raise ValueError(f"The PostgreSQL driver {url.get_driver_name()!r} is not supported: use "
+                             "postgresql+psycopg://... (pip install 'a2po-studio[cluster]').")
+        url = url.set(drivername="postgresql+psycopg")
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise ValueError(f"{url.render_as_string(hide_password=True)} needs the psycopg driver: "
+                             "pip install 'a2po-studio[cluster]' (or pip install 'psycopg[binary]').") from None
+        return url, None
+    raise ValueError(f"The store runs on SQLite or PostgreSQL, not {backend!r} ({url.render_as_string()}): give a "
+                     "path (a SQLite file) or postgresql+psycopg://USER@HOST:PORT/DATABASE.")
 
 
 def _now() -> float:
@@ -167,28 +220,42 @@ class Admission:
 
 
 class Store:
-    """Read and write runs, V* sets, metrics, samples, evaluations, checkpoints and logs in one SQLite file.
+    """Read and write runs, V* sets, metrics, samples, evaluations, checkpoints and logs in one database: a SQLite
+    file (`where` a path) or a PostgreSQL database (`where` a `postgresql+psycopg://` URL).
 
     Safe to share between threads; safe across `fork` (a child process opens its own connections).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path).expanduser().resolve()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, where: str | os.PathLike[str] | URL) -> None:
+        self._url, self.path = locate(where)  # path: the SQLite file, None on a server
+        self.dialect = self._url.get_backend_name()
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._writer: Engine | None = None
         self._durable: Engine | None = None
         self._pid = -1
-        migrations.upgrade(self.path)
-        with self._lock, self._engines()[1].begin() as conn:  # BEGIN IMMEDIATE: two processes may start at once
-            if migrations.has_tables(conn.connection.dbapi_connection):
-                return
-            Base.metadata.create_all(conn)
-            conn.exec_driver_sql(f"PRAGMA user_version = {migrations.LATEST}")  # in the same transaction
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            migrations.upgrade(self.path)  # the chain of before Alembic, for files it wrote
+        # One transaction that holds the database's write lock (BEGIN IMMEDIATE on SQLite, an advisory lock on
+        # PostgreSQL): two processes may open the store at once.
+        with self._lock, self._engines()[1].begin() as conn:
+            migrations.ensure_schema(conn)
+
+    @property
+    def url(self) -> str:
+        """The database as a URL (with its password, if it has one: what another process opens it with)."""
+        return self._url.render_as_string(hide_password=False)
 
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r})"
+        return f"Store({str(self.path) if self.path is not None else self._url.render_as_string()!r})"
+
+    def scheduler_lock(self, error: type[Exception] = RuntimeError) -> dialects.AdvisoryLock | None:
+        """The scheduler's "one studio per database" lock on a server (`dialects.AdvisoryLock`, raising `error`
+        when another studio holds it); None for a SQLite file, whose folder the caller locks (`flock`)."""
+        if self.dialect == dialects.SQLITE:
+            return None
+        return dialects.AdvisoryLock(self._url, "scheduler", error=error)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -199,9 +266,13 @@ class Store:
             for engine in (self._engine, self._durable):
                 if engine is not None:
                     engine.dispose(close=False)  # drop the parent's pooled connections without closing them
-            self._engine = _make_engine(self.path)
-            self._writer = self._engine.execution_options(sqlite_begin="IMMEDIATE")
-            self._durable = _make_engine(self.path, synchronous="FULL").execution_options(sqlite_begin="IMMEDIATE")
+            if self.path is not None:
+                self._engine = _make_engine(self.path)
+                self._writer = self._engine.execution_options(sqlite_begin="IMMEDIATE")
+                self._durable = _make_engine(self.path, synchronous="FULL").execution_options(
+                    sqlite_begin="IMMEDIATE")
+            else:  # a server: one pool; every commit is as durable as the server makes it
+                self._engine = self._writer = self._durable = _make_server_engine(self._url)
             self._pid = os.getpid()
         return self._engine, self._writer, self._durable
 
@@ -224,9 +295,8 @@ class Store:
         """Close this process's connections (a later call reopens them)."""
         with self._lock:
             if self._pid == os.getpid():
-                for engine in (self._engine, self._durable):
-                    if engine is not None:
-                        engine.dispose()
+                for engine in {id(e): e for e in (self._engine, self._durable) if e is not None}.values():
+                    engine.dispose()
             self._engine = self._writer = self._durable = None
             self._pid = -1
 
@@ -250,6 +320,7 @@ class Store:
         now = _now()
         with self._write(durable=True) as s:
             if admission is not None:
+                dialects.serialize(s, "admission")  # the count and the insert, one launch at a time
                 admission.check(s, owner)
             run = Run(name=name, kind=kind, status="queued", config=_json_safe(migrations.scrub_secrets(spec)),
                       model=model, dataset=dataset, created_at=now, queued_at=now, parent_run_id=parent_run_id,
@@ -340,7 +411,7 @@ class Store:
     def get_or_create_value_set(self, fingerprint: str, meta: dict[str, Any]) -> int:
         """The id of the value set with this fingerprint, created (incomplete, empty) if there is none."""
         with self._write() as s:
-            s.execute(insert(ValueSet).values(fingerprint=fingerprint, meta=_json_safe(meta), created_at=_now(),
+            s.execute(insert(s, ValueSet).values(fingerprint=fingerprint, meta=_json_safe(meta), created_at=_now(),
                                               complete=False, counts={})
                       .on_conflict_do_nothing(index_elements=["fingerprint"]))
             return s.scalar(select(ValueSet.id).where(ValueSet.fingerprint == fingerprint))
@@ -381,6 +452,9 @@ class Store:
         """Remove a value set and its prompt values, with the V* rows of the runs that used it (they name its
         rows); those runs keep everything else."""
         with self._write() as s:
+            if self.dialect == dialects.POSTGRESQL:
+                # The runs first, as their writers lock them (the run's row, then the value set's): no deadlock.
+                s.execute(select(Run.id).where(Run.value_set_id == value_set_id).order_by(Run.id).with_for_update())
             users = select(Run.id).where(Run.value_set_id == value_set_id).scalar_subquery()
             s.execute(delete(RunValue).where(RunValue.run_id.in_(users)))
             s.execute(delete(PromptValue).where(PromptValue.value_set_id == value_set_id))
@@ -615,7 +689,7 @@ class Store:
             groups = s.execute(select(*keys, func.count(), func.sum(rv.v_star)).where(*where).group_by(*keys)
                                .limit(STATS_GROUPS + 1)).all()
             if len(groups) > STATS_GROUPS:
-                keys = (cast((rv.v_star - start) / width, Integer), rv.num_correct, rv.filtered)
+                keys = (truncate((rv.v_star - start) / width), rv.num_correct, rv.filtered)
                 groups = s.execute(select(*keys, func.count(), func.sum(rv.v_star)).where(*where)
                                    .group_by(*keys)).all()
             else:
@@ -698,7 +772,10 @@ class Store:
         if text:
             pattern = _like_pattern(text)
             page = page.join(pv, pv.id == rv.value_id)
-            where.append(or_(pv.prompt_text.like(pattern, escape="\\"), rv.prompt_id.like(pattern, escape="\\")))
+            # SQLite's LIKE ignores ASCII case; PostgreSQL's does not, its ILIKE does.
+            like = "ilike" if self.dialect == dialects.POSTGRESQL else "like"
+            where.append(or_(getattr(pv.prompt_text, like)(pattern, escape="\\"),
+                             getattr(rv.prompt_id, like)(pattern, escape="\\")))
         page = page.where(*where).order_by(*order).offset(max(0, offset)).limit(max(0, limit))
         with self._read() as s:
             ids = list(s.scalars(page))
@@ -890,7 +967,7 @@ def _apply(s: Session, run_id: int, event: lifecycle.Event, seconds: float | Non
     for name in event.increments:
         values[name] = getattr(Run, name) + 1
     if event.ends_stretch:
-        values["limit_seconds"] = Run.limit_seconds + func.max(0.0, now - func.coalesce(Run.started_at, now))
+        values["limit_seconds"] = Run.limit_seconds + greatest(0.0, now - func.coalesce(Run.started_at, now))
     if seconds is not None:  # the event ends a chunk
         values["chunks_done"] = Run.chunks_done + 1
         values["chunk_seconds"] = Run.chunk_seconds + max(0.0, float(seconds or 0.0))
@@ -909,7 +986,7 @@ def _mark_value_set_complete(s: Session, value_set_id: int, summary: dict[str, A
 
 
 def _update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, Any]) -> None:
-    current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id)) or {}
+    current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id).with_for_update()) or {}
     s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(summary={**current, **_json_safe(summary)}))
 
 
@@ -929,7 +1006,10 @@ def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Map
         })
     if not rows:
         return 0
-    stmt = insert(PromptValue)
+    if dialects.dialect_of(s) == dialects.POSTGRESQL:  # SQLite's write lock already covers the transaction
+        # The stored ids and the counts below are read, then written: one writer of a value set at a time.
+        s.execute(select(ValueSet.id).where(ValueSet.id == value_set_id).with_for_update())
+    stmt = insert(s, PromptValue)
     keep = ("prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
     # A stored estimate is never overwritten (same fingerprint = same settings, so it is as good as a new one);
     # only a row whose V* is still missing takes the new values.
@@ -955,7 +1035,8 @@ def _set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[
                     at: float | None = None) -> int:
     """`Store.set_run_values` inside a transaction: only rows that are new or differ are written; the run's counts
     move with them, and its revision with any write that changed or removed a row or added one before the last."""
-    value_set_id = s.scalar(select(Run.value_set_id).where(Run.id == run_id))
+    # The run's rows and counts are read, then written: one writer of a run's rows at a time.
+    value_set_id = s.scalar(select(Run.value_set_id).where(Run.id == run_id).with_for_update())
     if value_set_id is None:
         return 0
     wanted: dict[str, tuple[float | None, int | None, bool]] = {}
@@ -986,7 +1067,7 @@ def _set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[
                 **dict(zip(RUN_OWN, wanted[pid], strict=True))} for pid in differ if pid in value_ids]
     last = s.scalar(select(func.max(rv.value_id)).where(*mine)) or 0
     if changed:
-        stmt = insert(RunValue)
+        stmt = insert(s, RunValue)
         stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "prompt_id"],
                                           set_={k: stmt.excluded[k] for k in ("value_id", *RUN_OWN)})
         s.execute(stmt, changed)
@@ -1011,12 +1092,12 @@ def _add_metrics(s: Session, run_id: int, step: int, metrics: Mapping[str, Any],
             for name, value in metrics.items() if _is_number(value)]
     if not rows:
         return 0
-    stmt = insert(Metric)
+    stmt = insert(s, Metric)
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "name"], set_={"value": stmt.excluded.value})
     s.execute(stmt, rows)
     ids = dict(s.execute(select(Metric.name, Metric.id).where(
         Metric.run_id == run_id, Metric.step == int(step), Metric.name.in_([r["name"] for r in rows]))).all())
-    latest = insert(LatestMetric)
+    latest = insert(s, LatestMetric)
     latest = latest.on_conflict_do_update(
         index_elements=["run_id", "name"], set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")},
         where=LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
@@ -1037,7 +1118,7 @@ def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], 
     } for x in samples]
     if not rows:
         return 0
-    stmt = insert(Sample)
+    stmt = insert(s, Sample)
     keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id"],
                                       set_={k: stmt.excluded[k] for k in keep})
@@ -1048,20 +1129,20 @@ def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], 
 def _add_evaluation(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval",
                     at: float | None = None) -> None:
     clean = _json_safe(dict(metrics))
-    stmt = insert(Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
+    stmt = insert(s, Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
                                      created_at=_now() if at is None else float(at))
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "split"],
                                       set_={"metrics": stmt.excluded.metrics})
     accuracy = _float(clean.get(f"{split}_accuracy", clean.get("accuracy")))
     s.execute(stmt)
     if accuracy is not None:
-        best = func.max(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
+        best = greatest(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
         s.execute(update(Run).where(Run.id == run_id).values(best_eval_accuracy=best))
 
 
 def _add_checkpoint(s: Session, run_id: int, step: int, path: str | os.PathLike[str],
                     at: float | None = None) -> None:
-    stmt = insert(Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
+    stmt = insert(s, Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
                                      created_at=_now() if at is None else float(at))
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "path"],
                                       set_={"step": stmt.excluded.step, "created_at": stmt.excluded.created_at})
@@ -1078,7 +1159,7 @@ def _add_logs(s: Session, run_id: int, lines: Iterable[Any], at: float | None = 
     rows = [{"run_id": run_id, "created_at": now, "level": str(level).upper(), "message": str(message)}
             for level, message in lines]
     if rows:
-        s.execute(insert(LogLine), rows)
+        s.execute(insert(s, LogLine), rows)
 
 
 def _journal_update_run(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:

@@ -27,3 +27,75 @@ def browser():
 
     with chromium() as browser:
         yield browser
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of the session's own (`tests.postgres`), stopped at its end."""
+    from tests import postgres
+
+    binaries = postgres.find_binaries()
+    problem = postgres.MISSING if binaries is None else None
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        problem = "psycopg is not installed: pip install -e '.[dev,cluster]' (which `make test` does)."
+    if problem:
+        if postgres.required():
+            pytest.fail(f"A2PO_REQUIRE_POSTGRES is set but {problem}", pytrace=False)
+        pytest.skip(problem)
+    server = postgres.PostgresServer(binaries).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """Where a test's store lives: a new SQLite file, or a new database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "studio.db")
+        return
+    server = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    yield url
+    server.drop_database(url)
+
+
+RAY_DASHBOARD = "http://127.0.0.1:8265"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A one-node Ray cluster on 127.0.0.1 (dashboard, Jobs API at `RAY_DASHBOARD`): the one already running, or one
+    started here and stopped at the session's end. Small on purpose: 2 CPUs, a 200 MB object store."""
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    ray = Path(sys.executable).parent / "ray"
+    if not ray.exists():
+        problem = "Ray is not installed: pip install -e '.[dev,cluster]' (which `make test` does)."
+        if os.environ.get("A2PO_REQUIRE_RAY", "") not in ("", "0"):
+            pytest.fail(f"A2PO_REQUIRE_RAY is set but {problem}", pytrace=False)
+        pytest.skip(problem)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"{RAY_DASHBOARD}/api/version", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    started = not answers()
+    if started:
+        subprocess.run([str(ray), "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
+                        "--dashboard-port=8265", "--num-cpus=2", "--include-dashboard=true",
+                        "--object-store-memory=200000000", "--disable-usage-stats"],
+                       check=True, capture_output=True, timeout=180)
+        from tests.helpers import wait_for
+
+        wait_for(answers, 60, "Ray's dashboard to answer")
+    yield RAY_DASHBOARD
+    if started:
+        subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120)

@@ -57,8 +57,8 @@ def record(i: int, correct: int, beta1: float = 0.5, filter_all: bool = False) -
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "studio.db")
+def store(store_url) -> Store:
+    return Store(store_url)  # a SQLite file, then a PostgreSQL database
 
 
 def two_runs(store: Store) -> tuple[int, int, int]:
@@ -135,13 +135,13 @@ def test_the_counts_and_the_revision_follow_the_run_rows(store):
     assert gone["value_counts"] == {} and gone["value_set_id"] is None and list(store.iter_values(second)) == []
 
 
-def test_a_chunk_journals_the_run_rows_as_the_store_writes_them(tmp_path):
+def test_a_chunk_journals_the_run_rows_as_the_store_writes_them(tmp_path, store_url):
     """What a chunk's recorder writes goes through its journal (`ChunkLedger`, then `Store.apply_journal`) into
     the same rows as a worker's direct writes."""
     from app.runtime.recorder import StoreRecorder
 
     data = tmp_path / "data"
-    store = Store(data / "studio.db")
+    store = Store(store_url)
     vs = store.get_or_create_value_set("fp", {})
     direct, chunked = (store.create_run(name, "train", SPEC) for name in ("direct", "chunked"))
     for run_id in (direct, chunked):

@@ -1,4 +1,5 @@
-"""Tests of `storage.Store` against a real SQLite file, including concurrent writer processes."""
+"""Tests of `storage.Store` against a real SQLite file and a real PostgreSQL database (`store_url`, tests/conftest.py),
+including concurrent writer processes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sqlite3
 import threading
 
 import pytest
+from sqlalchemy import text
 
 from storage import Store, export_csv, lifecycle
 from tests.helpers import put_in
@@ -30,11 +32,12 @@ def sample(step: int, prompt_id: str, reward: float = 1.0, completion: str = "4"
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "studio.db")
+def store(store_url) -> Store:
+    return Store(store_url)
 
 
-def test_pragmas(store):
+def test_pragmas(tmp_path):
+    store = Store(tmp_path / "studio.db")  # SQLite's own settings
     with sqlite3.connect(store.path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with store._read() as s:  # the store's own connections
@@ -89,7 +92,7 @@ def test_claim_run_is_atomic_across_processes(store):
     run_id = store.create_run("demo", "train", SPEC)
     ctx = mp.get_context("spawn")
     with ctx.Pool(4) as pool:
-        results = pool.starmap(_claim, [(str(store.path), run_id, pid) for pid in range(8)])
+        results = pool.starmap(_claim, [(store.url, run_id, pid) for pid in range(8)])
     assert sum(results) == 1
     assert store.get_run(run_id)["pid"] in range(8)
     assert not store.apply(run_id, lifecycle.CLAIM, pid=99)
@@ -244,9 +247,9 @@ def test_delete_run_cascades_but_keeps_value_set(store):
                    store.list_checkpoints):
         assert getter(gone) == [] and len(getter(keep)) == 1
     assert store.count_values(vs) == 1
-    with sqlite3.connect(store.path) as conn:  # nothing orphaned in the file itself
-        for table in ("metrics", "samples", "evaluations", "checkpoints", "logs"):
-            assert conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", (gone,)).fetchone()[0] == 0
+    with store._read() as s:  # nothing orphaned in the database itself
+        for table in ("metrics", "samples", "evaluations", "checkpoints", "logs", "metric_latest", "run_values"):
+            assert s.execute(text(f"SELECT count(*) FROM {table} WHERE run_id = :run"), {"run": gone}).scalar() == 0
 
 
 def test_export_csv(store):
@@ -273,7 +276,7 @@ def test_concurrent_writers_and_reader_never_lock(store):
     run_id = store.create_run("demo", "train", SPEC)
     other = store.create_run("other", "train", SPEC)
     ctx = mp.get_context("spawn")
-    writers = [ctx.Process(target=_write_metrics, args=(str(store.path), rid, 150)) for rid in (run_id, other)]
+    writers = [ctx.Process(target=_write_metrics, args=(store.url, rid, 150)) for rid in (run_id, other)]
     for w in writers:
         w.start()
     seen, reads = 0, 0
@@ -310,10 +313,9 @@ def _write_with_inherited(store: Store, run_id: int) -> None:
         store.add_metrics(run_id, 100 + step, {"loss": 0.5})
 
 
-def test_create_run_counts_its_limits_in_the_inserting_transaction(tmp_path):
+def test_create_run_counts_its_limits_in_the_inserting_transaction(store):
     from storage import Admission, LimitReached
 
-    store = Store(tmp_path / "studio.db")
     per_owner = Admission(per_owner=2)
     first = store.create_run("a", "train", SPEC, owner="ann", admission=per_owner)
     store.create_run("b", "train", SPEC, owner="ann", admission=per_owner)

@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from storage import Store, migrations
 
@@ -245,3 +246,72 @@ def test_secrets_are_never_stored(tmp_path):
                                                "tokenizer": "kept"}
     store.update_run(run_id, config={"config": {"hf_token": "x"}})
     assert store.get_run(run_id)["config"] == {"config": {}}
+
+
+# ---------------------------------------------------------------------------------------------------- Alembic
+# The revisions (storage/revisions) on both dialects: `store_url` is a new SQLite file, then a new PostgreSQL
+# database (tests/conftest.py).
+
+
+def _revision(store: Store) -> list[str]:
+    with store._read() as s:
+        return list(s.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_head_is_the_newest_revision():
+    from alembic.script import ScriptDirectory
+
+    assert ScriptDirectory.from_config(migrations._config()).get_heads() == [migrations.HEAD]
+
+
+def test_the_revisions_give_the_schema_the_models_describe(store_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from storage.models import Base
+
+    store = Store(store_url)
+    with store._read() as s:
+        assert compare_metadata(MigrationContext.configure(s.connection()), Base.metadata) == []
+    assert _revision(store) == [migrations.HEAD]
+    store.close()
+
+
+def test_a_migrated_file_is_stamped_at_the_baseline(v0_db):
+    store = Store(v0_db)
+    assert _revision(store) == [migrations.HEAD]  # stamped at the baseline, then the revisions after it
+    assert store.list_runs() and Store(v0_db).list_runs() == store.list_runs()  # opening again changes nothing
+    store.close()
+
+
+def test_an_unknown_revision_is_refused_untouched(store_url):
+    store = Store(store_url)
+    run_id = store.create_run("kept", "train", {})
+    with store._write() as s:
+        s.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+    store.close()
+    with pytest.raises(migrations.SchemaTooNew, match="newer studio"):
+        Store(store_url)
+    assert _revision(store) == ["ffff"] and store.get_run(run_id)["name"] == "kept"
+    store.close()
+
+
+def test_a_database_with_other_tables_named_runs_is_refused(postgres_server):
+    from sqlalchemy import create_engine
+
+    url = postgres_server.create_database()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE runs (id integer)"))
+    engine.dispose()
+    with pytest.raises(migrations.NotAStudio, match="not a studio database"):
+        Store(url)
+
+
+def test_two_processes_create_one_schema_at_once(store_url):
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(3) as pool:
+        assert pool.map(_open, [store_url] * 3) == [0, 0, 0]
+    store = Store(store_url)
+    assert _revision(store) == [migrations.HEAD]
+    store.close()

@@ -28,8 +28,8 @@ CORRECT = [0, 1, 4, 0, 2, 4, 1, 4, 0, 4]
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "studio.db")
+def store(store_url) -> Store:
+    return Store(store_url)  # a SQLite file, then a PostgreSQL database
 
 
 def stage1(store: Store, run_id: int, value_set_id: int, split: str, records: list[dict]) -> None:

@@ -47,6 +47,13 @@ The queue is the `runs` table, so it survives an app restart, and the database i
   on with it. A chunk there runs in a process of ZeroGPU's,
   which the studio never signals: its page's thread claims and settles it, and a stop, a delete or the watchdog
   only asks it to stop (its GPU call's duration bounds it). Start-up reconciliation leaves paused runs alone.
+- **On a Ray cluster** (`ray`, `python -m app --ray-address`, `app.runtime.ray_backend`). The same scheduler, with
+  another way to start and watch a worker: the same worker command and environment, submitted as a Ray job that
+  asks for the run's GPUs (the cluster's GPUs are the devices; a cluster without GPUs is one device, as a CPU-only
+  machine is). The job's id is the run's `ray_job_id`; whether the worker lives is the job's status (not /proc), a
+  stop is Ray's `stop_job` (SIGTERM, then SIGKILL after the shutdown grace), the tail of a dead worker's output is
+  the job's log. Everything else (queue, limits, heartbeats, watchdog, adoption, every status change) is as for a
+  local worker. Chunked runs fork the studio's own process, so they are refused there.
 """
 
 from __future__ import annotations
@@ -63,17 +70,23 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from app.access.policy import SECRET_ENV
 from app.runtime import chunks, journal
 from app.runtime.chunks import DEFAULT_BUDGET, ForkedChunk, fork_chunk, is_chunk_of, is_chunked
 from app.runtime.devices import Devices
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive, with_project_path
+from app.runtime.ray_backend import RayCluster, RayJob, RayUnavailable
 from app.runtime.worker import (
+    DATA_FOLDER_MARK,
+    DATA_FOLDER_TOKEN_ENV,
     HEARTBEAT_INTERVAL,
     LOG_TAIL_LINES,
+    PASSED_SECRETS_ENV,
     remove_checkpoints,
     run_log_path,
     run_output_dir,
@@ -170,6 +183,7 @@ class JobManager:
         zerogpu: ZeroGPU mode (see the module docstring): every run is chunked, and pages, not the scheduler, run
             the chunks.
         pause_after: ZeroGPU mode: seconds without a page driving a queued run before it becomes "paused".
+        ray: the Ray cluster that runs the workers (`app.runtime.ray_backend`); None: processes of this machine.
     """
 
     def __init__(self, store: Store, data_dir: str | os.PathLike[str], *, poll_interval: float = 1.0,
@@ -178,13 +192,16 @@ class JobManager:
                  launch_backoff: Iterable[float] = LAUNCH_BACKOFF, claim_timeout: float = CLAIM_TIMEOUT,
                  worker_env: dict[str, str] | None = None, run_minutes: float | None = None,
                  chunk_seconds: float = DEFAULT_BUDGET, zerogpu: bool = False,
-                 pause_after: float = PAUSE_AFTER) -> None:
+                 pause_after: float = PAUSE_AFTER, ray: RayCluster | None = None) -> None:
         self.store = store
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.poll_interval = poll_interval
         self.stale_after = stale_after
         self.watchdog_after = watchdog_after
-        self.devices = devices if devices is not None else Devices.detect()
+        if ray is not None and zerogpu:
+            raise ValueError("A ZeroGPU Space runs its chunks on the visitor's GPU calls: it cannot use a Ray cluster.")
+        self.ray = ray
+        self.devices = ray.devices() if ray is not None else devices if devices is not None else Devices.detect()
         self.auto_resume = auto_resume
         self.launch_backoff = tuple(launch_backoff)
         self.claim_timeout = claim_timeout
@@ -193,7 +210,8 @@ class JobManager:
         self.chunk_seconds = float(chunk_seconds)
         self.zerogpu = zerogpu
         self.pause_after = pause_after
-        self.lock = SchedulerLock(self.store.path.parent)  # beside the database, on local disk (docs/spaces.md)
+        # On a server, its advisory lock (storage.dialects); on SQLite beside the file, on local disk (docs/spaces.md).
+        self.lock = self.store.scheduler_lock(AlreadyServing) or SchedulerLock(self.store.path.parent)
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
@@ -267,7 +285,15 @@ class JobManager:
             spec = {**spec, "runner": "chunked"}  # no process of this studio gets a GPU: only short GPU calls do
         run = RunSpec.from_dict(spec)
         clean = run.to_dict()
-        problem = self.devices.check(run.num_processes, fsdp=bool(run.fsdp))
+        if self.ray is not None:
+            if run.runner == "chunked":
+                raise ValueError("Chunked runs are forked from the studio's own process, and this studio sends its "
+                                 "runs to a Ray cluster: use runner 'worker'.")
+            self.devices = self.ray.devices()
+            problem = self.ray.check(run.num_processes)
+        else:
+            problem = None
+        problem = problem or self.devices.check(run.num_processes, fsdp=bool(run.fsdp))
         if problem:
             raise ValueError(problem)
         model, dataset = describe_spec(clean)
@@ -286,6 +312,8 @@ class JobManager:
         """One scheduler pass: reap exited workers, apply running chunks' journals, supervise live runs, start what
         the devices allow. Returns the ids of the runs started."""
         with self._lock:
+            if self.ray is not None:
+                self._refresh_cluster()
             self._reap()
             self._ingest_chunks()
             self._supervise()
@@ -298,7 +326,7 @@ class JobManager:
         with self._lock:
             ids = [rid for rid, proc in self._procs.items() if proc.poll() is None]
             ids += [r["id"] for r in self.store.list_runs(status=LIVE)
-                    if r["id"] not in self._procs and pid_alive(r["pid"]) and self._is_process_of(r["pid"], r)]
+                    if r["id"] not in self._procs and self._worker_alive(r["id"], r)]
             return ids
 
     def _busy_devices(self) -> set[str]:
@@ -337,7 +365,10 @@ class JobManager:
 
     def _worker_env(self, devices: list[str]) -> dict[str, str]:
         env = with_project_path(self.worker_env if self.worker_env is not None else os.environ)
-        if self.devices.gpus:
+        # Credentials the studio passes on deliberately (the hub token when pushes are allowed): the worker strips
+        # every other one it finds, such as those of a Ray node's own environment (`app.runtime.worker`).
+        env[PASSED_SECRETS_ENV] = ",".join(sorted(k for k in env if SECRET_ENV.search(k)))
+        if self.devices.gpus and self.ray is None:  # Ray sets CUDA_VISIBLE_DEVICES for the GPUs it gives a job
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         # A launcher asked to stop (SIGTERM) passes the signal on to its processes and kills them after this many
         # seconds: time for a step and a checkpoint. (The studio's own stops signal the processes directly.)
@@ -348,7 +379,8 @@ class JobManager:
         """The command that runs a run: `python -m app.runtime.worker ...`, or for `num_processes` > 1 the same module
         under `accelerate launch` (DDP, or FSDP when the spec asks for it; gloo processes on a CPU-only machine),
         whose process is then the run's (its pid is the run's pid, see `app.runtime.worker`)."""
-        worker = ["--db", str(self.store.path), "--run-id", str(run_id), "--data-dir", str(self.data_dir)]
+        worker = ["--db", str(self.store.path or self.store.url), "--run-id", str(run_id),
+                  "--data-dir", str(self.data_dir)]
         processes = processes_of(spec)
         if processes <= 1:
             return [sys.executable, "-m", "app.runtime.worker", *worker]
@@ -368,6 +400,9 @@ class JobManager:
                 "--main_process_port", "0", "--module", "app.runtime.worker", *worker]
 
     def _launch(self, run_id: int, devices: list[str], spec: dict[str, Any] | None = None) -> None:
+        if self.ray is not None:
+            self._launch_ray(run_id, devices, spec or {})
+            return
         log_path = run_log_path(self.data_dir, run_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         command = self.worker_command(run_id, spec or {})
@@ -387,6 +422,71 @@ class JobManager:
         launcher = f"; accelerate launch of {processes} processes" if processes > 1 else ""
         self.store.add_log(run_id, f"Worker started (pid {proc.pid}, devices {','.join(devices)}{launcher}); its "
                                    f"output is in {log_path}.")
+
+    def _launch_ray(self, run_id: int, devices: list[str], spec: dict[str, Any]) -> None:
+        """Submit the run's worker as a Ray job (`app.runtime.ray_backend`); a job Ray refuses, or a cluster that
+        cannot be reached, is a launch failure (retried after the back-off, then the run fails with the reason)."""
+        command = self.worker_command(run_id, spec)
+        cwd = self.data_dir / "cache" / "worker-cwd"
+        cwd.mkdir(parents=True, exist_ok=True)
+        gpus = processes_of(spec) if self.devices.gpus else 0
+        self._launched_at[run_id] = time.time()
+        env = {**self._worker_env(devices), DATA_FOLDER_TOKEN_ENV: self._data_folder_token()}
+        try:
+            job_id = self.ray.submit(run_id, command, env, str(cwd), gpus)
+        except RayUnavailable as error:
+            run = self.store.get_run(run_id)
+            if run is not None:
+                self._launch_failed(run, f"could not be submitted to the Ray cluster: {error}", output="")
+            self._launched_at.pop(run_id, None)
+            return
+        self._procs[run_id] = RayJob(self.ray, job_id)
+        self._devices[run_id] = devices
+        self.store.update_run(run_id, devices=",".join(devices), ray_job_id=job_id)
+        asked = f"{gpus} GPU(s)" if gpus else "1 CPU"
+        self.store.add_log(run_id, f"Worker submitted to the Ray cluster at {self.ray.address} as job {job_id} "
+                                   f"(asking for {asked}); its output is the job's log.")
+
+    def _data_folder_token(self) -> str:
+        """The token of `<data_dir>/.a2po-data-folder`, which a worker on a node reads to prove it sees this data
+        folder (`app.runtime.worker.folder_problem`); made once per folder."""
+        mark = self.data_dir / DATA_FOLDER_MARK
+        try:
+            token = mark.read_text().strip()
+        except OSError:
+            token = ""
+        if not token:
+            token = uuid.uuid4().hex
+            mark.write_text(token + "\n")
+        return token
+
+    def _refresh_cluster(self) -> None:
+        try:
+            self.devices = self.ray.devices()
+        except RayUnavailable as error:  # keep the last known devices; the next pass asks again
+            logger.warning("%s", error)
+
+    def _on_ray(self, run: dict[str, Any]) -> bool:
+        """Whether the run's worker is a Ray job that this studio watches."""
+        return self.ray is not None and bool(run.get("ray_job_id")) and not is_chunked(run)
+
+    def _foreign(self, run: dict[str, Any]) -> bool:
+        """A run whose worker is a Ray job while this studio runs without `--ray-address`: it cannot tell whether the
+        job lives, so it leaves the run alone (a studio with `--ray-address` adopts it)."""
+        return self.ray is None and bool(run.get("ray_job_id")) and not is_chunked(run)
+
+    def where(self) -> dict[str, Any]:
+        """Where runs go: this machine's devices, or the Ray cluster (for the API's /limits)."""
+        if self.ray is not None:
+            return self.ray.describe()
+        return {"backend": "zerogpu" if self.zerogpu else "local", "devices": self.devices.describe()}
+
+    def worker_output(self, run_id: int, run: dict[str, Any] | None = None, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines of the run's worker output: its Ray job's log, or the worker's log file."""
+        run = run if run is not None else self.store.get_run(run_id)
+        if run is not None and self._on_ray(run):
+            return self.ray.logs(run["ray_job_id"], lines)
+        return tail(run_log_path(self.data_dir, run_id), lines)
 
     def _launch_chunk(self, run: dict[str, Any], devices: list[str]) -> bool:
         """Claim a chunked run and start its next chunk in a freshly forked copy of this process (`app.runtime.chunks`).
@@ -412,7 +512,10 @@ class JobManager:
     def _old_process(self, run: dict[str, Any]) -> int | None:
         """A live process of an earlier start of the run that this studio did not start (it ended the run and has
         not exited yet): its worker by command line, or a chunk by its thread's name (`/proc`), working in this
-        studio's folder for workers (another studio's run of the same id is not this one)."""
+        studio's folder for workers (another studio's run of the same id is not this one). On Ray: its job, still
+        running."""
+        if self._on_ray(run):
+            return -1 if self.ray.active(run["ray_job_id"]) else None
         here = str(self.data_dir / "cache" / "worker-cwd")
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
@@ -470,6 +573,9 @@ class JobManager:
                 if run is not None and run["status"] in LIVE and run["pid"] == proc.pid:
                     how = "exited" if code == 0 else f"exited with code {code}"
                     chunks.settle(self.store, self.data_dir, run_id, how, paused=self.zerogpu)
+            elif isinstance(proc, RayJob):
+                if run is not None and run.get("ray_job_id") == proc.job_id:
+                    self._reap_ray(run, proc)
             elif run is not None and run["status"] == lifecycle.QUEUED and not self._claimed_since_launch(run):
                 self._launch_failed(run, f"exited with code {code} before starting the run")
             elif run is not None and run["status"] in LIVE and run["pid"] == proc.pid:
@@ -477,15 +583,26 @@ class JobManager:
                                                   f"lines of its output:\n{tail(run_log_path(self.data_dir, run_id))}")
             self._forget(run_id)
 
+    def _reap_ray(self, run: dict[str, Any], job: RayJob) -> None:
+        """A Ray job that ended: as a local worker that exited, with Ray's word on how and the job's log."""
+        how = self.ray.ending(job.job_id)
+        if run["status"] == lifecycle.QUEUED and not self._claimed_since_launch(run):
+            self._launch_failed(run, f"(Ray job {job.job_id}) ended {how} before starting the run",
+                                output=self.worker_output(run["id"], run))
+        elif run["status"] in LIVE:
+            self._end(run["id"], lifecycle.FAIL, f"The Ray job {job.job_id} of the worker ended {how} without "
+                                                 "recording an end; last lines of its output:\n"
+                                                 f"{self.worker_output(run['id'], run)}")
+
     def _claimed_since_launch(self, run: dict[str, Any]) -> bool:
         """Whether the run was claimed after its process in `_procs` started (that launch worked, whatever the run's
         status is now: stopped and queued again by a Resume while the process was still exiting, say)."""
         launched = self._launched_at.get(run["id"])
         return launched is not None and (run.get("started_at") or 0.0) >= launched
 
-    def _launch_failed(self, run: dict[str, Any], what: str) -> None:
+    def _launch_failed(self, run: dict[str, Any], what: str, output: str | None = None) -> None:
         failures = run["launch_failures"] + 1
-        output = tail(run_log_path(self.data_dir, run["id"]))
+        output = tail(run_log_path(self.data_dir, run["id"])) if output is None else output
         if failures > len(self.launch_backoff):
             self._retry_at.pop(run["id"], None)
             message = (f"The worker {what}, {failures} times in a row; giving up. Last lines of its output:\n"
@@ -520,6 +637,13 @@ class JobManager:
                 continue  # exited just now: `_reap` settles it on the next pass
             if self._driven_here(run):
                 continue  # a ZeroGPU call of this process's: its page settles it (the call's duration bounds it)
+            if self._foreign(run):
+                continue
+            if not self._worker_alive(run_id, run) and self._on_ray(run):
+                self._end(run_id, lifecycle.FAIL, f"Worker died: its Ray job {run['ray_job_id']} ended "
+                                                  f"{self.ray.ending(run['ray_job_id'])}; last lines of its output:\n"
+                                                  f"{self.worker_output(run_id, run)}")
+                continue
             if not self._worker_alive(run_id, run):
                 if is_chunked(run):
                     chunks.settle(self.store, self.data_dir, run_id, f"(pid {run['pid']}) is gone", paused=self.zerogpu)
@@ -588,6 +712,10 @@ class JobManager:
                 run_id = run["id"]
                 if run_id in self._procs or self._driven_here(run) or self._worker_alive(run_id, run):
                     continue
+                if self._foreign(run):
+                    logger.warning("Run %s runs as Ray job %s: start the studio with --ray-address to watch it.",
+                                   run_id, run["ray_job_id"])
+                    continue
                 if is_chunked(run):
                     outcome = chunks.settle(self.store, self.data_dir, run_id, "was gone when the studio started",
                                             paused=self.zerogpu)
@@ -597,6 +725,9 @@ class JobManager:
                 user_stop = run["status"] == lifecycle.STOPPING and run.get("stop_reason") in (None, "user")
                 message = ("The worker was gone when the studio started (the machine or container was stopped, "
                            f"or the worker was killed while no studio was running; pid {run['pid']}).")
+                if self._on_ray(run):
+                    message = (f"The worker's Ray job {run['ray_job_id']} ended while no studio was watching: "
+                               f"{self.ray.ending(run['ray_job_id'])}.")
                 event = lifecycle.STOP if user_stop else lifecycle.INTERRUPT
                 if self.store.apply(run_id, event, error=None if user_stop else message,
                                     stop_reason="user" if user_stop else "shutdown", finished_at=now):
@@ -734,12 +865,17 @@ class JobManager:
         if proc is not None:
             return proc.poll() is None
         run = run if run is not None else self.store.get_run(run_id)
+        if run is not None and self._on_ray(run):
+            return self.ray.active(run["ray_job_id"])
         return bool(run and pid_alive(run["pid"]) and self._is_process_of(run["pid"], run))
 
     def _pid_of(self, run_id: int, run: dict[str, Any]) -> int | None:
         """The pid of the run's process if this studio may signal it: its worker, or a chunk it forked (started
         here or by an earlier studio); never this process itself (a ZeroGPU call's page)."""
         proc = self._procs.get(run_id)
+        if isinstance(proc, RayJob) or (proc is None and self._on_ray(run)):
+            # The job is signalled through Ray, never by pid: -1 stands for "alive, on some node".
+            return -1 if self._worker_alive(run_id, run) else None
         if proc is not None:
             return proc.pid if proc.poll() is None else None
         pid = run.get("pid")
@@ -752,13 +888,21 @@ class JobManager:
         ZeroGPU chunk, never signalled, reads as the run's "stopping")."""
         if is_chunked(run):
             journal.request_stop(self.data_dir, run["id"])
-        if pid is not None:
+        if self._on_ray(run):
+            self.ray.stop(run["ray_job_id"])
+        elif pid is not None:
             self._kill(pid, signal.SIGTERM)
 
     def _kill_worker(self, run_id: int, run: dict[str, Any], timeout: float = 10.0) -> None:
         """SIGKILL the worker (and its process group) and wait until it is gone, so it cannot write afterwards."""
         pid = self._pid_of(run_id, run)
         if pid is None:
+            return
+        if self._on_ray(run):  # Ray has no kill: a stop, whose SIGKILL comes after the grace, and a wait for it
+            self.ray.stop(run["ray_job_id"])
+            deadline = time.monotonic() + timeout
+            while self.ray.active(run["ray_job_id"]) and time.monotonic() < deadline:
+                time.sleep(0.2)
             return
         processes = launched_processes(pid)
         self._kill(pid, signal.SIGKILL)

@@ -38,6 +38,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -54,6 +55,13 @@ LOG_TAIL_LINES = 20
 END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
 CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
 PR_SET_PDEATHSIG = 1  # prctl(2)
+# Names of the credentials the studio passes to a worker on purpose (`JobManager._worker_env`); a worker drops every
+# other credential it finds in its environment.
+PASSED_SECRETS_ENV = "A2PO_PASSED_SECRETS"
+# A worker started away from the studio's machine (a Ray job) checks that the data folder it was given is the
+# studio's: the file `DATA_FOLDER_MARK` there holds the token the studio put in this variable.
+DATA_FOLDER_TOKEN_ENV = "A2PO_DATA_FOLDER_CHECK"  # not named like a credential: those are dropped
+DATA_FOLDER_MARK = ".a2po-data-folder"
 
 logger = logging.getLogger("app.runtime.worker")
 
@@ -466,16 +474,53 @@ def follow(store: Store, run_id: int, data_dir: str, owner: int, stop_event: thr
     return 0
 
 
+def drop_secrets() -> None:
+    """Remove from this process's environment every credential the studio did not pass on purpose: a Ray job
+    starts from its node's environment, and a runtime environment can only add to it."""
+    from app.access.policy import without_secrets
+
+    passed = set(filter(None, os.environ.get(PASSED_SECRETS_ENV, "").split(",")))
+    kept = without_secrets(os.environ)
+    kept.update({name: os.environ[name] for name in passed if name in os.environ})
+    for name in set(os.environ) - set(kept):
+        del os.environ[name]
+
+
+def folder_problem(run: dict[str, Any], data_dir: str) -> str | None:
+    """Why this process cannot work on the run's files (it runs on a node that does not mount the studio's data
+    folder at the same path), or None. Only checked when the studio asks (`DATA_FOLDER_TOKEN_ENV`)."""
+    token = os.environ.get(DATA_FOLDER_TOKEN_ENV)
+    if not token:
+        return None
+    mark = Path(data_dir) / DATA_FOLDER_MARK
+    try:
+        found = mark.read_text().strip()
+    except OSError as error:
+        found, reason = None, f"{mark} cannot be read ({error.strerror or error})"
+    else:
+        reason = f"{mark} belongs to another studio"
+    where = f"host {socket.gethostname()}"
+    if found != token:
+        return (f"The worker (on {where}) cannot see the studio's data folder {data_dir}: {reason}. Every node of "
+                "the cluster must mount the data folder at the same path (docs/cluster.md).")
+    output = run.get("output_dir")
+    if output and not Path(output).is_dir():
+        return (f"The worker (on {where}) cannot see the run's folder {output}, though it sees the data folder "
+                f"{data_dir}: mount the whole data folder at the same path on every node (docs/cluster.md).")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Claim run `--run-id`, run it, and record its end. Exit code 0: finished, stopped or nothing to do.
 
     Under `accelerate launch` every process runs this: the main one (rank 0) claims the run with the launcher's
     pid, beats the heartbeat, records everything and how the run ended; the others wait for its claim (`follow`)."""
     parser = argparse.ArgumentParser(prog="python -m app.runtime.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--db", required=True, help="the studio database file")
+    parser.add_argument("--db", required=True, help="the studio database: a SQLite file or a server's URL")
     parser.add_argument("--run-id", type=int, required=True, help="the queued run to execute")
     parser.add_argument("--data-dir", required=True, help="where run outputs go (<data-dir>/runs/run-<id>)")
     options = parser.parse_args(argv)
+    drop_secrets()
 
     rank, world = process_rank()
     # Under `accelerate launch` (several processes) the run belongs to the launcher, this process's parent: its pid
@@ -507,6 +552,13 @@ def main(argv: list[str] | None = None) -> int:
 
     log_handler = StoreLogHandler(store, run_id)
     logging.getLogger().addHandler(log_handler)
+    problem = folder_problem(store.get_run(run_id) or {}, options.data_dir)
+    if problem:
+        logger.error("Run %s failed: %s", run_id, problem)
+        log_handler.flush()
+        logging.getLogger().removeHandler(log_handler)
+        record_end(store, run_id, "failed", problem)
+        return 1
     heartbeat = Heartbeat(store, run_id, stop_event, log_handler)
     heartbeat.start()
     status, error = "failed", None

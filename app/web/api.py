@@ -116,7 +116,8 @@ def register_api(services: Services) -> None:
                 for r in store.get_metrics(int(run_id), after_id=int(after_id))]
 
     def limits() -> dict:
-        """This studio's limits (None: no limit), whether launching needs a login, and what the operator allowed."""
+        """This studio's limits (None: no limit), whether launching needs a login, what the operator allowed, and
+        where runs go (`runs_go_to`: this machine, or the Ray cluster)."""
         from a2po.reward_registry import read_registry
         from app.web.pages.launch import reward_choices
 
@@ -125,6 +126,7 @@ def register_api(services: Services) -> None:
         return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
                 "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
                 "allow_hub": policy.allow_hub, "settable": [p.key for p in allowlist.PARAMS],
+                "runs_go_to": services.jobs.where(),
                 "rewards": [{"name": n, "doc": d, "registered": n in registry.rewards}
                             for n, d in reward_choices().items()]}
 

@@ -322,7 +322,7 @@ def _samples_view(store: Store, run_id: int, sample_id: int, query: dict[str, An
     return {"samples": training.samples_frame(rows), "samples_info": info}
 
 
-def _logs_view(store: Store, run_id: int, log_id: int) -> dict[str, Any]:
+def _logs_view(store: Store, run_id: int, log_id: int, jobs: Any = None) -> dict[str, Any]:
     def compute(previous: tuple[int, list[str]] | None) -> tuple[int, list[str]]:
         after, lines = (previous[0], previous[1]) if previous is not None and previous[0] <= log_id else (0, [])
         if not after:
@@ -331,7 +331,13 @@ def _logs_view(store: Store, run_id: int, log_id: int) -> dict[str, Any]:
                for x in store.get_logs(run_id, after_id=after, limit=None)]
         return log_id, (lines + new)[-MAX_LOG_LINES:]
 
-    return {"logs": "\n".join(live.SHARED.get(("logs", run_id), log_id, compute)[1])}
+    text = "\n".join(live.SHARED.get(("logs", run_id), log_id, compute)[1])
+    run = store.get_run(run_id)
+    if jobs is not None and getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
+        # A Ray run's worker output is the job's log, on the cluster (a local worker's is a file of the data folder).
+        output = live.SHARED.get(("ray-logs", run_id), log_id, lambda _prev: jobs.worker_output(run_id, run, 40))
+        text += f"\n\n--- output of Ray job {run['ray_job_id']} (last lines) ---\n{output}"
+    return {"logs": text}
 
 
 # ------------------------------------------------------------------ one poll
@@ -467,7 +473,8 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
     versions = _versions(snap, chart, split, order, search, correct, text, step)
     out: dict[str, Any] = {}
     for view in GROUP_VIEWS[group]:
-        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step))
+        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
+                         services.jobs))
     if group == "controls":
         out["split"] = gr.Dropdown(choices=_splits(run) or [split], value=split)
     if group == "idle":
@@ -538,7 +545,8 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
     for view in ("header", "controls", *TAB_VIEWS[state["tab"]]):
         if shown.get(view) == versions[view]:
             continue
-        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step))
+        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
+                         services.jobs))
         if view == "summary" and shown.get("splits") != out["split"].choices:
             shown["splits"] = out["split"].choices  # a component update only when the splits changed
         elif view == "summary":
@@ -556,7 +564,8 @@ GROUP_VIEWS = {"head": ("header",), "controls": ("controls",), "values": ("heade
 
 
 def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: str, split: str, order: str,
-          search: str | None, chart: ChartOptions, correct: str, text: str | None, step: str | None) -> dict[str, Any]:
+          search: str | None, chart: ChartOptions, correct: str, text: str | None, step: str | None,
+          jobs: Any = None) -> dict[str, Any]:
     """The outputs of one view of the run in `snap`, computed once per version for every session."""
     run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
     run_id = run["id"]
@@ -579,7 +588,7 @@ def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: st
     if view == "samples":
         return _samples_view(store, run_id, ids["samples"], training.sample_query(correct, text, step))
     if view == "logs":
-        return _logs_view(store, run_id, ids["logs"])
+        return _logs_view(store, run_id, ids["logs"], jobs)
     raise ValueError(f"Unknown view {view!r}.")
 
 
