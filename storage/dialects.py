@@ -10,27 +10,22 @@ The store's queries are written once, in SQLAlchemy, and use these pieces where 
   every write transaction already holds the one write lock (`BEGIN IMMEDIATE`); on PostgreSQL (READ COMMITTED)
   two transactions may run at once, so one that counts rows before it inserts (a launch's limits) first takes a
   transaction-level advisory lock of that name.
-- `AdvisoryLock`: a lock for a process's lifetime (the scheduler's "one studio per database"), held by a
-  PostgreSQL session-level advisory lock on a connection of its own; it goes with that connection, so a studio that
-  dies (even by SIGKILL) never leaves it behind.
 
-Advisory locks are per database: two studios on two databases of one server do not meet.
+Advisory locks are per database: two studios on two databases of one server do not meet. The lock a studio holds
+for its lifetime is in `storage.locks`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 from typing import Any
 
-from sqlalchemy import Float, Integer, create_engine, text
+from sqlalchemy import Float, Integer, text
 from sqlalchemy.dialects.postgresql import insert as _pg_insert
 from sqlalchemy.dialects.sqlite import insert as _sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.functions import FunctionElement
 
 SQLITE, POSTGRESQL = "sqlite", "postgresql"
@@ -48,40 +43,21 @@ def insert(session: Session, table: Any):
     return (_pg_insert if dialect_of(session) == POSTGRESQL else _sqlite_insert)(table)
 
 
-class greatest(FunctionElement):
-    """The larger of two values."""
+def _function(name: str, result: type, doc: str, sql: str, sqlite_sql: str) -> type[FunctionElement]:
+    """A SQL function spelled `sql` on PostgreSQL and `sqlite_sql` on SQLite (`{}`: its arguments)."""
+    function = type(name, (FunctionElement,), {"type": result(), "name": name, "inherit_cache": True, "__doc__": doc})
 
-    type = Float()
-    name = "greatest"
-    inherit_cache = True
+    def render(template: str):
+        return lambda element, compiler, **kw: template.format(compiler.process(element.clauses, **kw))
 
-
-@compiles(greatest)
-def _greatest(element, compiler, **kw) -> str:
-    return f"greatest({compiler.process(element.clauses, **kw)})"
-
-
-@compiles(greatest, SQLITE)
-def _greatest_sqlite(element, compiler, **kw) -> str:
-    return f"max({compiler.process(element.clauses, **kw)})"
+    compiles(function)(render(sql))
+    compiles(function, SQLITE)(render(sqlite_sql))
+    return function
 
 
-class truncate(FunctionElement):
-    """A number cut to an integer towards zero (a histogram's bin of a value above its start)."""
-
-    type = Integer()
-    name = "truncate"
-    inherit_cache = True
-
-
-@compiles(truncate)
-def _truncate(element, compiler, **kw) -> str:
-    return f"CAST(trunc({compiler.process(element.clauses, **kw)}) AS INTEGER)"
-
-
-@compiles(truncate, SQLITE)
-def _truncate_sqlite(element, compiler, **kw) -> str:
-    return f"CAST({compiler.process(element.clauses, **kw)} AS INTEGER)"
+greatest = _function("greatest", Float, "The larger of two values.", "greatest({})", "max({})")
+truncate = _function("truncate", Integer, "A number cut to an integer towards zero (a histogram's bin of a value "
+                     "above its start).", "CAST(trunc({}) AS INTEGER)", "CAST({} AS INTEGER)")
 
 
 def advisory_key(name: str) -> int:
@@ -93,67 +69,3 @@ def serialize(session: Session, name: str) -> None:
     """Make this write transaction wait for any other that called `serialize` with `name` (see the module)."""
     if dialect_of(session) == POSTGRESQL:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_key(name)})
-
-
-class AdvisoryLock:
-    """A PostgreSQL session-level advisory lock named `name` on the database at `url`, on a connection of its own
-    that stays open while the lock is held (the scheduler's "one studio per database", as `flock` is for a file).
-
-    `acquire(**owner)` raises `error` (a message naming who holds it) when another process has it; who holds it is
-    read from the holder's connection (`application_name`: the studio's host, pid and `owner`), since the lock
-    itself carries nothing.
-    """
-
-    def __init__(self, url: Any, name: str = "scheduler", error: type[Exception] = RuntimeError,
-                 hint: str = "Stop it first, or start this one with another --db.") -> None:
-        self.url = url
-        self.name = name
-        self.key = advisory_key(name)
-        self.error = error
-        self.hint = hint
-        self._engine: Engine | None = None
-        self._connection: Connection | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._connection is not None
-
-    def acquire(self, **owner: Any) -> None:
-        if self._connection is not None:
-            return
-        label = " ".join(["a2po-studio", socket.gethostname(), f"pid {os.getpid()}", *map(str, owner.values())])
-        name = label.encode()[:63].decode(errors="ignore")  # NAMEDATALEN: PostgreSQL keeps 63 bytes of it
-        engine = create_engine(self.url, poolclass=NullPool, connect_args={"application_name": name})
-        connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        try:
-            if connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": self.key}).scalar():
-                self._engine, self._connection = engine, connection
-                return
-            holder = connection.execute(text(
-                "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks l "
-                "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                "AND l.classid = :high AND l.objid = :low"),
-                {"high": (self.key >> 32) & 0xFFFFFFFF, "low": self.key & 0xFFFFFFFF}).first()
-        except BaseException:
-            connection.close()
-            engine.dispose()
-            raise
-        connection.close()
-        engine.dispose()
-        who = "unknown process" if holder is None else (
-            f"{holder[0] or 'a connection'} from {holder[1] or 'a local socket'}, since {holder[2]:%Y-%m-%d %H:%M:%S}")
-        database = self.url.render_as_string(hide_password=True) if hasattr(self.url, "render_as_string") \
-            else str(self.url)
-        raise self.error(f"Another A*-PO Studio is already serving the database {database} ({who}). {self.hint}")
-
-    def release(self) -> None:
-        if self._connection is not None:
-            try:
-                self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self.key})
-            except Exception:  # noqa: BLE001 - a connection already gone has released the lock with it
-                pass
-            finally:
-                self._connection.close()
-                self._engine.dispose()
-                self._connection = self._engine = None

@@ -16,7 +16,6 @@ in the database: it stays where it is, or is moved with the usual tools (docs/cl
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import sys
 import time
@@ -31,8 +30,6 @@ from storage.models import Base, Run
 from storage.store import Store
 
 BATCH = 5000
-# The file a studio serving a SQLite database locks (`flock`) in its folder (app.runtime.scheduler.SchedulerLock).
-SCHEDULER_LOCK_FILE = "scheduler.lock"
 
 
 class MoveRefused(RuntimeError):
@@ -62,31 +59,9 @@ def _counts(conn: Connection) -> dict[str, int]:
 
 def _check_not_served(store: Store, role: str) -> Callable[[], None]:
     """Refuse a database a studio serves; returns what releases the lock taken to keep one from starting."""
-    lock = store.scheduler_lock(MoveRefused)
-    if lock is not None:
-        try:
-            lock.acquire(purpose=f"storage.move {role}")
-        except MoveRefused as error:
-            raise MoveRefused(f"The {role} is in use: {error} Stop that studio, then move; nothing was "
-                              "written.") from None
-        return lock.release
-    path = store.path.parent / SCHEDULER_LOCK_FILE
-    if not path.exists():
-        return lambda: None
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown process"
-        os.close(fd)
-        raise MoveRefused(f"A studio is serving the {role} {store.path} ({holder}): stop it, then move; nothing was "
-                          "written.") from None
-
-    def release() -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-    return release
+    lock = store.scheduler_lock(MoveRefused, hint=f"Stop that studio, then move the {role}; nothing was written.")
+    lock.acquire(purpose=f"storage.move {role}")
+    return lock.release
 
 
 def _high_water(conn: Connection, table: Table) -> int:

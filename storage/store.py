@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.names import ACTIONS, STAGES
-from storage import dialects, lifecycle, migrations
+from storage import dialects, lifecycle, locks, migrations
 from storage.dialects import greatest, insert, truncate
 from storage.models import (
     Checkpoint,
@@ -250,12 +250,14 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({str(self.path) if self.path is not None else self._url.render_as_string()!r})"
 
-    def scheduler_lock(self, error: type[Exception] = RuntimeError) -> dialects.AdvisoryLock | None:
-        """The scheduler's "one studio per database" lock on a server (`dialects.AdvisoryLock`, raising `error`
-        when another studio holds it); None for a SQLite file, whose folder the caller locks (`flock`)."""
+    def scheduler_lock(self, error: type[Exception] = RuntimeError, hint: str | None = None
+                       ) -> locks.FileLock | locks.AdvisoryLock:
+        """The scheduler's "one studio per database" lock (`storage.locks`): a `flock` beside a SQLite file, an
+        advisory lock on a server; `acquire` raises `error` when another studio holds it."""
+        extra = {"hint": hint} if hint else {}
         if self.dialect == dialects.SQLITE:
-            return None
-        return dialects.AdvisoryLock(self._url, "scheduler", error=error)
+            return locks.FileLock(self.path.parent, error=error, **extra)
+        return locks.AdvisoryLock(self._url, "scheduler", error=error, **extra)
 
     # ------------------------------------------------------------------ plumbing
 

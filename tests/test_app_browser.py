@@ -61,12 +61,11 @@ def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     shoot(page, "launch")
 
     # Validation: an impossible value is reported next to its field, and nothing starts.
-    set_field(page, "field-beta1", "0")
-    page.locator("#check-form").click()
-    expect(page.locator("#error-beta1")).to_contain_text("must be > 0")
-    set_field(page, "field-model", "/no/such/model")
-    page.locator("#check-form").click()
-    expect(page.locator("#error-model")).to_contain_text("/no/such/model is not under a model folder of this studio")
+    outside = "/no/such/model is not under a model folder of this studio"
+    for field, value, problem in [("beta1", "0", "must be > 0"), ("model", "/no/such/model", outside)]:
+        set_field(page, f"field-{field}", value)
+        page.locator("#check-form").click()
+        expect(page.locator(f"#error-{field}")).to_contain_text(problem)
 
     # A tiny run: the taught tiny model, 12 + 4 arithmetic prompts, N = 8 reference samples, 2 steps on CPU.
     fill_form(page, beta1="0.5", model=taught_model_dir, name="browser-tiny", num_prompts="12", eval_size="4",

@@ -104,14 +104,15 @@ def test_a_target_that_holds_rows_is_refused_untouched(studio, postgres_server):
 
 
 def test_a_source_a_studio_serves_is_refused(studio, postgres_server):
-    from app.runtime.scheduler import AlreadyServing, SchedulerLock
+    from app.runtime.scheduler import AlreadyServing
 
     path, _ = studio
-    lock = SchedulerLock(path.parent)
+    lock = Store(path).scheduler_lock(AlreadyServing)
     lock.acquire(address="http://127.0.0.1:1")
     target = postgres_server.create_database()
     try:
-        with pytest.raises(MoveRefused, match="A studio is serving the source"):
+        refused = r"already serving .*http://127.0.0.1:1.*Stop that studio, then move the source"
+        with pytest.raises(MoveRefused, match=refused):
             move(path, target)
     finally:
         lock.release()
@@ -119,7 +120,7 @@ def test_a_source_a_studio_serves_is_refused(studio, postgres_server):
     served = Store(target).scheduler_lock(AlreadyServing)
     served.acquire()
     try:
-        with pytest.raises(MoveRefused, match="The target is in use"):
+        with pytest.raises(MoveRefused, match="already serving the database .*Stop that studio, then move the target"):
             move(path, target)
     finally:
         served.release()

@@ -58,14 +58,11 @@ The queue is the `runs` table, so it survives an app restart, and the database i
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -130,40 +127,6 @@ def describe_spec(spec: dict[str, Any]) -> tuple[str, str]:
     return str(spec.get("model", "")), text
 
 
-class SchedulerLock:
-    """An exclusive `flock` on `<folder>/scheduler.lock` (the database's folder), holding who took it."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / "scheduler.lock"
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self, **owner: Any) -> None:
-        if self._fd is not None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown process"
-            os.close(fd)
-            raise AlreadyServing(f"Another A*-PO Studio is already serving {self.path.parent} ({holder}). Stop it "
-                                 "first, or start this one with another --data-dir (or --db-dir).") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), **owner}).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
 class JobManager:
     """Submit, stop, resume and delete runs; start queued runs in worker processes (see the module docstring).
 
@@ -210,8 +173,8 @@ class JobManager:
         self.chunk_seconds = float(chunk_seconds)
         self.zerogpu = zerogpu
         self.pause_after = pause_after
-        # On a server, its advisory lock (storage.dialects); on SQLite beside the file, on local disk (docs/spaces.md).
-        self.lock = self.store.scheduler_lock(AlreadyServing) or SchedulerLock(self.store.path.parent)
+        # On a server, its advisory lock; on SQLite beside the file, on local disk (docs/spaces.md).
+        self.lock = self.store.scheduler_lock(AlreadyServing)
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
