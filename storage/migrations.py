@@ -21,9 +21,9 @@ schema from before versions existed (commit 83b92c1), `LATEST` (5) the last. `St
 - a file from a newer studio is refused (a clear error, nothing written), since this code cannot know its columns.
 
 A file at `LATEST` without `alembic_version` (written by the chain, or by a studio of before Alembic) is then
-stamped at `0001`, whose schema it has. New files get `user_version = LATEST` too, so a studio of before Alembic
-still opens them; a revision after 0001 that changes the schema must set `PRAGMA user_version` to `LATEST + 1` on
-SQLite, so that such a studio refuses the file instead of writing columns it does not know.
+stamped at `0001`, whose schema it has, and brought to `HEAD`. Every file at `HEAD` says `user_version =
+USER_VERSION`: 6 since revision 0003 renamed two columns, so a studio of before Alembic refuses it instead of
+writing columns it does not know; a later revision that renames or drops columns raises `USER_VERSION`.
 
 Steps are plain SQL written for the schema they start from, never generated from today's ORM classes (which
 will have moved on by the time an old file is opened); so are revisions. `tests/test_storage_migrations.py` checks
@@ -47,7 +47,10 @@ from sqlalchemy.engine import Connection
 from a2po.answers import CORRECT_THRESHOLD
 
 LATEST = 5
-HEAD = "0002"  # the newest Alembic revision (storage/revisions/versions); a test checks they agree
+HEAD = "0003"  # the newest Alembic revision (storage/revisions/versions); a test checks they agree
+# What SQLite's header says of a file at `HEAD`: above `LATEST` once a revision renamed or dropped a column, so a
+# studio of before Alembic (which knows versions up to 5) refuses the file; a revision that does so raises it.
+USER_VERSION = 6
 BASELINE = "0001"  # the revision whose schema is the chain's `LATEST`
 REVISIONS = Path(__file__).parent / "revisions"
 BUSY_TIMEOUT_S = 30.0
@@ -315,9 +318,9 @@ def has_tables(con: sqlite3.Connection) -> bool:
 
 
 def check_not_newer(version: int, path: Path) -> None:
-    if version > LATEST:
+    if version > USER_VERSION:
         raise SchemaTooNew(f"{path} has schema version {version}, but this A*-PO Studio knows versions up to "
-                           f"{LATEST}: it was written by a newer studio. Upgrade the studio, or use another data "
+                           f"{USER_VERSION}: it was written by a newer studio. Upgrade the studio, or use another data "
                            "folder (--data-dir); nothing was changed.")
 
 
@@ -329,7 +332,7 @@ def upgrade(path: str | Path, backup: bool = True) -> tuple[int, int]:
     try:
         found = schema_version(con)
         check_not_newer(found, path)
-        if found == LATEST or not has_tables(con):
+        if found >= LATEST or not has_tables(con):  # above LATEST: the revisions' (`ensure_schema`)
             return found, found
         if backup:
             target = path.with_name(f"{path.name}.v{found}.bak")
@@ -415,16 +418,14 @@ def ensure_schema(conn: Connection) -> str | None:
         return found
     if found is None:
         if not _has_table(conn, "runs"):
-            _alembic(conn, "upgrade", "head")
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql(f"PRAGMA user_version = {LATEST}")  # see the module docstring
+            _upgrade_to_head(conn)
             return None
         if conn.dialect.name != "sqlite" or schema_version(conn.connection.dbapi_connection) != LATEST:
             raise NotAStudio(f"{_describe(conn)} has a table 'runs' but no alembic_version: it is not a studio "
                              "database this studio knows. Give an empty database (or a SQLite studio.db); to "
                              "bring a SQLite studio to a server, use python -m storage.move.")
         _alembic(conn, "stamp", BASELINE)
-        _alembic(conn, "upgrade", "head")  # the revisions after the baseline
+        _upgrade_to_head(conn)  # the revisions after the baseline
         return None
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
@@ -435,5 +436,11 @@ def ensure_schema(conn: Connection) -> str | None:
         raise SchemaTooNew(f"{_describe(conn)} has schema revision {found!r}, which this A*-PO Studio does not "
                            f"know (its newest is {HEAD!r}): it was written by a newer studio. Upgrade the studio, "
                            "or use another database; nothing was changed.") from None
-    _alembic(conn, "upgrade", "head")
+    _upgrade_to_head(conn)
     return found
+
+
+def _upgrade_to_head(conn: Connection) -> None:
+    _alembic(conn, "upgrade", "head")
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"PRAGMA user_version = {USER_VERSION}")  # see `USER_VERSION`

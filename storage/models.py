@@ -50,7 +50,7 @@ class Run(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(16))  # the spec's: `a2po.names.ACTIONS`
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # `storage.lifecycle`
     stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -75,7 +75,8 @@ class Run(Base):
     # Last real progress (a stage-1 batch, a training step, an evaluation, a checkpoint), unlike `heartbeat_at`,
     # which a live process keeps writing even when its main thread is stuck: the watchdog reads this one.
     progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    num_devices: Mapped[int] = mapped_column(Integer, default=1)  # GPUs the run asks for (CPU-only: the machine)
+    # The run's processes: a GPU each, or on a CPU-only machine the machine for all of them.
+    num_processes: Mapped[int] = mapped_column(Integer, default=1)
     devices: Mapped[str | None] = mapped_column(String(64), nullable=True)  # assigned while running: "0,1" or "cpu"
     owner: Mapped[str | None] = mapped_column(String(200), nullable=True)  # who launched it (None: anonymous)
     # The counters of the run state machine: what each means is defined in `storage.lifecycle`.

@@ -310,23 +310,23 @@ class Store:
 
     # ------------------------------------------------------------------ runs
 
-    def create_run(self, name: str, kind: str, spec: dict[str, Any], model: str = "", dataset: str = "",
-                   parent_run_id: int | None = None, owner: str | None = None, num_devices: int = 1,
+    def create_run(self, name: str, action: str, spec: dict[str, Any], model: str = "", dataset: str = "",
+                   parent_run_id: int | None = None, owner: str | None = None, num_processes: int = 1,
                    admission: Admission | None = None) -> int:
         """Add a queued run; `spec` (the whole run spec, minus any credential in it) is stored as its config.
         Returns the new run id (never one a deleted run had). With `admission`, its limits are counted in the
         transaction that inserts the run (`BEGIN IMMEDIATE`: no other writer in between), so launches that arrive
         together cannot pass a limit together; `LimitReached` when the run would exceed one, and nothing is stored."""
-        if kind not in ACTIONS:
-            raise ValueError(f"Unknown run kind {kind!r}: use one of {', '.join(ACTIONS)}.")
+        if action not in ACTIONS:
+            raise ValueError(f"Unknown run action {action!r}: use one of {', '.join(ACTIONS)}.")
         now = _now()
         with self._write(durable=True) as s:
             if admission is not None:
                 dialects.serialize(s, "admission")  # the count and the insert, one launch at a time
                 admission.check(s, owner)
-            run = Run(name=name, kind=kind, status="queued", config=_json_safe(migrations.scrub_secrets(spec)),
+            run = Run(name=name, action=action, status="queued", config=_json_safe(migrations.scrub_secrets(spec)),
                       model=model, dataset=dataset, created_at=now, queued_at=now, parent_run_id=parent_run_id,
-                      progress=0.0, owner=owner, num_devices=int(num_devices), auto_resumes=0, launch_failures=0)
+                      progress=0.0, owner=owner, num_processes=int(num_processes), auto_resumes=0, launch_failures=0)
             s.add(run)
             s.flush()
             return run.id
@@ -358,8 +358,8 @@ class Store:
                              "through Store.set_run_values.")
         if fields.get("stage") is not None and fields["stage"] not in STAGES:
             raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(STAGES)} or None.")
-        if "kind" in fields and fields["kind"] not in ACTIONS:
-            raise ValueError(f"Unknown run kind {fields['kind']!r}: use one of {', '.join(ACTIONS)}.")
+        if "action" in fields and fields["action"] not in ACTIONS:
+            raise ValueError(f"Unknown run action {fields['action']!r}: use one of {', '.join(ACTIONS)}.")
         if fields.get("stop_reason") is not None and fields["stop_reason"] not in lifecycle.STOP_REASONS:
             raise ValueError(f"Unknown stop reason {fields['stop_reason']!r}: use one of "
                              f"{', '.join(lifecycle.STOP_REASONS)}.")

@@ -208,7 +208,7 @@ def test_a_two_process_run_launched_through_the_api_matches_the_one_process_run(
         stop_app(app)
     store = Store(data_dir / "studio.db")
     run = store.get_run(run_id)
-    assert run["num_devices"] == 2
+    assert run["num_processes"] == 2
     # The launcher exits once every rank has left its process group, shortly after the run's end is written.
     helpers.wait_for(lambda: not pid_alive(run["pid"]), 60, "the launcher to exit")
     values_stored_once(store, run_id)

@@ -76,7 +76,7 @@ def test_run_round_trip_and_queue_order(store):
 
 def test_bad_run_input_is_rejected_and_changes_nothing(store):
     run_id = store.create_run("demo", "train", SPEC)
-    with pytest.raises(ValueError, match="Unknown run kind"):
+    with pytest.raises(ValueError, match="Unknown run action"):
         store.create_run("x", "dance", SPEC)
     with pytest.raises(ValueError, match=r"\['status'\] change only through the run state machine"):
         store.update_run(run_id, status="finished", progress=1.0)

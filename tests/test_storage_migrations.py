@@ -18,6 +18,8 @@ from sqlalchemy import text
 from storage import Store, migrations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "studio-v0.db"
+# Run columns renamed by revision 0003 (old name -> new name).
+RENAMED = {"kind": "action", "num_devices": "num_processes"}
 FIXTURE_V3 = Path(__file__).parent / "fixtures" / "studio-v3.db"
 
 
@@ -66,7 +68,7 @@ def test_migrates_the_old_database_without_loss(v0_db):
     store = Store(v0_db)
     after = table_rows(v0_db)
     con = sqlite3.connect(v0_db)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == migrations.LATEST
+    assert con.execute("PRAGMA user_version").fetchone()[0] == migrations.USER_VERSION
     con.close()
 
     # Every stored row and value is still there (only the credential in a spec is gone), new columns filled in.
@@ -74,6 +76,8 @@ def test_migrates_the_old_database_without_loss(v0_db):
         assert len(after[table]) == len(rows), table
         for old, new in zip(rows, after[table]):
             for column, value in old.items():
+                if table == "runs":
+                    column = RENAMED.get(column, column)
                 if table == "runs" and column == "config":
                     spec = json.loads(value)
                     assert "hub_token" in spec["config"]
@@ -82,7 +86,7 @@ def test_migrates_the_old_database_without_loss(v0_db):
                 else:
                     assert new[column] == value, (table, column)
     assert [r["id"] for r in after["runs"]] == [1, 3]
-    assert all(r["num_devices"] == 1 and r["auto_resumes"] == 0 and r["launch_failures"] == 0 for r in after["runs"])
+    assert all(r["num_processes"] == 1 and r["auto_resumes"] == 0 and r["launch_failures"] == 0 for r in after["runs"])
     # The derived tables agree with the rows they summarise.
     assert store.list_value_sets()[0]["counts"] == {"train": 4, "eval": 1}
     assert store.count_values(1, "train") == 4 and store.count_values(1, None) == 5
@@ -101,7 +105,7 @@ def test_migrates_the_old_database_without_loss(v0_db):
     assert store.create_run("next", "train", {}) == 5
     store.close()
     # Opening again changes nothing.
-    assert migrations.upgrade(v0_db) == (migrations.LATEST, migrations.LATEST)
+    assert migrations.upgrade(v0_db) == (migrations.USER_VERSION, migrations.USER_VERSION)
 
 
 def test_migrated_schema_is_the_new_schema(v0_db, tmp_path):
@@ -121,7 +125,8 @@ def test_a_schema_3_database_migrates_without_loss(tmp_path):
     for table, rows in before.items():
         assert len(after[table]) == len(rows), table
         for old, new in zip(rows, after[table]):
-            assert {k: new[k] for k in old} == old, table
+            names = RENAMED if table == "runs" else {}
+            assert {k: new[names.get(k, k)] for k in old} == old, table
     runs = {r["name"]: r for r in store.list_runs()}
     assert runs["finished"]["chunks_done"] == 1 and runs["finished"]["chunk_seconds"] == 12.5
     assert runs["interrupted"]["auto_resumes"] == 2 and runs["interrupted"]["status"] == "interrupted"
@@ -202,7 +207,7 @@ def test_a_newer_database_is_refused_untouched(tmp_path):
     path = tmp_path / "studio.db"
     Store(path).close()
     con = sqlite3.connect(path)
-    con.execute(f"PRAGMA user_version = {migrations.LATEST + 1}")
+    con.execute(f"PRAGMA user_version = {migrations.USER_VERSION + 1}")
     con.close()
     before = path.read_bytes()
     with pytest.raises(migrations.SchemaTooNew, match="newer studio"):
@@ -234,7 +239,7 @@ def test_two_processes_migrate_one_file_at_once(v0_db):
     context = multiprocessing.get_context("spawn")
     with context.Pool(2) as pool:
         assert pool.map(_open, [str(v0_db)] * 2) == [2, 2]
-    assert migrations.upgrade(v0_db) == (migrations.LATEST, migrations.LATEST)
+    assert migrations.upgrade(v0_db) == (migrations.USER_VERSION, migrations.USER_VERSION)
 
 
 def test_secrets_are_never_stored(tmp_path):

@@ -69,7 +69,7 @@ def is_chunked(run_or_spec: dict[str, Any] | None) -> bool:
     """True for a run row (its config) or a spec whose runner is "chunked"."""
     if not run_or_spec:
         return False
-    spec = run_or_spec.get("config") if "config" in run_or_spec and "kind" in run_or_spec else run_or_spec
+    spec = run_or_spec.get("config") if "config" in run_or_spec and "action" in run_or_spec else run_or_spec
     return isinstance(spec, dict) and spec.get("runner") == "chunked"
 
 

@@ -6,7 +6,7 @@ The queue is the `runs` table, so it survives an app restart, and the database i
   (in the data folder unless `--db-dir` moved the database to local disk, see `app.runtime.snapshot`) (the
   kernel drops it when the process dies, however it dies); a second app on the same folder is refused with the
   first one's pid and address (`AlreadyServing`). Workers never inherit the lock.
-- **Devices.** A run of `num_processes` processes (default 1) takes as many GPUs (`runs.num_devices`); it starts
+- **Devices.** A run of `num_processes` processes (default 1) takes as many GPUs (`runs.num_processes`); it starts
   only when that many are free, counting every run the database says is running with a live worker, whoever
   started it. On a CPU-only machine the machine is one device: one run at a time, of 1 process or of several
   gloo processes (at most one per core). The queue is served strictly in order (the head waits for its
@@ -260,9 +260,8 @@ class JobManager:
         if problem:
             raise ValueError(problem)
         model, dataset = describe_spec(clean)
-        # `num_devices`: the GPUs the run takes, one per process (on a CPU-only machine it takes the machine).
         run_id = self.store.create_run(run.name, run.action, clean, model=model, dataset=dataset, owner=owner,
-                                       num_devices=run.num_processes, admission=admission)
+                                       num_processes=run.num_processes, admission=admission)
         self.store.add_log(run_id, f"Queued: {run.action} {model} on {dataset}.")
         for reward in clean["rewards"]:
             source = reward.get("source")
@@ -314,7 +313,7 @@ class JobManager:
                 break  # the head waits out its back-off; nothing overtakes it
             if run.get("started_at") and self._old_process(run):
                 break  # an earlier process of the run is still exiting (adopted from an earlier studio)
-            devices = self.devices.allocate(int(run.get("num_devices") or 1), busy)
+            devices = self.devices.allocate(int(run.get("num_processes") or 1), busy)
             if devices is None:
                 break
             if is_chunked(run):

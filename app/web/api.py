@@ -21,14 +21,18 @@ from app.access.gate import Refused, Services, store_upload
 from app.web import forms, live
 from storage.lifecycle import UNFINISHED
 
-RUN_KEYS = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
+RUN_KEYS = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
             "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
             "stop_reason", "chunks_done", "chunk_seconds")
 
 
+# The API's names for columns renamed since it was published: clients keep reading `kind`.
+API_NAMES = {"action": "kind"}
+
+
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The public fields of a run row (no process id) plus whether it is still active."""
-    return {**{k: run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
+    return {**{API_NAMES.get(k, k): run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
 
 
 def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:

@@ -67,8 +67,8 @@ def playground_gpu(services: Services) -> str | None:
 
 
 def no_weights_message(run: dict[str, Any]) -> str:
-    if run.get("kind") != "train":
-        return (f"Run #{run['id']} is a '{run.get('kind')}' run: it trains nothing, so only the reference policy "
+    if run.get("action") != "train":
+        return (f"Run #{run['id']} is a '{run.get('action')}' run: it trains nothing, so only the reference policy "
                 "answers.")
     return (f"Run #{run['id']} has no trained weights yet (it saves a checkpoint every few minutes of training and its "
             "final model at the end): only the reference policy answers for now.")

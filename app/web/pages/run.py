@@ -85,7 +85,7 @@ def new_state(run_id: int | None, tab: str = "values") -> dict[str, Any]:
 
 def stage_progress(run: dict[str, Any], num_values: int, value_set: dict[str, Any] | None) -> str:
     """Two progress bars: stage 1 (V* estimation) and stage 2 (training, or evaluation for evaluate runs)."""
-    kind, stage, status = run["kind"], run.get("stage"), run["status"]
+    action, stage, status = run["action"], run.get("stage"), run["status"]
     progress = run.get("progress") or 0.0
     done = status == "finished"
     expected = _expected_prompts(run)
@@ -94,14 +94,14 @@ def stage_progress(run: dict[str, Any], num_values: int, value_set: dict[str, An
     elif stage == "values":
         s1 = progress
         d1 = f"{num_values} / {expected} prompts" if expected else f"{num_values} prompts"
-    elif kind == "evaluate" and not run.get("value_set_id"):
+    elif action == "evaluate" and not run.get("value_set_id"):
         s1, d1 = None, "not needed"
     else:
         s1 = 1.0 if (done or stage in ("train", "eval")) and num_values else (0.0 if status in UNFINISHED else None)
         d1 = f"{num_values} prompts" if num_values else "waiting"
     bars = [progress_bar("Stage 1 · V* estimation", s1, d1, elem="progress-stage1")]
-    if kind != "values":
-        label = "Evaluation" if kind == "evaluate" else "Stage 2 · A*-PO training"
+    if action != "values":
+        label = "Evaluation" if action == "evaluate" else "Stage 2 · A*-PO training"
         if done:
             s2, d2 = 1.0, "done"
         elif stage in ("train", "eval"):
@@ -137,7 +137,7 @@ def accuracy_change(evaluations: list[dict[str, Any]]) -> str:
 def header(run: dict[str, Any], evaluations: list[dict[str, Any]] | None = None) -> str:
     elapsed, remaining = elapsed_and_remaining(run)
     parts = [f"### #{run['id']} {html.escape(run['name'])} {status_badge(run['status'])}",
-             f"**{run['kind']}** · model `{run['model']}` · dataset `{run['dataset']}` · stage "
+             f"**{run['action']}** · model `{run['model']}` · dataset `{run['dataset']}` · stage "
              f"`{run.get('stage') or '–'}` · created {format_time(run['created_at'])} · elapsed "
              f"{format_duration(elapsed)} · remaining ≈ {format_duration(remaining)}"]
     change = accuracy_change(evaluations or [])

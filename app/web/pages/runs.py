@@ -24,12 +24,12 @@ from app.web.pages.run import SHOW_RUN_TAB
 from storage.lifecycle import UNFINISHED
 
 COLUMN_WIDTHS = ["4%", "11%", "6%", "8%", "6%", "6%", "7%", "7%", "12%", "13%", "6%", "6%", "8%"]
-RUN_COLUMNS = ["id", "name", "kind", "status", "stage", "progress", "elapsed", "remaining", "model", "dataset",
+RUN_COLUMNS = ["id", "name", "action", "status", "stage", "progress", "elapsed", "remaining", "model", "dataset",
                "best eval acc", "owner", "created"]
 POLL_SECONDS = 3.0
 IDLE_SECONDS = 15.0
 # The run fields the table shows (elapsed and remaining from the times and the progress), the signature of a poll.
-SHOWN = ("id", "name", "kind", "status", "stage", "progress", "model", "dataset", "best_eval_accuracy", "owner",
+SHOWN = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "best_eval_accuracy", "owner",
          "created_at", "started_at", "finished_at")
 
 
@@ -58,7 +58,7 @@ def runs_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     for run in runs:
         elapsed, remaining = elapsed_and_remaining(run)
         best = run.get("best_eval_accuracy")
-        rows.append({"id": run["id"], "name": run["name"], "kind": run["kind"], "status": run["status"],
+        rows.append({"id": run["id"], "name": run["name"], "action": run["action"], "status": run["status"],
                      "stage": run.get("stage") or "", "progress": f"{(run.get('progress') or 0):.0%}",
                      "elapsed": format_duration(elapsed), "remaining": format_duration(remaining),
                      "model": Path(run["model"]).name if "/" in run["model"] and Path(run["model"]).is_absolute()
