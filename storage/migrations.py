@@ -29,7 +29,7 @@ from typing import Any
 
 from a2po.answers import CORRECT_THRESHOLD
 
-LATEST = 5
+LATEST = 6
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
 SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
@@ -222,6 +222,40 @@ def _v5(con: sqlite3.Connection) -> None:
     _rescore_runs(con)
 
 
+def _v6(con: sqlite3.Connection) -> None:
+    """GRPO samples G completions of a prompt per step: a sample's index within its prompt's group joins the
+    samples' unique key (A*-PO's samples, one per prompt and step, are index 0). SQLite cannot change a table's
+    UNIQUE constraint in place, so the table is rebuilt; its ids are kept (the pages page by them)."""
+    _script(con, """
+        CREATE TABLE samples_v6 (
+            id INTEGER NOT NULL,
+            run_id INTEGER NOT NULL,
+            step INTEGER NOT NULL,
+            split VARCHAR(64) NOT NULL,
+            prompt_id VARCHAR(200) NOT NULL,
+            sample_index INTEGER NOT NULL DEFAULT 0,
+            prompt_text TEXT NOT NULL,
+            completion TEXT NOT NULL,
+            reward FLOAT,
+            v_star FLOAT,
+            advantage FLOAT,
+            implicit_reward FLOAT,
+            completion_length FLOAT,
+            created_at FLOAT NOT NULL,
+            PRIMARY KEY (id),
+            UNIQUE (run_id, split, step, prompt_id, sample_index),
+            FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE
+        );
+        INSERT INTO samples_v6 (id, run_id, step, split, prompt_id, sample_index, prompt_text, completion, reward,
+                                v_star, advantage, implicit_reward, completion_length, created_at)
+            SELECT id, run_id, step, split, prompt_id, 0, prompt_text, completion, reward, v_star, advantage,
+                   implicit_reward, completion_length, created_at FROM samples;
+        DROP TABLE samples;
+        ALTER TABLE samples_v6 RENAME TO samples;
+        CREATE INDEX ix_samples_run_id_id ON samples (run_id, id)
+    """)
+
+
 def _stated_settings(config: str | None) -> tuple[float | None, bool | None]:
     """The beta1 and `filter_all_incorrect` a stored run spec names (None: left to the library's default)."""
     try:
@@ -272,7 +306,7 @@ def _rescore_runs(con: sqlite3.Connection) -> None:
         con.executemany("UPDATE run_values SET v_star = ?, filtered = ? WHERE id = ?", changed)
 
 
-STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
 assert sorted(STEPS) == list(range(1, LATEST + 1)), "one step per version, in order"
 
 
