@@ -306,7 +306,8 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
                     output_dir)
     # The store is the one source of truth for V*: the trainer's own jsonl cache would let it skip prompts whose
     # values never reached the database (e.g. a worker killed between the two writes).
-    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], save_values=False)
+    stage_one = {"save_values": False} if uses_values(spec) else {}  # GRPO has no V* cache to turn off
+    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], **stage_one)
     if recorder is not None:
         recorder.touch()  # loading the model counts as progress for the watchdog
     if spec.action == "evaluate" and trainer.eval_dataset is None:
