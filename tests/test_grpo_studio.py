@@ -8,7 +8,6 @@ rewards differ within a group and the advantages are not all zero; beta > 0, so 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -128,15 +127,20 @@ def test_grpo_on_the_chunked_runner_ends_like_one_worker(tmp_path, taught_model,
         manager.close()
 
 
-def test_a_grpo_run_through_launch(tmp_path, tiny_model_dir):
-    proc = start_app(tmp_path / "studio", free_port(), "--model-root", tiny_model_dir, "--public")
+def test_a_grpo_run_and_a_pair_through_the_api(tmp_path, tiny_model_dir):
+    proc = start_app(tmp_path / "studio", free_port(), "--model-root", tiny_model_dir, "--public", "--auth", "ann:pw")
     try:
-        client = Client(f"http://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/", verbose=False)
+        url = f"http://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/"
+        token = Client(url, verbose=False).predict(username="ann", password="pw", api_name="/login")["token"]
+        client = Client(url, verbose=False, headers={"x-a2po-token": token})
         spec = grpo_spec(tiny_model_dir, "api", max_steps=2, save_steps=0, eval_steps=0)
-        # The public limits bound G as they bound N.
+        # The public limits bound G as they bound N, and GRPO's batch (completions) by its prompts per step.
         with pytest.raises(Exception, match="G: completions per prompt per step must be at most 16"):
             client.predict(spec={**spec, "config": {**spec["config"], "num_generations": 32,
                                                     "per_device_train_batch_size": 64}}, api_name="/launch")
+        with pytest.raises(Exception, match="is 128 prompts per step, and this studio allows at most 64"):
+            client.predict(spec={**spec, "config": {**spec["config"], "per_device_train_batch_size": 256}},
+                           api_name="/launch")
         with pytest.raises(Exception, match="is a setting of A.-PO runs, not of GRPO runs"):
             client.predict(spec={**spec, "config": {**spec["config"], "num_value_samples": 4}}, api_name="/launch")
         run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
@@ -144,11 +148,55 @@ def test_a_grpo_run_through_launch(tmp_path, tiny_model_dir):
             "finished", "failed") and s, 180, "the GRPO run to end")
         assert status["status"] == "finished", status["error"]
         assert status["spec"]["method"] == "grpo" and status["spec"]["config"]["num_generations"] == G
+        assert status["values"] is None  # no stage 1
         store = Store(tmp_path / "studio" / "studio.db")
         names = {m["name"] for m in store.get_metrics(run_id)}
         assert {"loss", "completion_tokens", "peak_memory_gb", "kl"} <= names
         assert len(store.get_samples(run_id, split="train", limit=None)) == 2 * 2 * G  # 2 steps, 2 prompts, G each
-        assert store.get_evaluations(run_id)  # the final held-out accuracy
+        assert store.get_evaluations(run_id)  # held-out accuracy before and after
+
+        # "A*-PO vs GRPO" through the API: matched settings, both queued.
+        a2po = {"name": "pair", "model": tiny_model_dir, "dataset": spec["dataset"],
+                "config": {"num_value_samples": 4, "per_device_train_batch_size": 2, "max_steps": 2,
+                           "max_completion_length": 4, "learning_rate": 1e-4, "use_cpu": True,
+                           "filter_all_incorrect": False}}
+        pair = client.predict(spec=a2po, api_name="/launch_pair")
+        first, second = (store.get_run(pair[m]["run_id"]) for m in ("a2po", "grpo"))
+        one, two = first["config"], second["config"]
+        assert one.get("method", "a2po") == "a2po" and two["method"] == "grpo"
+        assert (first["name"], second["name"]) == ("pair-a2po", "pair-grpo")
+        assert two["config"]["num_generations"] == 4 and two["config"]["per_device_train_batch_size"] == 8
+        for key in ("learning_rate", "lr_scheduler_type", "max_steps", "num_train_epochs", "max_completion_length",
+                    "eval_steps", "seed", "temperature"):
+            assert one["config"][key] == two["config"][key], key
+        assert one["config"]["eval_steps"] == 1  # ceil(2 steps / 5): the curves get points between the ends
+        assert one["model"] == two["model"] and one["dataset"] == two["dataset"] and one["rewards"] == two["rewards"]
+        for run in (first, second):
+            client.predict(run_id=run["id"], api_name="/delete")
     finally:
         stop_app(proc)
-    assert os.environ.get("A2PO_FAULTS", "") == ""
+
+
+def test_a_pair_is_launched_whole_or_not_at_all(tmp_path, tiny_model_dir):
+    from dataclasses import replace
+
+    from app.access.auth import LOCAL_USER
+    from app.access.gate import Refused, Services
+    from app.access.policy import PUBLIC_LIMITS, Policy
+    from app.runtime.scheduler import JobManager
+
+    store = Store(tmp_path / "studio.db")
+    jobs = JobManager(store, tmp_path)  # never started: the runs stay queued
+    policy = Policy(tmp_path, limits=replace(PUBLIC_LIMITS, queue_size=1), model_roots=[tiny_model_dir])
+    services = Services(store, jobs, tmp_path, policy=policy)
+    spec = {"name": "pair", "model": tiny_model_dir, "config": {"max_steps": 2, "use_cpu": True}}
+    try:
+        with pytest.raises(Refused, match="The queue is full.*none was started"):
+            services.launch_pair(spec, LOCAL_USER)
+        assert store.list_runs() == []
+        # G = N: the limit on N bounds the GRPO run's G too; nothing is queued.
+        with pytest.raises(Refused, match="N: reference samples per prompt must be at most 16"):
+            services.launch_pair({**spec, "config": {**spec["config"], "num_value_samples": 32}}, LOCAL_USER)
+        assert store.list_runs() == []
+    finally:
+        jobs.close()
