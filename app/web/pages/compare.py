@@ -53,6 +53,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
                               multiselect=True, allow_custom_value=True, label="Metrics", scale=3,
                               elem_id="compare-metrics")
         smoothing = gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing", scale=1)
+        refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100, elem_id="compare-refresh")
     gr.Markdown("### Held-out accuracy against cost", elem_id="compare-cost-title")
     verdict = gr.Markdown("Pick an A*-PO run and a GRPO run (the Launch page's \"A*-PO vs GRPO\" starts a matched "
                           "pair) for the verdict.", elem_id="compare-verdict")
@@ -81,6 +82,6 @@ def build_compare_page(services: Services) -> gr.Dropdown:
                 *charts.accuracy_figures(timelines), f"**Verdict:** {line}")
 
     outputs = [plot, diff, by_time, by_tokens, memory, verdict]
-    for trigger in (picker.change, metrics.change, smoothing.release):
+    for trigger in (picker.change, metrics.change, smoothing.release, refresh.click):
         trigger(draw, [picker, metrics, smoothing], outputs, api_visibility="private")
     return picker
