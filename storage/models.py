@@ -173,7 +173,8 @@ class LatestMetric(Base):
 
 class Sample(Base):
     __tablename__ = "samples"
-    __table_args__ = (UniqueConstraint("run_id", "split", "step", "prompt_id"),
+    # One row per completion: A*-PO's one per prompt and step (index 0), GRPO's G (`sample_index` 0..G-1).
+    __table_args__ = (UniqueConstraint("run_id", "split", "step", "prompt_id", "sample_index"),
                       Index("ix_samples_run_id_id", "run_id", "id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -181,6 +182,7 @@ class Sample(Base):
     step: Mapped[int] = mapped_column(Integer)
     split: Mapped[str] = mapped_column(String(64), default="train")
     prompt_id: Mapped[str] = mapped_column(String(200))
+    sample_index: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     prompt_text: Mapped[str] = mapped_column(Text, default="")
     completion: Mapped[str] = mapped_column(Text, default="")
     reward: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -555,7 +555,8 @@ class Store:
     # ------------------------------------------------------------------ samples
 
     def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
-        """Store stage-2 samples (as delivered by `on_samples`); one row per (split, step, prompt_id), latest wins."""
+        """Store stage-2 samples (as delivered by `on_samples`); one row per (split, step, prompt_id, sample_index),
+        latest wins (A*-PO's samples are index 0; GRPO's G completions of a prompt 0..G-1)."""
         with self._write() as s:
             return _add_samples(s, run_id, samples)
 
@@ -1112,7 +1113,8 @@ def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], 
     now = _now() if at is None else float(at)
     rows = [{
         "run_id": run_id, "step": int(x.get("step") or 0), "split": str(x.get("split") or "train"),
-        "prompt_id": str(x.get("prompt_id", "")), "prompt_text": str(x.get("prompt_text") or ""),
+        "prompt_id": str(x.get("prompt_id", "")), "sample_index": int(x.get("sample_index") or 0),
+        "prompt_text": str(x.get("prompt_text") or ""),
         "completion": str(x.get("completion") or ""), "reward": _float(x.get("reward")),
         "v_star": _float(x.get("v_star")), "advantage": _float(x.get("advantage")),
         "implicit_reward": _float(x.get("implicit_reward")),
@@ -1122,7 +1124,7 @@ def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], 
         return 0
     stmt = insert(s, Sample)
     keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
-    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id"],
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id", "sample_index"],
                                       set_={k: stmt.excluded[k] for k in keep})
     s.execute(stmt, rows)
     return len(rows)

@@ -323,7 +323,7 @@ def test_preset_none_gives_the_library_defaults(policy, studio, tmp_path):
     # What the library runs for a spec that leaves a setting out (A2POConfig's defaults, TRL's), setting by setting.
     library = RunSpec(dataset={"source": "arithmetic", "eval_size": 0}).build_config(str(tmp_path))
     ran = RunSpec.from_dict(spec).build_config(str(tmp_path))
-    for param in allowlist.PARAMS:
+    for param in allowlist.method_params("a2po"):  # GRPO's own settings are not A2POConfig's
         if param.key != "max_steps":
             assert getattr(ran, param.key) == getattr(library, param.key), param.key
     assert ran.max_steps == 3
@@ -370,3 +370,22 @@ def test_policy_and_library_problems_are_reported_together(policy):
     result = allowlist.check_spec({"config": {"num_value_samples": 1000, "beta1": 0, "values_path": "/etc/x"}}, policy)
     assert set(result.errors) == {"config.num_value_samples", "config.beta1", "config.values_path"}
     assert "at most 256 on this studio" in result.errors["config.num_value_samples"]
+
+
+def test_the_form_launches_grpo_with_its_own_settings(policy):
+    # The form holds both methods' settings; a GRPO spec takes GRPO's (TRL's names) and none of A*-PO's stage 1.
+    form = {**forms.default_form(), "method": "grpo", "num_generations": 4, "per_device_train_batch_size": 16}
+    spec = forms.validate_form(form, policy).spec
+    assert spec is not None, forms.validate_form(form, policy).errors
+    assert spec["method"] == "grpo" and spec["config"]["num_generations"] == 4
+    assert not {"num_value_samples", "beta1", "beta2", "value_batch_size", "filter_all_incorrect"} & set(spec["config"])
+    assert spec["config"]["loss_type"] == "dapo" and spec["config"]["beta"] == 0.0  # GRPOConfig's (TRL's) defaults
+    back = forms.spec_to_form(spec)
+    assert back["method"] == "grpo" and back["num_generations"] == 4
+    assert forms.validate_form(back, policy).spec == spec
+    # A batch that is not whole groups is the library's verdict, shown next to the batch field.
+    errors = forms.validate_form({**form, "per_device_train_batch_size": 6}, policy).errors
+    assert "multiple of num_generations" in errors["per_device_train_batch_size"]
+    # The A*-PO form is as before: no method key, no GRPO settings.
+    plain = forms.validate_form(forms.default_form(), policy).spec
+    assert "method" not in plain and "num_generations" not in plain["config"]

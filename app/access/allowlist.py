@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +60,32 @@ class Param:
     info: str = ""
     limit: str = ""  # the `Limits` field bounding it from above
     choices: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ("a2po", "grpo")  # the methods (`RunSpec.method`) whose config has the setting
 
+
+A2PO, GRPO = ("a2po",), ("grpo",)
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")  # a2po.config's, named here so the web process skips torch
+GRPO_SCALE_REWARDS = ("group", "batch", "none")
 
 PARAMS: list[Param] = [
     Param("num_value_samples", "N: reference samples per prompt", "int", limit="max_value_samples",
-          info="Stage 1 samples N completions per prompt to estimate V*."),
-    Param("beta1", "β₁ (V* temperature)", "float", info="Soft-max temperature of the V* estimate."),
-    Param("beta2", "β₂ (KL temperature)", "float", info="Scale of the implicit reward in stage 2."),
+          info="Stage 1 samples N completions per prompt to estimate V*.", methods=A2PO),
+    Param("beta1", "β₁ (V* temperature)", "float", info="Soft-max temperature of the V* estimate.", methods=A2PO),
+    Param("beta2", "β₂ (KL temperature)", "float", info="Scale of the implicit reward in stage 2.", methods=A2PO),
+    # GRPO's own settings (TRL's GRPOConfig names); G is bounded as N is: both are samples per prompt.
+    Param("num_generations", "G: completions per prompt per step", "int", limit="max_value_samples",
+          info="GRPO samples G completions of each prompt at every step.", methods=GRPO),
+    Param("beta", "β (KL coefficient; 0: no reference model)", "float", methods=GRPO),
+    Param("loss_type", "Loss aggregation", "choice", choices=GRPO_LOSS_TYPES, methods=GRPO),
+    Param("scale_rewards", "Advantage scaling", "choice", advanced=True, choices=GRPO_SCALE_REWARDS, methods=GRPO),
+    Param("epsilon", "ε (lower clipping bound)", "float", advanced=True, methods=GRPO),
+    Param("epsilon_high", "ε high (upper clipping bound; 0: ε)", "float", advanced=True, methods=GRPO),
+    Param("num_iterations", "Optimizer steps per generation (μ)", "int", advanced=True, limit="max_epochs",
+          methods=GRPO),
     Param("learning_rate", "Learning rate", "float"),
     Param("max_steps", "Max steps", "int", limit="max_steps", info="-1: train for num_train_epochs."),
-    Param("per_device_train_batch_size", "Batch size (prompts per step)", "int", limit="max_batch_size"),
+    Param("per_device_train_batch_size", "Batch size (prompts per step; GRPO: completions, G per prompt)", "int",
+          limit="max_batch_size", info="GRPO counts completions, as TRL does: G × the prompts per step."),
     Param("max_completion_length", "Max completion tokens", "int", limit="max_completion_length",
           info="Arithmetic answers are short; use 256+ for step-by-step math."),
     Param("temperature", "Sampling temperature", "float"),
@@ -85,19 +101,24 @@ PARAMS: list[Param] = [
     Param("gradient_accumulation_steps", "Gradient accumulation steps", "int", advanced=True, limit="max_batch_size"),
     Param("gradient_checkpointing", "Gradient checkpointing (less memory, slower)", "bool", advanced=True),
     Param("value_batch_size", "Stage-1 prompts per batch (0: 256 sequences)", "int", advanced=True,
-          limit="max_batch_size"),
+          limit="max_batch_size", methods=A2PO),
     Param("per_device_eval_batch_size", "Evaluation batch size", "int", advanced=True, limit="max_batch_size"),
     Param("logging_steps", "Log every N steps", "int", advanced=True),
     Param("eval_steps", "Evaluate every N steps (0: only at the end)", "int", advanced=True),
     Param("save_steps", "Checkpoint every N steps", "int", advanced=True),
     Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", "int", advanced=True),
     Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
-    Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True),
+    Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True, methods=A2PO),
     Param("use_cpu", "Force CPU", "bool", advanced=True),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
-ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps"}
+ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high"}
+
+
+def method_params(method: str) -> list[Param]:
+    """The form's settings a run of `method` has."""
+    return [p for p in PARAMS if method in p.methods]
 
 
 @dataclass
@@ -127,11 +148,17 @@ def _number(value: Any) -> float | None:
     return real_number(value)
 
 
-def default_value(key: str) -> Any:
-    """What a run uses for setting `key` when neither its spec nor its preset names it: the library's default."""
-    from a2po.runspec import config_default
+def default_value(key: str, method: str = "a2po") -> Any:
+    """What a run uses for setting `key` when neither its spec nor its preset names it: the library's default
+    (GRPOConfig's for a GRPO run)."""
+    import dataclasses
 
-    return config_default(key)
+    from a2po.runspec import CONFIG_CLASSES, RUN_CONFIG_DEFAULTS, config_default
+
+    if method == "a2po" or key in RUN_CONFIG_DEFAULTS or method not in CONFIG_CLASSES:
+        return config_default(key)
+    found = CONFIG_CLASSES[method].__dataclass_fields__[key]
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default
 
 
 def check_param(param: Param, value: Any, limits: Limits) -> tuple[Any, str | None]:
@@ -319,10 +346,13 @@ def _check_data_file(path: str, policy: Policy, errors: dict[str, str]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------- spec
 
-def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> Any:
+METHOD_NAMES = {"a2po": "A*-PO", "grpo": "GRPO"}
+
+
+def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: str = "a2po") -> Any:
     """The settings the studio lets a spec make (the form's, and those the operator's flags open), within its
     limits; a refused one is left out, with the reason in `errors` (keys `config.<field>`)."""
-    from a2po.runspec import CONFIG_FIELDS
+    from a2po.runspec import CONFIG_FIELDS, METHOD_CONFIG_FIELDS
 
     if not isinstance(config, Mapping):
         return config
@@ -330,8 +360,15 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> Any:
     allowed_outside = policy.allowed_operator_fields()
     for key, value in config.items():
         path = f"config.{key}"
-        if key in PARAM_BY_KEY:
-            clean, message = check_param(PARAM_BY_KEY[key], value, policy.limits)
+        param = PARAM_BY_KEY.get(key)
+        if param is not None and method in METHOD_NAMES and method not in param.methods:
+            owner = " and ".join(METHOD_NAMES[m] for m in param.methods)
+            errors[path] = (f"{param.label} is a setting of {owner} runs, not of {METHOD_NAMES[method]} runs: "
+                            f"remove it, or set \"method\" to {param.methods[0]!r}.")
+        elif key in PARAM_BY_KEY:
+            if method == "grpo" and key == "per_device_train_batch_size":
+                param = replace(param, limit="")  # completions, not prompts: `_check_grpo_batch` bounds it
+            clean, message = check_param(param, value, policy.limits)
             if message:
                 errors[path] = message
             elif clean is not None or key not in ZERO_MEANS_NONE:  # else off: the library's default
@@ -348,9 +385,9 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str]) -> Any:
                     out[key] = value
         elif key in OUTSIDE_FIELDS:
             errors[path] = f"not allowed in a run spec: it {OUTSIDE_FIELDS[key]}."
-        elif key in CONFIG_FIELDS:
+        elif key in CONFIG_FIELDS | METHOD_CONFIG_FIELDS.get(method, set()):
             errors[path] = ("not a setting of this studio (the form's settings are: "
-                            f"{', '.join(p.key for p in PARAMS)}).")
+                            f"{', '.join(p.key for p in method_params(method))}).")
         else:
             errors[path] = "unknown setting."
     return out
@@ -400,11 +437,15 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
             errors["model"] = problem
     # Every form setting, explicit: a stored spec says what ran (the preset's value, else the library's default),
     # whatever the library's defaults become.
+    method = full.get("method", "a2po")
     given = full.get("config")
     if isinstance(given, Mapping):
-        given = {**{p.key: default_value(p.key) for p in PARAMS}, **given}
+        given = {**{p.key: default_value(p.key, method) for p in method_params(method if method in METHOD_NAMES
+                                                                               else "a2po")}, **given}
     candidate = {**full, "dataset": _check_dataset(full.get("dataset"), policy, errors),
-                 "config": _check_config(given, policy, errors)}
+                 "config": _check_config(given, policy, errors, method)}
+    if method == "grpo" and isinstance(candidate["config"], Mapping):
+        _check_grpo_batch(candidate["config"], policy.limits, errors)
     peft = full.get("peft")
     rank = _number(peft.get("r")) if isinstance(peft, Mapping) else None
     if rank is not None and rank > limits.max_lora_rank:
@@ -429,7 +470,19 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
         clean["fsdp"] = run.fsdp
     if run.runner != "worker":
         clean["runner"] = run.runner
+    if run.method != "a2po":  # a spec stored before GRPO existed is A*-PO: A*-PO specs keep that shape
+        clean["method"] = run.method
     return SpecResult(clean, warnings=warnings)
+
+
+def _check_grpo_batch(config: Mapping[str, Any], limits: Limits, errors: dict[str, str]) -> None:
+    """GRPO's batch counts completions (G per prompt), so the studio's batch limit, on prompts per step for A*-PO,
+    bounds its prompts per step too: batch / G; the batch must hold whole groups, which the library checks."""
+    batch, group = _number(config.get("per_device_train_batch_size")), _number(config.get("num_generations"))
+    key = "config.per_device_train_batch_size"
+    if batch is not None and group and key not in errors and batch / group > limits.max_batch_size:
+        errors[key] = (f"GRPO's batch counts completions: {batch:g} / G={group:g} is {batch / group:g} prompts per "
+                       f"step, and this studio allows at most {limits.max_batch_size} prompts per step.")
 
 
 def check_dataset(dataset: Any, policy: Policy) -> SpecResult:

@@ -99,6 +99,29 @@ class Services:
             self.store.add_log(run_id, warning, level="WARNING")
         return run_id, warnings
 
+    def launch_pair(self, spec: Any, user: User | None) -> tuple[int, int]:
+        """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it (`pair_specs`), both checked
+        (permission, allow-list, limits) before either is queued; returns their ids (A*-PO's, GRPO's). When the
+        second is refused (a queue or per-user limit), the first is deleted again: a pair runs whole or not at all."""
+        problem = self.auth.can_launch(user)
+        if problem:
+            raise Refused(problem)
+        a2po, _ = self.checked(spec)
+        if a2po.get("action") != "train":
+            raise Refused("A*-PO vs GRPO compares two training runs: set the action to \"train\".")
+        first, second = pair_specs(a2po)
+        for one in (first, second):
+            self.checked(one)  # both refused before either is queued
+        a2po_id = self.launch(first, user)
+        try:
+            grpo_id = self.launch(second, user)
+        except Refused as refused:
+            self.jobs.delete(a2po_id)
+            raise Refused(f"{refused} (A*-PO vs GRPO needs room for both runs; none was started.)") from None
+        self.store.add_log(a2po_id, f"A*-PO vs GRPO: matched with GRPO run #{grpo_id}.")
+        self.store.add_log(grpo_id, f"A*-PO vs GRPO: matched with A*-PO run #{a2po_id}.")
+        return a2po_id, grpo_id
+
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
         """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in
         `<data-dir>/datasets/uploads/` instead, named by its content."""
@@ -122,6 +145,56 @@ class Services:
         except (ValueError, RuntimeError) as exc:
             raise Refused(str(exc)) from exc
         return run
+
+
+# Settings both methods have, copied from the A*-PO run to its GRPO match (same names in A2POConfig and GRPOConfig).
+SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "max_steps",
+                   "num_train_epochs", "max_completion_length", "max_prompt_length", "temperature", "top_p", "top_k",
+                   "seed", "per_device_eval_batch_size", "logging_steps", "eval_steps", "save_steps",
+                   "save_every_seconds", "gradient_accumulation_steps", "gradient_checkpointing", "use_cpu")
+EVAL_POINTS = 5  # held-out evaluations between "before" and "after" when the spec sets no eval_steps
+
+
+def pair_specs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it, as "A*-PO vs GRPO" launches.
+
+    Matched: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every setting both
+    methods have (learning rate and schedule, epochs or max steps, completion and prompt lengths, sampling, seed);
+    GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size, which counts
+    completions, is G × A*-PO's (which counts prompts), so both take the same number of steps per pass over the data
+    and the same passes. (A*-PO's stage 1 drops the prompts no reference sample solved when filter_all_incorrect is
+    on; its passes go over the prompts it kept.) GRPO's own settings (beta, loss_type, epsilon, ...) keep TRL's
+    defaults. When the spec sets no `eval_steps`, both evaluate every 1/`EVAL_POINTS` of the run, at the same steps.
+    """
+    import copy
+    import math
+
+    a2po = copy.deepcopy(spec)
+    config = a2po["config"]
+    if not config.get("eval_steps") and (a2po.get("dataset") or {}).get("eval_size"):
+        config["eval_steps"] = max(1, math.ceil(_planned_steps(a2po) / EVAL_POINTS))
+    n = int(config.get("num_value_samples") or 8)
+    base = str(a2po.get("name") or "pair")[:80]
+    a2po["name"] = f"{base}-a2po"
+    grpo = {k: copy.deepcopy(v) for k, v in a2po.items() if k != "config"}
+    grpo.update(name=f"{base}-grpo", method="grpo")
+    grpo["config"] = {k: config[k] for k in SHARED_SETTINGS if k in config}
+    grpo["config"].update(num_generations=n, per_device_train_batch_size=n * int(config["per_device_train_batch_size"]))
+    return a2po, grpo
+
+
+def _planned_steps(spec: dict[str, Any]) -> int:
+    """Optimizer steps a run plans: max_steps, else epochs × the train prompts / prompts per step (held-out prompts
+    are not trained on)."""
+    import math
+
+    config, dataset = spec["config"], spec.get("dataset") or {}
+    if (config.get("max_steps") or -1) > 0:
+        return int(config["max_steps"])
+    total, held = int(dataset.get("num_prompts") or 1), float(dataset.get("eval_size") or 0)
+    prompts = max(1, total - int(held if held >= 1 else round(held * total)))
+    per_step = int(config.get("per_device_train_batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1)
+    return max(1, math.ceil(float(config.get("num_train_epochs") or 1) * math.ceil(prompts / per_step)))
 
 
 def offline() -> bool:

@@ -221,7 +221,7 @@ def claim(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], p
     """Before a chunk: claim the queued run for process `pid` (`lifecycle.CLAIM`), make sure it has its value set,
     and write the chunk's input. Returns the claimed run, or None when it was not queued any more."""
     from a2po.runspec import RunSpec
-    from app.runtime.worker import ensure_value_set
+    from app.runtime.worker import ensure_value_set, uses_values
 
     run_id = run["id"]
     if not store.apply(run_id, lifecycle.CLAIM, pid=pid, devices=devices):
@@ -230,7 +230,8 @@ def claim(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], p
     store.reset_journal(run_id)
     try:
         spec = RunSpec.from_dict(run["config"])
-        ensure_value_set(store, store.get_run(run_id), spec)
+        if uses_values(spec):
+            ensure_value_set(store, store.get_run(run_id), spec)
         claimed = store.get_run(run_id)
         journal.write_input(store, data_dir, claimed)
         return claimed

@@ -234,6 +234,50 @@ def stop_on_signal(stop_event: threading.Event):
     return StopOnSignal()
 
 
+def uses_values(spec: Any) -> bool:
+    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO samples its G completions at every step."""
+    return getattr(spec, "method", "a2po") == "a2po"
+
+
+def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recorder: Any, check_stop) -> None:
+    """A*-PO's stage 1: the run's value set, the V* rows it already holds handed to the trainer, and the rest
+    sampled, for every split the action needs. `recorder` is None on a process other than the main one."""
+    args = trainer.args
+    main = recorder is not None
+    value_set_id = None
+    if main:
+        value_set_id = recorder.value_set_id = ensure_value_set(store, run, spec)
+    value_set_id = _from_main(trainer, value_set_id)
+
+    # Hand the stored V* rows to the trainer, so stage 1 samples only what is missing.
+    splits = {"train": trainer.train_dataset, **trainer.eval_sets()} if trainer.train_dataset is not None \
+        else trainer.eval_sets()
+    known = {name: [row for row in store.get_values(value_set_id, name) if row["rewards"]] for name in splits}
+    if trainer.accelerator.num_processes > 1:
+        # The rows the main process read, on every process (another run may add rows to a shared value set
+        # meanwhile): the processes must agree on what is pending, or their shards would overlap.
+        ids = _from_main(trainer, {name: sorted(row["prompt_id"] for row in rows) for name, rows in known.items()})
+        for name, rows in known.items():
+            by_id = {row["prompt_id"]: row for row in rows}
+            if not set(ids[name]) <= set(by_id):
+                raise RuntimeError(f"Stage 1 ({name}): V* rows the main process read are missing here.")
+            known[name] = [by_id[pid] for pid in ids[name]]
+    for name, rows in known.items():
+        trainer.set_optimal_values(rows, name)
+    # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
+    needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
+    if main:
+        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
+    check_stop()
+
+    try:
+        for split in needed:
+            trainer.estimate_optimal_values(splits[split], split=split)
+    finally:
+        if main:
+            _update_value_set(store, value_set_id, splits, args.num_value_samples)
+
+
 def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             stop_event: threading.Event, deadline: float | None = None) -> str:
     """Run a claimed run to its end; returns "finished". Raises on failure, `StopRequested` /
@@ -270,45 +314,15 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
                     output_dir)
     # The store is the one source of truth for V*: the trainer's own jsonl cache would let it skip prompts whose
     # values never reached the database (e.g. a worker killed between the two writes).
-    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], save_values=False)
+    stage_one = {"save_values": False} if uses_values(spec) else {}  # GRPO has no V* cache to turn off
+    trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], **stage_one)
     if recorder is not None:
         recorder.touch()  # loading the model counts as progress for the watchdog
     if spec.action == "evaluate" and trainer.eval_dataset is None:
         raise ValueError("An 'evaluate' run needs an eval set: set dataset.eval_size > 0 in the run spec.")
-    args = trainer.args
-    value_set_id = None
-    if main:
-        value_set_id = recorder.value_set_id = ensure_value_set(store, run, spec)
-    value_set_id = _from_main(trainer, value_set_id)
-
-    # Hand the stored V* rows to the trainer, so stage 1 samples only what is missing.
-    splits = {"train": trainer.train_dataset, **trainer.eval_sets()} if trainer.train_dataset is not None \
-        else trainer.eval_sets()
-    known = {name: [row for row in store.get_values(value_set_id, name) if row["rewards"]] for name in splits}
-    if trainer.accelerator.num_processes > 1:
-        # The rows the main process read, on every process (another run may add rows to a shared value set
-        # meanwhile): the processes must agree on what is pending, or their shards would overlap.
-        ids = _from_main(trainer, {name: sorted(row["prompt_id"] for row in rows) for name, rows in known.items()})
-        for name, rows in known.items():
-            by_id = {row["prompt_id"]: row for row in rows}
-            if not set(ids[name]) <= set(by_id):
-                raise RuntimeError(f"Stage 1 ({name}): V* rows the main process read are missing here.")
-            known[name] = [by_id[pid] for pid in ids[name]]
-    for name, rows in known.items():
-        trainer.set_optimal_values(rows, name)
-    # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
-    needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
-    if main:
-        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
-    check_stop()
-
-    try:
-        for split in needed:
-            trainer.estimate_optimal_values(splits[split], split=split)
-    finally:
-        if main:
-            _update_value_set(store, value_set_id, splits, args.num_value_samples)
-    check_stop()
+    if uses_values(spec):
+        _stage_one(store, run, spec, trainer, recorder, check_stop)
+        check_stop()
 
     if spec.action == "train":
         checkpoint = resume_checkpoint(store, run_id, output_dir) if main else None

@@ -41,7 +41,7 @@ def build_demo(services: Services) -> gr.Blocks:
             with gr.Tab("Playground", id="playground", elem_id="page-playground") as playground_tab:
                 playground = build_playground_page(services, login.token)
             with gr.Tab("Explain", id="explain", elem_id="page-explain") as explain_tab:
-                explain_picker = build_explain_page(services)
+                explain_picker, explain_pair = build_explain_page(services)
             with gr.Tab("Compare", id="compare", elem_id="page-compare") as compare_tab:
                 compare_picker = build_compare_page(services)
             with gr.Tab("Export", id="export", elem_id="page-export") as export_tab:
@@ -62,6 +62,14 @@ def build_demo(services: Services) -> gr.Blocks:
             event.then(open_run, launch.launched, run.picker, **private)
         runs.select_event.then(open_run, runs.selected, run.picker, **private)
 
+        def compare_pair(ids: list[int] | None) -> Any:
+            if not ids:
+                return gr.skip()
+            return gr.Dropdown(choices=run_choices(services.store), value=[int(i) for i in ids])
+
+        launch.pair_event.then(compare_pair, launch.pair, compare_picker, **private)
+        launch.pair_event.then(compare_pair, launch.pair, explain_pair, **private)
+
         def clone(run_id: int | None) -> list[Any]:
             """The picked run's spec in the Launch form, through the same allow-list as the API."""
             found = services.store.get_run(int(run_id)) if run_id is not None else None
@@ -79,6 +87,7 @@ def build_demo(services: Services) -> gr.Blocks:
         run_tab.select(choices, None, run.picker, **private)
         compare_tab.select(choices, None, compare_picker, **private)
         explain_tab.select(choices, None, explain_picker, **private)
+        explain_tab.select(choices, None, explain_pair, **private)
         export_tab.select(choices, None, export_picker, **private)
         playground.refresh_on(playground_tab)
         launch_tab.select(lambda: gr.Dropdown(choices=model_choices(services)), None, launch.model, **private)

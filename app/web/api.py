@@ -49,8 +49,8 @@ def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
 
 
 def register_api(services: Services) -> None:
-    """Add the named endpoints (inside gr.Blocks): /launch, /stop, /resume, /delete, /status, /list_runs, /metrics,
-    /limits, /login, /upload_dataset, /playground, /try_reward."""
+    """Add the named endpoints (inside gr.Blocks): /launch, /launch_pair, /stop, /resume, /delete, /status,
+    /list_runs, /metrics, /limits, /login, /upload_dataset, /playground, /try_reward."""
     store, auth = services.store, services.auth
 
     def get(run_id: int) -> dict[str, Any]:
@@ -73,6 +73,16 @@ def register_api(services: Services) -> None:
         run = store.get_run(run_id)
         return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"]),
                 "warnings": warnings}
+
+    def launch_pair(spec: dict, request: gr.Request) -> dict:
+        """"A*-PO vs GRPO": queue the A*-PO run `spec` describes (as /launch reads it) and a GRPO run matched to it
+        (same model, prompts, held-out set, learning rate and schedule, epochs, completion length; G = N; GRPO's
+        batch = G x A*-PO's, so the same prompts per step). Both pass the same checks and limits, or neither is
+        queued. Returns {"a2po": {"run_id", "name"}, "grpo": {...}}; compare them on the Compare page."""
+        user = auth.identify(request=request)
+        ids = refused(lambda: services.launch_pair(spec, user))
+        return {method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
+                for method, run_id in zip(("a2po", "grpo"), ids, strict=True)}
 
     def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
@@ -141,7 +151,7 @@ def register_api(services: Services) -> None:
             raise gr.Error("Wrong user name or password." if auth.passwords else "This studio has no password users.")
         return {"token": token, "user": username}
 
-    for fn in (launch, stop, resume, delete, status, list_runs, metrics, limits, login):
+    for fn in (launch, launch_pair, stop, resume, delete, status, list_runs, metrics, limits, login):
         reads = fn in (status, list_runs, metrics, limits)
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None if reads else 1)
 

@@ -410,3 +410,47 @@ def compare_figure(runs: Mapping[str, Mapping[str, Series]], metrics: Sequence[s
                       margin={"l": 50, "r": 20, "t": 60, "b": 40},
                       legend={"orientation": "h", "y": 1.02 + 0.1 / rows, "x": 0})
     return fig
+
+
+def accuracy_figures(timelines: Sequence) -> tuple[go.Figure, go.Figure, go.Figure]:
+    """For `app.web.comparison.Timeline`s: held-out accuracy against training minutes, against completion tokens,
+    and each run's peak memory. An A*-PO run is drawn twice on the first two: with its stage 1 (solid, shifted by
+    the stage's time or tokens) and without it (dotted)."""
+    if not any(t.points for t in timelines):
+        empty = empty_figure("Pick runs with a held-out set (eval_size > 0) to compare their accuracy")
+        return empty, empty_figure("No held-out accuracy yet"), empty_figure("No peak memory yet")
+    by_time, by_tokens = go.Figure(), go.Figure()
+    for i, t in enumerate(timelines):
+        if not t.points:
+            continue
+        color = PALETTE[i % len(PALETTE)]
+        accuracy = [p.accuracy for p in t.points]
+        steps = [p.step for p in t.points]
+        variants = [("", t.stage1_seconds, t.stage1_tokens, "solid")]
+        if t.method == "a2po":
+            variants.append((" without stage 1", 0.0, 0, "dot"))
+        for suffix, seconds, tokens, dash in variants:
+            name = t.label + (" with stage 1" if suffix == "" and t.method == "a2po" else suffix)
+            common = {"mode": "lines+markers", "name": name, "line": {"color": color, "dash": dash},
+                      "customdata": steps, "legendgroup": t.label, "meta": {"run_id": t.run_id, "method": t.method,
+                                                                          "stage1": suffix == ""}}
+            by_time.add_trace(go.Scatter(x=[round((p.seconds + seconds) / 60.0, 4) for p in t.points], y=accuracy,
+                                         hovertemplate="%{y:.0%} at %{x:.2f} min (step %{customdata})", **common))
+            by_tokens.add_trace(go.Scatter(x=[p.tokens + tokens for p in t.points], y=accuracy,
+                                           hovertemplate="%{y:.0%} after %{x:,} tokens (step %{customdata})",
+                                           **common))
+    for fig, title, x_title in ((by_time, "Held-out accuracy against wall time", "minutes of training"),
+                                (by_tokens, "Held-out accuracy against completion tokens generated",
+                                 "completion tokens sampled")):
+        fig.update_layout(template="plotly_white", height=340, title=title, uirevision="methods",
+                          margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25})
+        fig.update_xaxes(title_text=x_title)
+        fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
+    with_memory = [t for t in timelines if t.peak_memory_gb is not None]
+    memory = go.Figure(go.Bar(x=[t.label for t in with_memory], y=[t.peak_memory_gb for t in with_memory],
+                              marker_color=[PALETTE[timelines.index(t) % len(PALETTE)] for t in with_memory],
+                              hovertemplate="%{y:.2f} GB"))
+    memory.update_layout(template="plotly_white", height=280, title="Peak memory (RSS on a CPU, CUDA peak on a GPU)",
+                         margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    memory.update_yaxes(title_text="GB")
+    return by_time, by_tokens, memory

@@ -17,7 +17,7 @@ from typing import Any
 
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET
-from app.access.allowlist import PARAM_BY_KEY, PARAMS, ZERO_MEANS_NONE, check_spec, default_value
+from app.access.allowlist import PARAM_BY_KEY, PARAMS, ZERO_MEANS_NONE, check_spec, default_value, method_params
 from app.access.policy import Policy
 
 ARITHMETIC_OPERATIONS = "".join(OPERATIONS)  # the form's check boxes
@@ -75,10 +75,13 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
     from a2po.runspec import DATASET_DEFAULTS, with_defaults
 
     spec = with_defaults(dict(spec), NO_PRESET)
+    method = spec.get("method") or "a2po"
     form: dict[str, Any] = {**FORM_FIELDS_DEFAULTS, "name": spec["name"], "action": spec["action"],
-                            "model": spec["model"],
+                            "model": spec["model"], "method": method,
                             "num_processes": spec.get("num_processes", spec.get("num_devices", 1))}
-    config = {**{p.key: default_value(p.key) for p in PARAMS}, **spec["config"]}
+    # Every method's fields (the form hides the other method's): each with its own method's default.
+    config = {**{p.key: default_value(p.key, method if method in p.methods else p.methods[0]) for p in PARAMS},
+              **spec["config"]}
     form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
     dataset = {**DATASET_DEFAULTS, **spec["dataset"]}
@@ -135,7 +138,9 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
         elif source == "file":
             dataset["path"] = str(form.get("file_path") or "").strip()
     dataset["system_prompt"] = None if form.get("template_system_prompt", True) else form.get("system_prompt") or ""
-    config = {p.key: form[p.key] if p.key in form else default_value(p.key) for p in PARAMS}
+    method = form.get("method") or "a2po"
+    config = {p.key: form[p.key] if p.key in form else default_value(p.key, method)
+              for p in method_params(method if method in ("a2po", "grpo") else "a2po")}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()
     rewards = [{"name": n, "weight": w} for n, w in (form.get("rewards") or {}).items()]
@@ -144,6 +149,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
             "model": model, "dataset": dataset, "rewards": rewards, "config": config, "peft": peft}
     if form.get("num_processes") not in (None, ""):
         spec["num_processes"] = form["num_processes"]
+    if method != "a2po":
+        spec["method"] = method
     return spec
 
 
@@ -165,7 +172,7 @@ def form_errors(errors: Mapping[str, str]) -> dict[str, str]:
         elif path.startswith(("dataset.settings", "dataset.tasks")):
             key = "task_settings"
         else:
-            key = FORM_KEYS.get(path, path if path in ("name", "model", "rewards", "action", "num_processes")
+            key = FORM_KEYS.get(path, path if path in ("name", "model", "rewards", "action", "num_processes", "method")
                                 else FORM_ERROR)
         out[key] = f"{out[key]} {message}" if key in out else message
     return out

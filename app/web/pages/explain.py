@@ -204,7 +204,27 @@ def build_explain_page(services: Services) -> gr.Dropdown:
     picker.change(load_run, picker, [scatter, prompt, trajectory, passn], **common)
     refresh.click(load_run, picker, [scatter, prompt, trajectory, passn], **common)
     prompt.change(_prompt, [picker, prompt], trajectory, **common)
-    return picker
+
+    gr.Markdown("### 5. A*-PO against GRPO: why the costs differ\nPick an A*-PO run and a GRPO run (the Launch "
+                "page's \"A*-PO vs GRPO\" starts a matched pair): their own figures, from the stored metrics.")
+    pair = gr.Dropdown(choices=run_choices(store), multiselect=True, label="A*-PO run and GRPO run",
+                       elem_id="explain-pair")
+    costs = gr.Markdown(elem_id="explain-costs")
+    pair.change(lambda ids: cost_text(store, ids), pair, costs, **common)
+    return picker, pair
+
+
+def cost_text(store: Any, run_ids: Sequence[int] | None) -> str:
+    """Section 5's text for the picked runs: the first A*-PO and the first GRPO run among them."""
+    from app.web import comparison
+
+    runs = [r for r in (store.get_run(int(i)) for i in run_ids or []) if r is not None]
+    timelines = [comparison.store_timeline(store, r) for r in runs]
+    pair = comparison.pick_pair(timelines)
+    if pair is None:
+        return "Pick one A*-PO run and one GRPO run."
+    configs = {t.run_id: (r.get("config") or {}).get("config") or {} for t, r in zip(timelines, runs, strict=True)}
+    return comparison.cost_explanation(*pair, configs[pair[0].run_id], configs[pair[1].run_id])
 
 
 def _question(text: str) -> str:

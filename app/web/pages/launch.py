@@ -27,8 +27,14 @@ from app.web.common import model_choices, short
 SOURCES = [("Built-in arithmetic (offline)", "arithmetic"),
            ("Reasoning task (reasoning-gym, offline)", "reasoning-gym"),
            ("Hugging Face hub dataset", "hub"), ("Upload a file (jsonl / csv / parquet)", "file")]
-ACTION_LABELS = {"train": "Train (A*-PO)", "values": "Estimate V* only", "evaluate": "Evaluate"}  # `a2po.names.ACTIONS`
+METHODS = [("A*-PO (stage 1: V* from N samples, then one sample per prompt per step)", "a2po"),
+           ("GRPO (G samples per prompt per step, no stage 1)", "grpo")]
+ACTION_LABELS = {"train": "Train", "values": "Estimate V* only", "evaluate": "Evaluate"}  # `a2po.names.ACTIONS`
 PREVIEW_ROWS = 5
+PAIR_NOTE = ("**A*-PO vs GRPO** launches the form's A*-PO run and a GRPO run matched to it: the same model, prompts, "
+             "held-out set, rewards, learning rate and schedule, epochs and completion length; G = N; the same "
+             "prompts per optimizer step (GRPO's batch counts completions: G × the A*-PO batch), so the same steps "
+             "and passes over the data. Both evaluate at the same steps (every ⅕ of the run unless set).")
 
 
 @dataclass
@@ -43,6 +49,9 @@ class LaunchPage:
     # What "Clone this run" fills: `load_spec(spec, verb)` returns updates for `fill_outputs`.
     fill_outputs: list[Any] = field(default_factory=list)
     load_spec: Any = None
+    # "A*-PO vs GRPO": the ids [A*-PO's, GRPO's] of the pair this session launched last, and its event.
+    pair: gr.State | None = None
+    pair_event: Any = None
 
 
 def load_dataset_preview(dataset: dict[str, Any], rows: int = PREVIEW_ROWS) -> tuple[list[str], pd.DataFrame]:
@@ -239,18 +248,26 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             try_table = gr.Dataframe(headers=TRY_COLUMNS, interactive=False, wrap=True, visible=False,
                                      label="Try the reward", elem_id="try-table", max_height=400,
                                      column_widths=["40%", "16%", "32%", "12%"])
+            gr.Markdown("### Method")
+            inputs["method"] = gr.Radio(METHODS, value=defaults["method"], label="Method", elem_id="field-method",
+                                        info="The other method's settings are hidden; \"A*-PO vs GRPO\" launches "
+                                             "both, matched.")
+            error_slot("method")
             gr.Markdown("### Hyper-parameters")
+            param_columns: dict[str, Any] = {}
             with gr.Row():
                 for param in [p for p in allowlist.PARAMS if not p.advanced]:
-                    with gr.Column(min_width=200):
+                    with gr.Column(min_width=200, visible=defaults["method"] in param.methods) as column:
                         _param_input(param, defaults, inputs, limits)
                         error_slot(param.key)
+                    param_columns[param.key] = column
             with gr.Accordion("Advanced", open=False, elem_id="advanced"):
                 with gr.Row():
                     for param in [p for p in allowlist.PARAMS if p.advanced]:
-                        with gr.Column(min_width=200):
+                        with gr.Column(min_width=200, visible=defaults["method"] in param.methods) as column:
                             _param_input(param, defaults, inputs, limits)
                             error_slot(param.key)
+                        param_columns[param.key] = column
             gr.Markdown("### LoRA")
             with gr.Row():
                 with gr.Column(min_width=150):
@@ -275,6 +292,8 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             gr.Markdown("### Start")
             buttons = [gr.Button(ACTION_LABELS[action], variant="primary" if action == "train" else "secondary",
                                  elem_id=f"action-{action}") for action in ACTIONS]
+            pair_btn = gr.Button("A*-PO vs GRPO", variant="secondary", elem_id="action-pair")
+            gr.Markdown(PAIR_NOTE, elem_id="pair-note")
             error_slot(forms.FORM_ERROR)
             status = gr.Markdown(elem_id="launch-status")
             with gr.Row():
@@ -344,6 +363,22 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             return [*error_updates({}), f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).", run_id]
         return handler
 
+    def start_pair(data: dict, request: gr.Request) -> list[Any]:
+        """The form's A*-PO run and its matched GRPO run (`app.access.gate.pair_specs`), through the gate."""
+        values = tuple(data[inputs[k]] for k in keys)
+        form = {**_form_values(keys, values, reward_names), "action": "train", "method": "a2po"}
+        result = validate(services, form)
+        if not result.ok:
+            return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) — see the "
+                    "marked fields (the pair starts from the form's A*-PO settings).", None, None]
+        try:
+            a2po_id, grpo_id = services.launch_pair(result.spec, services.auth.identify(token=data[token],
+                                                                                        request=request))
+        except Refused as exc:
+            return [*error_updates({}), f"❌ Not started: {exc}", None, None]
+        return [*error_updates({}), f"✅ Started A*-PO vs GRPO: A*-PO run #{a2po_id} and GRPO run #{grpo_id}, "
+                "matched. The Compare page shows both.", a2po_id, [a2po_id, grpo_id]]
+
     def try_it(data: dict, request: gr.Request) -> list[Any]:
         from app.web.pages.playground import try_reward
 
@@ -366,6 +401,17 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                            api_visibility="private", concurrency_limit=1)
               for button, action in zip(buttons, ACTIONS, strict=True)]
 
+    pair = gr.State(None)
+    pair_event = pair_btn.click(start_pair, {token, *all_inputs}, [*errors_out, status, launched, pair],
+                                api_visibility="private", concurrency_limit=1)
+    events.append(pair_event)
+    param_keys = list(param_columns)
+
+    def show_method(method: str) -> list[Any]:
+        return [gr.update(visible=method in allowlist.PARAM_BY_KEY[k].methods) for k in param_keys]
+
+    inputs["method"].change(show_method, inputs["method"], [param_columns[k] for k in param_keys],
+                            api_visibility="private")
     boxes = [arithmetic_box, task_box, hub_box, file_box, columns_box]
 
     def toggle(source: str) -> list[Any]:
@@ -446,7 +492,8 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     save_btn.click(save_yaml, all_inputs, [*errors_out, status, saved], api_visibility="private")
     load_btn.upload(load_yaml, load_btn, [*all_inputs, *boxes, status], api_visibility="private")
     return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
-                      fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec)
+                      fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec, pair=pair,
+                      pair_event=pair_event)
 
 
 def reward_choices() -> dict[str, str]:

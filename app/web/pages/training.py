@@ -10,7 +10,9 @@ import pandas as pd
 
 from app.web.common import short
 
-SAMPLE_COLUMNS = ["step", "split", "question", "completion", "reward", "V*", "advantage", "implicit reward", "length"]
+# "#": a completion's index in its prompt's group (GRPO samples G per prompt and step; A*-PO one, #0).
+SAMPLE_COLUMNS = ["step", "split", "question", "#", "completion", "reward", "V*", "advantage", "implicit reward",
+                  "length"]
 CORRECT_FILTERS = ["all", "correct", "incorrect"]
 MAX_SAMPLES = 500
 
@@ -75,7 +77,7 @@ def build_samples_tab() -> SamplesTab:
         info = gr.Markdown(elem_id="samples-info")
         table = gr.Dataframe(headers=SAMPLE_COLUMNS, interactive=False, wrap=True, max_height=600,
                              elem_id="samples-table", label="Stage-2 completions (newest first)",
-                             column_widths=["6%", "7%", "27%", "25%", "7%", "7%", "8%", "8%", "5%"])
+                             column_widths=["6%", "6%", "25%", "4%", "24%", "7%", "7%", "8%", "8%", "5%"])
     return SamplesTab(correct, text, step, table, info, tab)
 
 
@@ -87,10 +89,18 @@ def sample_query(correct: str, text: str | None, step: str | None) -> dict[str, 
 
 
 def samples_frame(samples: list[dict[str, Any]]) -> pd.DataFrame:
+    """The Samples tab's table: `samples` in their order, a GRPO group's completions together, in index order."""
+    def group(s: dict[str, Any]) -> tuple:
+        return s["step"], s["split"], s.get("prompt_id")
+
+    first: dict[tuple, int] = {}
+    for i, s in enumerate(samples):
+        first.setdefault(group(s), i)
+    samples = sorted(samples, key=lambda s: (first[group(s)], s.get("sample_index") or 0))
     rows = [{"step": s["step"], "split": s["split"], "question": short(s["prompt_text"], 100),
-             "completion": s["completion"], "reward": s["reward"], "V*": _round(s["v_star"]),
-             "advantage": _round(s["advantage"]), "implicit reward": _round(s["implicit_reward"]),
-             "length": s["completion_length"]} for s in samples]
+             "#": s.get("sample_index") or 0, "completion": s["completion"], "reward": s["reward"],
+             "V*": _round(s["v_star"]), "advantage": _round(s["advantage"]),
+             "implicit reward": _round(s["implicit_reward"]), "length": s["completion_length"]} for s in samples]
     return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
 
 

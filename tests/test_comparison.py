@@ -1,0 +1,77 @@
+"""The A*-PO vs GRPO comparison from stored rows (`app.web.comparison`), the matched pair (`app.access.gate.
+pair_specs`) and the accuracy figures: plain rows in, figures and sentences out."""
+
+from __future__ import annotations
+
+from app.access.gate import pair_specs
+from app.web import charts, comparison
+
+
+def rows(method: str, points: list[tuple[int, float, float]], stage1: float = 0.0, tokens_per_step: int = 10,
+         status: str = "finished", run_id: int = 1) -> comparison.Timeline:
+    """A timeline from evaluation rows at (step, seconds, accuracy) and metric rows like a trainer's."""
+    spec = {"name": method, "config": {}} if method == "a2po" else {"name": method, "method": method, "config": {}}
+    run = {"id": run_id, "name": method, "status": status, "config": spec}
+    evaluations = [{"step": s, "split": "eval", "created_at": 1000.0 + t, "metrics": {"eval_accuracy": a}}
+                   for s, t, a in points]
+    metrics = [{"step": s, "name": "completion_tokens", "value": s * tokens_per_step} for s, _, _ in points if s]
+    metrics += [{"step": 1, "name": "peak_memory_gb", "value": 1.5},
+                {"step": 2, "name": "peak_memory_gb", "value": 2.0}]
+    if stage1:
+        metrics += [{"step": 0, "name": "values/train/runtime", "value": stage1},
+                    {"step": 0, "name": "values/train/completion_tokens", "value": 500},
+                    {"step": 0, "name": "values/eval/runtime", "value": 1.0}]
+    return comparison.timeline(run, evaluations, metrics)
+
+
+def test_verdict_says_when_a2po_reached_grpos_final_accuracy_with_and_without_stage_1():
+    a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 112, 0.41), (6, 150, 0.45)], stage1=20.0)
+    grpo = rows("grpo", [(0, 0, 0.05), (2, 200, 0.20), (4, 370, 0.41), (6, 500, 0.41)], tokens_per_step=80)
+    assert a2po.stage1_seconds == 21.0 and a2po.stage1_tokens == 500 and a2po.peak_memory_gb == 2.0
+    assert [p.tokens for p in grpo.points] == [0, 160, 320, 480]
+    line = comparison.verdict(a2po, grpo)
+    assert line == ("A*-PO reached GRPO's final 41% in 2m 13s (1m 52s without its stage 1 of 21s); GRPO took 6m 10s "
+                    "(its run: 8m 20s).")
+
+
+def test_verdict_says_when_a2po_has_not_reached_it_or_a_run_is_not_finished():
+    a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 80, 0.25)], stage1=10.0, status="running")
+    grpo = rows("grpo", [(0, 0, 0.05), (4, 300, 0.41)])
+    line = comparison.verdict(a2po, grpo)
+    assert line.startswith("A*-PO has not reached GRPO's final 41%, and is still running: its best is 30% at 51s "
+                           "(40s without stage 1); GRPO took 5m 00s."), line
+    unfinished = comparison.verdict(rows("a2po", [(0, 0, 0.5)]), rows("grpo", [(0, 0, 0.1), (2, 30, 0.4)],
+                                                                       status="running"))
+    assert "GRPO is running: its latest accuracy is the target" in unfinished
+    assert "needs an eval set" in comparison.verdict(rows("a2po", []), grpo)
+
+
+def test_accuracy_figures_draw_a2po_with_and_without_stage_1():
+    a2po = rows("a2po", [(0, 0, 0.1), (2, 60, 0.3)], stage1=30.0, run_id=1)
+    grpo = rows("grpo", [(0, 0, 0.1), (2, 120, 0.2)], run_id=2)
+    by_time, by_tokens, memory = charts.accuracy_figures([a2po, grpo])
+    traces = {t.name: t for t in by_time.data}
+    assert list(traces["#1 a2po (A*-PO) with stage 1"].x) == [0.5167, 1.5167]  # + 31 s of stage 1, in minutes
+    assert list(traces["#1 a2po (A*-PO) without stage 1"].x) == [0.0, 1.0]
+    assert list(traces["#2 grpo (GRPO)"].x) == [0.0, 2.0]
+    tokens = {t.name: list(t.x) for t in by_tokens.data}
+    assert tokens["#1 a2po (A*-PO) with stage 1"] == [500, 520] and tokens["#2 grpo (GRPO)"] == [0, 20]
+    assert list(memory.data[0].y) == [2.0, 2.0]
+
+
+def test_the_pair_is_matched():
+    spec = {"name": "demo", "action": "train", "model": "m", "rewards": [{"name": "exact_match", "weight": 1.0}],
+            "dataset": {"source": "arithmetic", "num_prompts": 256, "eval_size": 64},
+            "config": {"num_value_samples": 8, "beta1": 0.5, "beta2": 1e-3, "learning_rate": 1e-5, "max_steps": -1,
+                       "num_train_epochs": 4.0, "lr_scheduler_type": "constant", "per_device_train_batch_size": 8,
+                       "max_completion_length": 12, "seed": 1, "eval_steps": None, "filter_all_incorrect": True}}
+    a2po, grpo = pair_specs(spec)
+    assert (a2po["name"], grpo["name"], grpo["method"]) == ("demo-a2po", "demo-grpo", "grpo") and "method" not in a2po
+    # 192 train prompts / 8 per step = 24 steps an epoch, 4 epochs: 96 steps, an evaluation every 20.
+    assert a2po["config"]["eval_steps"] == grpo["config"]["eval_steps"] == 20
+    assert grpo["config"]["num_generations"] == 8 and grpo["config"]["per_device_train_batch_size"] == 64
+    for key in ("learning_rate", "num_train_epochs", "lr_scheduler_type", "max_completion_length", "seed", "max_steps"):
+        assert grpo["config"][key] == a2po["config"][key], key
+    assert not {"num_value_samples", "beta1", "beta2", "filter_all_incorrect"} & set(grpo["config"])
+    assert grpo["dataset"] == a2po["dataset"] and grpo["model"] == a2po["model"] and grpo["rewards"] == a2po["rewards"]
+    assert spec["config"]["eval_steps"] is None  # the caller's spec is left as it was
