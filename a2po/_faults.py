@@ -8,9 +8,9 @@ places with `fault_point(name)`, and the environment variable `A2PO_FAULTS` arms
     A2PO_FAULTS="values_batch@2=kill,checkpoint@1=hang"
 
 Actions: `kill` (SIGKILL: no handler, no flush, no cleanup, like the OOM killer), `hang` (the calling thread
-sleeps forever while the others, such as a heartbeat, go on), `delay` (the calling thread sleeps `DELAY_SECONDS`,
-then goes on: a slow moment), `raise` (a `FaultInjected` exception). `name@count+=action` acts from the count-th
-pass on, every time.
+sleeps forever while the others, such as a heartbeat, go on), `delay` (the calling thread sleeps `A2PO_FAULT_DELAY`
+seconds, default `DELAY_SECONDS`, then goes on: a slow moment), `raise` (a `FaultInjected` exception).
+`name@count+=action` acts from the count-th pass on, every time.
 Unset (always, outside tests) the points cost one dictionary lookup.
 
 Points in the library: `values_batch` (a stage-1 batch sampled and scored, not yet handed to the callbacks),
@@ -30,6 +30,7 @@ from collections import Counter
 
 ENV = "A2PO_FAULTS"
 FAULT_ACTIONS = ("kill", "hang", "delay", "raise")
+DELAY_ENV = "A2PO_FAULT_DELAY"  # seconds a `delay` sleeps (default `DELAY_SECONDS`)
 DELAY_SECONDS = 2.0
 
 
@@ -78,6 +79,6 @@ def fault_point(name: str) -> None:
     if action == "hang":
         threading.Event().wait()
     if action == "delay":
-        time.sleep(DELAY_SECONDS)
+        time.sleep(float(os.environ.get(DELAY_ENV) or DELAY_SECONDS))
         return
     raise FaultInjected(f"Fault injected at {name} (pass {count}).")

@@ -12,9 +12,9 @@ import playwright.sync_api as playwright
 import pytest
 
 from storage import Store
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, set_field
 from tests.helpers import wait_for
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, set_field
 
 READ_SERIES = """(id) => {
     const plot = document.querySelector(`#${id} .js-plotly-plot`);

@@ -253,7 +253,7 @@ def test_zerogpu_run_page_drives_chunks_pauses_when_closed_and_resumes(tmp_path,
     import playwright.sync_api as playwright
     from gradio_client import Client
 
-    from tests.test_app_browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
     calls = tmp_path / "gpu-calls.jsonl"
     env = {"SPACES_ZERO_GPU": "true", "FAKE_SPACES_LOG": str(calls),

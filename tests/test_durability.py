@@ -171,8 +171,9 @@ def test_container_stop_checkpoints_and_the_next_start_resumes(tmp_path, tiny_mo
     data_dir = tmp_path / "studio"
     store = Store(data_dir / "studio.db")
     run_id = JobManager(store, data_dir, devices=Devices()).submit(durable_spec(tiny_model_dir))
-    # Steps from the 4th on take 2 s more: the SIGTERM arrives while the run still trains, however fast the CPU.
-    app = start_app(data_dir, free_port(), env={"A2PO_FAULTS": "train_step@4+=delay"})
+    # Steps from the 4th on take 6 s more: the SIGTERM arrives while the run still trains, however fast or busy the
+    # CPU.
+    app = start_app(data_dir, free_port(), env={"A2PO_FAULTS": "train_step@4+=delay", "A2PO_FAULT_DELAY": "6"})
     try:
         wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) >= 3, 120, "three training steps")
         app.send_signal(signal.SIGTERM)
@@ -202,7 +203,7 @@ def test_container_stop_checkpoints_and_the_next_start_resumes(tmp_path, tiny_mo
 
 def test_watchdog_kills_a_hung_worker_with_a_live_heartbeat(tmp_path, tiny_model_dir):
     # The main thread hangs in step 2; the heartbeat thread goes on beating.
-    store, manager = make_manager(tmp_path / "data", "train_step@2=hang", watchdog_after=15.0)
+    store, manager = make_manager(tmp_path / "data", "train_step@2=hang", watchdog_after=25.0)
     run_id = manager.submit(durable_spec(tiny_model_dir))
     manager.start()
     try:
