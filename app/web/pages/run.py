@@ -675,9 +675,13 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     timer.tick(None, None, None, js=POLLER_JS)
     gr.api(version, api_name="run_version", api_visibility="undocumented", concurrency_limit=None)
     draw_inputs = [picker, *chart_inputs, vtab.split, vtab.order, vtab.search, *stab.filters()]
+    # A click while the group's last draw is still running (a busy server) draws once more after it: with Gradio's
+    # default for buttons the click would be dropped, and the poller, which counts the change as drawn, would leave
+    # the page showing the state before it.
     for group, button in draw_buttons.items():
         button.click(drawer(group), draw_inputs, [components[name] for name in GROUPS[group][1]],
-                     api_name=f"run_draw_{group}", api_visibility="undocumented", **common)
+                     api_name=f"run_draw_{group}", api_visibility="undocumented", trigger_mode="always_last",
+                     **common)
     picker.change(reload, inputs, outputs, **private)
     picker.change(None, None, None, js=SHOW_RUN_TAB)  # a run picked here, launched or clicked on the Runs page
     for trigger in (vtab.split.change, vtab.order.change, vtab.search.submit, ttab.smoothing.release,
