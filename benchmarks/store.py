@@ -3,6 +3,7 @@
     python -m benchmarks.store                                   # 100k prompts x N=8, 1M samples, 200k metrics
     python -m benchmarks.store --db /tmp/bench.db --keep         # keep the filled file; a later run reuses it
     python -m benchmarks.store --prompts 2000 --samples 20000 --metrics 4000 --repeats 3    # a quick look
+    python -m benchmarks.store --db postgresql+psycopg://user@host/bench    # the same on a PostgreSQL server
 
 It fills a database with one train run (its V* set of `--prompts` prompts with N completions each, `--samples`
 stage-2 samples, `--metrics` metric rows, logs and evaluations) plus a few small runs, then times (median of
@@ -306,7 +307,7 @@ def _export_child(db: str, plan: str, table: str, run_id: int, path: str, queue)
                "bytes": size})
 
 
-def measure_export(db: Path, plan: str, table: str, run_id: int, workdir: Path) -> dict[str, float]:
+def measure_export(db: str, plan: str, table: str, run_id: int, workdir: Path) -> dict[str, float]:
     """Time and peak memory of one export, in a fresh process (so earlier work does not hide its peak)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -425,13 +426,27 @@ def markdown(ops: list[Op], plans: list[str]) -> str:
     return "\n".join(lines)
 
 
+def size_mib(store: Store) -> float:
+    """The database's size on disk: the SQLite file, or the PostgreSQL database."""
+    if store.path is not None:
+        return store.path.stat().st_size / 2**20
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT pg_database_size(current_database())")).scalar() / 2**20
+    finally:
+        engine.dispose()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.store", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=100_000)
     parser.add_argument("--n", type=int, default=8, help="reference samples (completions) per prompt")
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--metrics", type=int, default=200_000)
-    parser.add_argument("--db", type=Path, default=None, help="database file (default: a temporary one)")
+    parser.add_argument("--db", default=None, help="database file or server URL (default: a temporary file)")
     parser.add_argument("--keep", action="store_true", help="keep the database (reused by a later run)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plan", choices=["previous", "current", "both"], default="both")
@@ -442,16 +457,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="storage-bench-")
-    db = args.db or Path(tmp) / "bench.db"
+    db = args.db or str(Path(tmp) / "bench.db")
     store = Store(db)
     found = find_bench_run(store)
     if found is None:
         print(f"Filling {db} ...", flush=True)
         found = fill(store, args.prompts, args.n, args.samples, args.metrics, log=lambda m: print(m, flush=True))
-        print(f"Filled in {found['fill_s']['total']:.1f} s; file size {db.stat().st_size / 2**20:,.0f} MiB.",
-              flush=True)
+        print(f"Filled in {found['fill_s']['total']:.1f} s; size {size_mib(store):,.0f} MiB.", flush=True)
     else:
-        print(f"Reusing the benchmark run in {db} ({db.stat().st_size / 2**20:,.0f} MiB).", flush=True)
+        print(f"Reusing the benchmark run in {db} ({size_mib(store):,.0f} MiB).", flush=True)
     run_id, value_set_id = found["run_id"], found["value_set_id"]
     plans = ["previous", "current"] if args.plan == "both" else [args.plan]
     workdir = Path(tmp)
@@ -475,8 +489,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             print(f"  {op.name} ({plan}): {op.results[f'{plan}_ms']:,.1f} ms", flush=True)
     print()
-    print(f"python -m benchmarks.store: {args.prompts} prompts x N={args.n}, {args.samples} samples, {args.metrics} "
-          f"metric rows; median of {args.repeats} (exports: one run each, peak RSS above the start)")
+    print(f"python -m benchmarks.store ({store.dialect}): {args.prompts} prompts x N={args.n}, {args.samples} "
+          f"samples, {args.metrics} metric rows; median of {args.repeats} (exports: one run each, peak RSS above "
+          "the start)")
     print(markdown(ops, plans))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "fill_s": found["fill_s"],

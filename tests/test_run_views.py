@@ -135,3 +135,15 @@ def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(s
         store.set_run_values(run_id, split, [r for r in rows if r["prompt_id"].startswith(split)])
     rates = _eval_pass_rates(store, store.get_run(run_id), store.last_ids(run_id), store.get_value_set(vs))
     assert rates == {"pass@1": pytest.approx(1 / 8), "pass@N": pytest.approx(1 / 4)}  # the held-out prompts'
+
+
+def test_the_runs_list_and_pickers_name_each_runs_method(tmp_path):
+    from app.web.common import run_label
+    from app.web.pages.runs import runs_frame
+
+    store = Store(tmp_path / "studio.db")
+    store.create_run("a", "train", {"name": "a"}, model="m", dataset="d")
+    store.create_run("g", "train", {"name": "g", "method": "grpo"}, model="m", dataset="d")
+    runs = sorted(store.list_runs(), key=lambda r: r["id"])
+    assert list(runs_frame(runs)["action"]) == ["train · A*-PO", "train · GRPO"]
+    assert [run_label(r) for r in runs] == ["#1 a (queued)", "#2 g (GRPO, queued)"]

@@ -31,9 +31,15 @@ def model_choices(services: Services) -> list[str]:
     return list(seen)
 
 
+def method_label(run: dict[str, Any]) -> str:
+    """The run's method as people write it: "A*-PO" or "GRPO" (a spec names it; none: A*-PO)."""
+    return {"grpo": "GRPO"}.get((run.get("config") or {}).get("method", "a2po"), "A*-PO")
+
+
 def run_label(run: dict[str, Any]) -> str:
-    """How a run appears in pickers: `#12 name (status)`."""
-    return f"#{run['id']} {run['name']} ({run['status']})"
+    """How a run appears in pickers: `#12 name (GRPO, status)`, the method named when it is not A*-PO."""
+    method = method_label(run)
+    return f"#{run['id']} {run['name']} ({'' if method == 'A*-PO' else method + ', '}{run['status']})"
 
 
 def run_choices(store: Store) -> list[tuple[str, int]]:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from app.access.gate import Services
 from app.web import live
-from app.web.common import elapsed_and_remaining, format_duration, format_time
+from app.web.common import elapsed_and_remaining, format_duration, format_time, method_label
 from app.web.pages.run import SHOW_RUN_TAB
 from storage.lifecycle import UNFINISHED
 
@@ -58,7 +58,8 @@ def runs_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
     for run in runs:
         elapsed, remaining = elapsed_and_remaining(run)
         best = run.get("best_eval_accuracy")
-        rows.append({"id": run["id"], "name": run["name"], "action": run["action"], "status": run["status"],
+        rows.append({"id": run["id"], "name": run["name"], "action": f"{run['action']} · {method_label(run)}",
+                     "status": run["status"],
                      "stage": run.get("stage") or "", "progress": f"{(run.get('progress') or 0):.0%}",
                      "elapsed": format_duration(elapsed), "remaining": format_duration(remaining),
                      "model": Path(run["model"]).name if "/" in run["model"] and Path(run["model"]).is_absolute()
