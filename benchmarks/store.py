@@ -36,6 +36,7 @@ from typing import Any
 
 from storage import lifecycle
 from storage.store import Store
+from storage.store import _add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
 
 BENCH_RUN = "storage-bench"
 POLL_TARGET_MS = 50.0
@@ -103,7 +104,7 @@ def fill(store: Store, prompts: int, n: int, samples: int, metrics: int, seed: i
     for first in range(1, steps + 1, 500):
         with store._write() as s:  # 500 steps a transaction: what `add_metrics` does, in fewer commits
             for step in range(first, min(steps + 1, first + 500)):
-                _add_metrics(s, run_id, step, {k: rng.gauss(1.0 / math.sqrt(step), 0.1) for k in names})
+                store_add_metrics(s, run_id, step, {k: rng.gauss(1.0 / math.sqrt(step), 0.1) for k in names})
     timings["metrics"] = time.perf_counter() - t0
     log(f"  {steps * len(names)} metric rows: {timings['metrics']:.1f} s")
 
@@ -134,25 +135,6 @@ def fill(store: Store, prompts: int, n: int, samples: int, metrics: int, seed: i
     timings["logs"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - start
     return {"run_id": run_id, "value_set_id": value_set_id, "fill_s": timings}
-
-
-def _add_metrics(session, run_id: int, step: int, values: dict[str, float]) -> None:
-    """The statements of `Store.add_metrics` inside an open transaction."""
-    from sqlalchemy import select
-    from sqlalchemy.dialects.sqlite import insert
-
-    from storage.models import LatestMetric, Metric
-
-    now = time.time()
-    rows = [{"run_id": run_id, "step": step, "name": k, "value": v, "created_at": now} for k, v in values.items()]
-    session.execute(insert(Metric), rows)
-    ids = dict(session.execute(select(Metric.name, Metric.id).where(Metric.run_id == run_id,
-                                                                    Metric.step == step)).all())
-    latest = insert(LatestMetric)
-    latest = latest.on_conflict_do_update(index_elements=["run_id", "name"],
-                                          set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")})
-    session.execute(latest, [{"run_id": run_id, "name": r["name"], "step": step, "value": r["value"],
-                              "metric_id": ids[r["name"]]} for r in rows])
 
 
 def find_bench_run(store: Store) -> dict[str, Any] | None:

@@ -17,26 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gradio_client import Client
+from studio_client import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_for_port(port: int, seconds: float = 120) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"The app did not open port {port} within {seconds:.0f} s.")
 
 
 def wait_finished(client: Client, run_id: int) -> dict:

@@ -14,24 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gradio_client import Client
-
-
-def wait_for_port(port: int, seconds: float = 120) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"The app did not open port {port} within {seconds:.0f} s.")
+from studio_client import wait_for_port
 
 
 def accuracy_points(client: Client, run_id: int) -> list[tuple[int, float]]:

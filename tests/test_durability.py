@@ -283,6 +283,19 @@ def test_runs_whose_worker_is_gone(tmp_path):
         manager.close()
 
 
+def finished_run(data_dir: Path, spec: dict, timeout: float = 240.0) -> tuple[Store, dict]:
+    """`spec` run by one worker from start to end (checked finished): the store and the run."""
+    store, manager = make_manager(data_dir)
+    run_id = manager.submit(spec)
+    manager.start()
+    try:
+        run = wait_status(store, run_id, ("finished", "failed"), timeout=timeout)
+    finally:
+        manager.close()
+    assert run["status"] == "finished", run["error"]
+    return store, run
+
+
 def failed_launch(tmp_path: Path, model: str, fault: str, **options) -> tuple[Store, JobManager, dict]:
     """A durable run whose worker meets `fault` at its start, and the run once it failed; close the manager."""
     store, manager = make_manager(tmp_path / "data", fault, **options)

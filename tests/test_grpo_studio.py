@@ -17,7 +17,7 @@ from storage import Store
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
 from tests.test_chunks import drive, taught_model  # noqa: F401 - a module fixture shared with the chunk tests
-from tests.test_durability import killed, make_manager, resume, wait_status
+from tests.test_durability import finished_run, killed, make_manager, resume, wait_status
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 MAX_STEPS = 6
@@ -66,20 +66,12 @@ def assert_same(run: dict, reference: dict) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, taught_model) -> dict:  # noqa: F811
     """A GRPO run in one worker process, never interrupted."""
-    store, manager = make_manager(tmp_path_factory.mktemp("grpo-worker"))
-    run_id = manager.submit(grpo_spec(taught_model, "worker"))
-    manager.start()
-    try:
-        run = wait_status(store, run_id, ("finished", "failed"), timeout=240)
-        assert run["status"] == "finished", run["error"]
-        assert run["value_set_id"] is None  # no stage 1, no V* set
-        assert not [m for m in (r["message"] for r in store.get_logs(run_id)) if m.startswith("Stage 1")]
-        names = set(store.metric_names(run_id)) if hasattr(store, "metric_names") else {
-            m["name"] for m in store.get_metrics(run_id)}
-        assert {"loss", "reward", "kl", "completion_tokens", "peak_memory_gb", "frac_reward_zero_std"} <= names
-        return record(store, run_id)
-    finally:
-        manager.close()
+    store, run = finished_run(tmp_path_factory.mktemp("grpo-worker"), grpo_spec(taught_model, "worker"))
+    assert run["value_set_id"] is None  # no stage 1, no V* set
+    assert not [m for m in (r["message"] for r in store.get_logs(run["id"])) if m.startswith("Stage 1")]
+    names = {m["name"] for m in store.get_metrics(run["id"])}
+    assert {"loss", "reward", "kl", "completion_tokens", "peak_memory_gb", "frac_reward_zero_std"} <= names
+    return record(store, run["id"])
 
 
 def test_grpo_samples_hold_every_completion_of_a_group_with_its_advantage(reference):

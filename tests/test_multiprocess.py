@@ -32,7 +32,7 @@ from app.web import forms
 from storage import Store
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_durability import make_manager, record, wait_status
+from tests.test_durability import finished_run, make_manager, record, wait_status
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.05)
@@ -112,16 +112,9 @@ def steps_done(store: Store, run_id: int) -> int:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, model_dir) -> dict:
     """The 1-process run: 4 prompts per step."""
-    store, manager = make_manager(tmp_path_factory.mktemp("one-process"))
-    run_id = manager.submit(studio_spec(model_dir, "one"))
-    manager.start()
-    try:
-        run = wait_status(store, run_id, ("finished", "failed"), timeout=180)
-        assert run["status"] == "finished", run["error"]
-        values_stored_once(store, run_id)
-        return record(store, run_id)
-    finally:
-        manager.close()
+    store, run = finished_run(tmp_path_factory.mktemp("one-process"), studio_spec(model_dir, "one"), timeout=180)
+    values_stored_once(store, run["id"])
+    return record(store, run["id"])
 
 
 def test_stop_reaches_every_process_and_resume_and_crashes_work_as_for_one(tmp_path, model_dir, reference):

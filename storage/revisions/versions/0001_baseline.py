@@ -3,10 +3,6 @@
 An empty database of either dialect gets these tables; a SQLite file that the hand-written chain brought to
 schema 5 already has them and is stamped here instead (`storage.migrations.ensure_schema`). Written out, not
 generated from `storage.models`, which will move on: a later change is a new revision after this one.
-
-Revision ID: 0001
-Revises:
-Create Date: 2025-01-01
 """
 
 import sqlalchemy as sa
@@ -14,8 +10,6 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def _id() -> sa.Column:

@@ -3,10 +3,6 @@ cluster and the Logs tab finds a job's output (`app.runtime.ray_backend`).
 
 A nullable column that only the Ray backend writes: a studio of before this revision (or of before Alembic) that
 opens the file never reads it and leaves it NULL in the rows it inserts, so SQLite's `user_version` stays at 5.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2025-02-01
 """
 
 import sqlalchemy as sa
@@ -14,8 +10,6 @@ from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -4,18 +4,12 @@
 The API keeps its field name `kind` (`app.web.api.API_NAMES`; it never showed `num_devices`). A studio of before
 Alembic would query the old names, so SQLite files at this revision say `user_version` 6
 (`storage.migrations.USER_VERSION`), which such a studio refuses.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-12-01
 """
 
 from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 RENAMES = (("kind", "action"), ("num_devices", "num_processes"))
 

@@ -3,18 +3,12 @@
 
 SQLite cannot change a table's UNIQUE constraint in place, so there the table is rebuilt, keeping its ids (the
 pages page by them); PostgreSQL adds the column and swaps the constraint.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-01
 """
 
 from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 SQLITE_REBUILD = [
     """CREATE TABLE samples_new (
