@@ -167,11 +167,11 @@ def test_the_poller_redraws_a_group_with_its_outputs_only(page, monkeypatch):
     store.apply(run_id, lifecycle.FINISH)
     controls = dict(zip(run.GROUPS["controls"][1], run.draw_group(services, "controls", run_id, *INPUTS), strict=True))
     assert controls["resume"].interactive is False
-    # Only the "idle" draw, which the poller asks for once it has drawn the end, switches the timer off: a group's
-    # snapshot may be newer than the header's, and polls must not stop before the header shows the end.
+    # Only the "idle" draw, which the poller asks for once it has seen the end twice, switches the timer off, and it
+    # draws the header from the same snapshot: polls never stop on a page whose header misses the end.
     assert [group for group, (_, names) in run.GROUPS.items() if "timer" in names] == ["idle"]
-    (timer,) = run.draw_group(services, "idle", run_id, *INPUTS)
-    assert timer.active is False
+    header, _, timer = run.draw_group(services, "idle", run_id, *INPUTS)
+    assert timer.active is False and "finished" in header
     assert "run-draw-idle" in run.POLLER_JS and '"stopping"' in run.POLLER_JS
     assert run.draw_group(services, "logs", 999, *INPUTS) == [gr.skip()] * 3
 

@@ -354,10 +354,10 @@ HEAD = ("header", "progress")
 GROUPS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "head": (None, HEAD),
     "controls": (None, ("error", "stop", "resume", "delete", "picker", "split")),
-    # The timer alone, switched off by the poller once a finished status has been drawn (see POLLER_JS): were it
-    # drawn with the controls, a snapshot newer than the header's could stop the polls before the header shows the
-    # end (a page stuck on "stopping" after a quick stop).
-    "idle": (None, ("timer",)),
+    # The poller's last word once it saw an end twice (see POLLER_JS): the header and the timer (off) from one
+    # snapshot, so the page always ends on the end, even when an earlier header draw was dropped or read a snapshot
+    # from before it on a busy server (a visitor's page stuck on "running" after the owner's stop).
+    "idle": (None, (*HEAD, "timer")),
     "values": ("values", (*HEAD, "summary", "histogram", "correct_bar", "pass_rates", "table_info")),
     "table": ("values", ("table",)),
     "filtered": ("filtered", (*HEAD, "filtered_summary", "filtered_table")),
@@ -560,7 +560,7 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
 # The views behind each poller group of `GROUPS`.
 GROUP_VIEWS = {"head": ("header",), "controls": ("controls",), "values": ("header", "summary", "charts", "table_info"),
                "table": ("table",), "filtered": ("header", "filtered"), "training": ("header", "training"),
-               "samples": ("header", "samples"), "logs": ("header", "logs"), "idle": ()}
+               "samples": ("header", "samples"), "logs": ("header", "logs"), "idle": ("header",)}
 
 
 def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: str, split: str, order: str,
