@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 from storage import lifecycle
 from storage.store import Store
 from storage.store import _add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
@@ -245,8 +247,8 @@ def operations(store: Store, run_id: int, value_set_id: int, workdir: Path) -> l
 
 def _last_value_id(store: Store, value_set_id: int) -> int:
     with store._read() as s:
-        return s.connection().exec_driver_sql("SELECT max(id) FROM prompt_values WHERE value_set_id = ?",
-                                              (value_set_id,)).scalar() or 0
+        return s.execute(text("SELECT max(id) FROM prompt_values WHERE value_set_id = :id"),
+                         {"id": value_set_id}).scalar() or 0
 
 
 def _export_call(plan: str, table: str, store: Store, run_id: int, workdir: Path) -> Callable[[], Any]:
