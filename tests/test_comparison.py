@@ -34,6 +34,13 @@ def test_verdict_says_when_a2po_reached_grpos_final_accuracy_with_and_without_st
                     "(its run: 8m 20s).")
 
 
+def test_verdict_says_when_grpo_learned_nothing_to_reach():
+    a2po = rows("a2po", [(0, 0, 0.0), (2, 10, 0.25)], stage1=5.0)
+    grpo = rows("grpo", [(0, 0, 0.0), (2, 30, 0.0)])
+    assert comparison.verdict(a2po, grpo) == ("GRPO's held-out accuracy did not rise (0% at its start, 0% at its end), "
+                                              "so there is no accuracy of its to reach; A*-PO went from 0% to 25%.")
+
+
 def test_verdict_says_when_a2po_has_not_reached_it_or_a_run_is_not_finished():
     a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 80, 0.25)], stage1=10.0, status="running")
     grpo = rows("grpo", [(0, 0, 0.05), (4, 300, 0.41)])

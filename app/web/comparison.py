@@ -10,6 +10,7 @@ reused V* set logs about 0 s: it costs nothing). Pure functions of what `Store` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +110,12 @@ def verdict(a2po: Timeline, grpo: Timeline) -> str:
         missing = [t.label for t in (a2po, grpo) if not t.points]
         return f"No held-out accuracy yet for {' and '.join(missing)}: the verdict needs an eval set (eval_size > 0)."
     target = grpo.final_accuracy
+    start = grpo.points[0].accuracy
+    if target <= start and grpo.status == "finished":
+        # Nothing was learned: "reached 0% in 0 s" would read as a result.
+        return (f"GRPO's held-out accuracy did not rise ({percent(start)} at its start, {percent(target)} at its "
+                f"end), so there is no accuracy of its to reach; A*-PO went from {percent(a2po.points[0].accuracy)} "
+                f"to {percent(a2po.final_accuracy)}.")
     grpo_at = grpo.first_reaching(target)
     grpo_note = "" if grpo.status == "finished" else f" (GRPO is {grpo.status}: its latest accuracy is the target)"
     grpo_part = f"GRPO took {format_duration(grpo_at.seconds)}" + (
@@ -148,20 +155,26 @@ def cost_explanation(a2po: Timeline, grpo: Timeline, a2po_config: Mapping[str, A
     per_step = (f"{tokens_a / steps_a:,.0f} vs {tokens_g / steps_g:,.0f} completion tokens per step"
                 if steps_a and steps_g else "")
     lines = [
-        f"**Why the costs differ ({a2po.label} vs {grpo.label}).** At every step GRPO samples G = {g} completions "
+        f"**Why the costs differ ({_markdown(a2po.label)} vs {_markdown(grpo.label)}).** At every step GRPO "
+        f"samples G = {g} completions "
         f"of each prompt and compares them with each other (the advantage is a completion's reward against its "
-        f"group's mean); A*-PO samples **one** completion per prompt per step, because its baseline V*(x) was "
+        f"group's mean); A\\*-PO samples **one** completion per prompt per step, because its baseline V\\*(x) was "
         f"estimated once, before training, from N = {n} samples of the reference model (stage 1).",
         "",
-        f"- Stage 1 (A*-PO only): {format_duration(a2po.stage1_seconds)}, {a2po.stage1_tokens:,} completion tokens"
-        " (a V* set reused from an earlier run costs nothing).",
-        f"- Training: A*-PO {steps_a} steps, {tokens_a:,} completion tokens, {format_duration(time_a)}; GRPO "
+        f"- Stage 1 (A\\*-PO only): {format_duration(a2po.stage1_seconds)}, {a2po.stage1_tokens:,} completion tokens"
+        " (a V\\* set reused from an earlier run costs nothing).",
+        f"- Training: A\\*-PO {steps_a} steps, {tokens_a:,} completion tokens, {format_duration(time_a)}; GRPO "
         f"{steps_g} steps, {tokens_g:,} completion tokens, {format_duration(time_g)}"
         + (f" ({per_step})." if per_step else "."),
-        "- Peak memory: A*-PO " + (f"{a2po.peak_memory_gb:.2f} GB" if a2po.peak_memory_gb is not None else "–")
+        "- Peak memory: A\\*-PO " + (f"{a2po.peak_memory_gb:.2f} GB" if a2po.peak_memory_gb is not None else "–")
         + ", GRPO " + (f"{grpo.peak_memory_gb:.2f} GB" if grpo.peak_memory_gb is not None else "–")
         + " (each step's backward pass holds G× more sequences for GRPO).",
         "",
         verdict(a2po, grpo),
     ]
     return "\n".join(lines)
+
+
+def _markdown(text: str) -> str:
+    """`text` shown as is in Markdown (a run's name or "A*-PO" would otherwise open emphasis)."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", text)
