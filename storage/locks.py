@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import socket
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from storage.dialects import advisory_key
 LOCK_FILE = "scheduler.lock"
 
 
-class StudioLock:
+class StudioLock(ABC):
     """What both locks share: `acquire(**owner)` takes the lock (again: nothing), `held`, `release()`; a refusal
     raises `error` with `hint`. A subclass says how to take the lock (`_take`, returning what holds it) and how to
     give it back (`_give_back`)."""
@@ -49,11 +50,11 @@ class StudioLock:
             holding, self._holding = self._holding, None
             self._give_back(holding)
 
-    def _take(self, owner: dict[str, Any]) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def _take(self, owner: dict[str, Any]) -> Any: ...
 
-    def _give_back(self, holding: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _give_back(self, holding: Any) -> None: ...
 
 
 class FileLock(StudioLock):
