@@ -195,7 +195,14 @@ def test_zerogpu_chunks_are_asked_to_stop_never_signalled(tmp_path, tiny_model_d
         manager.close()
 
 
-def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny_model_dir, zerogpu, monkeypatch):
+@pytest.mark.parametrize("schedule", [
+    {"max_steps": 8, "eval_steps": 2},
+    # Epochs (no max_steps) and an eval_steps fraction, as "A*-PO vs GRPO" sets it: 12 prompts, 4 a step, 3 epochs
+    # = 9 steps, an evaluation every ceil(9 x 0.25) = 3.
+    {"max_steps": -1, "num_train_epochs": 3.0, "eval_steps": 0.25},
+], ids=["steps", "fraction-of-epochs"])
+def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny_model_dir, zerogpu, monkeypatch,
+                                                                  schedule):
     """ZeroGPU ends a call that runs past its duration (budget + margin; the fake `spaces` does too). An evaluation
     that starts near a chunk's deadline would run past it every time and fail the run: it is left for the next chunk,
     which starts with it."""
@@ -206,7 +213,7 @@ def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny
     store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=4.0, watchdog_after=None)
     services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
     driver = zerogpu.ChunkDriver(services)
-    spec = chunk_spec(tiny_model_dir, max_steps=8, save_steps=0, eval_steps=2, per_device_eval_batch_size=1)
+    spec = chunk_spec(tiny_model_dir, save_steps=0, per_device_eval_batch_size=1, **schedule)
     spec["dataset"]["eval_size"] = 2
     run_id = manager.submit(spec)
     manager.lock.acquire()
@@ -221,6 +228,7 @@ def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny
         assert run["status"] == "finished", (run["error"], messages[-10:])
         assert not [m for m in messages if "GPU call for the chunk failed" in m]
         assert any("is left for the next chunk" in m for m in messages)
-        assert [e["step"] for e in store.get_evaluations(run_id)] == [0, 2, 4, 6, 8]
+        expected = [0, 2, 4, 6, 8] if schedule["max_steps"] > 0 else [0, 3, 6, 9]
+        assert [e["step"] for e in store.get_evaluations(run_id)] == expected
     finally:
         manager.close()

@@ -123,6 +123,18 @@ def test_all_incorrect_prompts_are_filtered_and_counted(tmp_path, tiny_model_dir
     assert seen <= {r["prompt_id"] for r in by_parity["even"]}
 
 
+def test_an_eval_steps_fraction_counts_the_steps_over_the_kept_prompts(tmp_path, tiny_model_dir):
+    """"A*-PO vs GRPO" sets `eval_steps` to a fraction of the run: for A*-PO it is a fraction of the steps over the
+    prompts stage 1 kept (8 of 16, 2 a step, 2 epochs: 8 steps, an evaluation every 2), not over all 16."""
+    args = config(tmp_path, max_steps=-1, num_train_epochs=2.0, per_device_train_batch_size=2, eval_strategy="steps",
+                  eval_steps=0.25, per_device_eval_batch_size=4)
+    trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=even_prompts_solved, args=args,
+                          train_dataset=prompts(16), eval_dataset=prompts(4))
+    trainer.train()
+    assert trainer.state.max_steps == 8
+    assert [h["step"] for h in trainer.state.log_history if "eval_accuracy" in h] == [2, 4, 6, 8]
+
+
 def test_every_prompt_filtered_is_a_clear_error(tmp_path, tiny_model_dir):
     never = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
     trainer = A2POTrainer(model=tiny_model_dir, reward_funcs=never, args=config(tmp_path), train_dataset=prompts(4))

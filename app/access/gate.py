@@ -152,7 +152,7 @@ SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight
                    "num_train_epochs", "max_completion_length", "max_prompt_length", "temperature", "top_p", "top_k",
                    "seed", "per_device_eval_batch_size", "logging_steps", "eval_steps", "save_steps",
                    "save_every_seconds", "gradient_accumulation_steps", "gradient_checkpointing", "use_cpu")
-EVAL_POINTS = 5  # held-out evaluations between "before" and "after" when the spec sets no eval_steps
+EVAL_POINTS = 5  # held-out evaluations in a run, "after" included, when the spec sets no eval_steps
 
 
 def pair_specs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -164,15 +164,16 @@ def pair_specs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     completions, is G × A*-PO's (which counts prompts), so both take the same number of steps per pass over the data
     and the same passes. (A*-PO's stage 1 drops the prompts no reference sample solved when filter_all_incorrect is
     on; its passes go over the prompts it kept.) GRPO's own settings (beta, loss_type, epsilon, ...) keep TRL's
-    defaults. When the spec sets no `eval_steps`, both evaluate every 1/`EVAL_POINTS` of the run, at the same steps.
+    defaults. When the spec sets no `eval_steps`, each run evaluates every 1/`EVAL_POINTS` of its own steps (an
+    `eval_steps` fraction, as the Trainer reads one): A*-PO's step count is known only once stage 1 has kept its
+    prompts, and a count planned from all of them would leave its shorter run no point between "before" and "after".
     """
     import copy
-    import math
 
     a2po = copy.deepcopy(spec)
     config = a2po["config"]
     if not config.get("eval_steps") and (a2po.get("dataset") or {}).get("eval_size"):
-        config["eval_steps"] = max(1, math.ceil(_planned_steps(a2po) / EVAL_POINTS))
+        config["eval_steps"] = 1 / EVAL_POINTS
     n = int(config.get("num_value_samples") or 8)
     base = str(a2po.get("name") or "pair")[:80]
     a2po["name"] = f"{base}-a2po"
@@ -181,20 +182,6 @@ def pair_specs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     grpo["config"] = {k: config[k] for k in SHARED_SETTINGS if k in config}
     grpo["config"].update(num_generations=n, per_device_train_batch_size=n * int(config["per_device_train_batch_size"]))
     return a2po, grpo
-
-
-def _planned_steps(spec: dict[str, Any]) -> int:
-    """Optimizer steps a run plans: max_steps, else epochs × the train prompts / prompts per step (held-out prompts
-    are not trained on)."""
-    import math
-
-    config, dataset = spec["config"], spec.get("dataset") or {}
-    if (config.get("max_steps") or -1) > 0:
-        return int(config["max_steps"])
-    total, held = int(dataset.get("num_prompts") or 1), float(dataset.get("eval_size") or 0)
-    prompts = max(1, total - int(held if held >= 1 else round(held * total)))
-    per_step = int(config.get("per_device_train_batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1)
-    return max(1, math.ceil(float(config.get("num_train_epochs") or 1) * math.ceil(prompts / per_step)))
 
 
 def offline() -> bool:

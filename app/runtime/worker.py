@@ -381,15 +381,18 @@ def restore_final(trainer, checkpoint: str) -> None:
 def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
     """Whether the checkpoint's step was due for a periodic evaluation (every `eval_steps`) that is not among the
     `evaluated` steps. (The evaluation after the last step is the job's own, after training.)"""
-    if trainer.eval_dataset is None:
+    if trainer.eval_dataset is None or str(trainer.args.eval_strategy) not in ("steps", "IntervalStrategy.STEPS"):
         return False
-    args = trainer.args
-    step = _checkpoint_step(checkpoint)
-    every = args.eval_steps if str(args.eval_strategy) in ("steps", "IntervalStrategy.STEPS") else None
-    if every is not None and every < 1 and args.max_steps > 0:  # a fraction of the run, as the Trainer reads it
-        every = math.ceil(args.max_steps * every)
-    last = args.max_steps > 0 and step >= args.max_steps
-    return bool(every) and step % int(every) == 0 and not last and step not in evaluated
+    # The checkpoint's state holds the run's own step counts: an epoch-based run has no max_steps in its
+    # arguments, and an `eval_steps` fraction of the run is resolved there, as the Trainer resolved it.
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    step = int(state["global_step"])
+    planned = int(state.get("max_steps") or trainer.args.max_steps)
+    every = float(state.get("eval_steps") or trainer.args.eval_steps or 0)
+    if 0 < every < 1 and planned > 0:
+        every = math.ceil(planned * every)
+    last = planned > 0 and step >= planned
+    return every >= 1 and step % int(every) == 0 and not last and step not in evaluated
 
 
 def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
