@@ -45,8 +45,14 @@ def test_verdict_says_when_a2po_has_not_reached_it_or_a_run_is_not_finished():
     a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 80, 0.25)], stage1=10.0, status="running")
     grpo = rows("grpo", [(0, 0, 0.05), (4, 300, 0.41)])
     line = comparison.verdict(a2po, grpo)
-    assert line.startswith("A*-PO has not reached GRPO's final 41%, and is still running: its best is 30% at 51s "
-                           "(40s without stage 1); GRPO took 5m 00s."), line
+    assert line == ("A*-PO has not reached GRPO's final 41%, and is still running: its best is 30% at 51s "
+                    "(40s without stage 1); GRPO took 5m 00s. GRPO was at 41%, past A*-PO's best, by 5m 00s (step 4).")
+    # A*-PO finished lower, and in less time than GRPO's first evaluation: both ways round are said.
+    shorter = comparison.verdict(rows("a2po", [(0, 0, 0.0), (4, 30, 0.36), (20, 130, 0.55)], stage1=70.0),
+                                 rows("grpo", [(0, 0, 0.0), (26, 400, 0.75), (52, 800, 0.80), (128, 1900, 0.78)]))
+    assert shorter == ("A*-PO has not reached GRPO's final 78%: its best is 55% at 3m 21s (2m 10s without stage 1); "
+                       "GRPO took 13m 20s (its run: 31m 40s). GRPO was at 75%, past A*-PO's best, by 6m 40s "
+                       "(step 26).")
     unfinished = comparison.verdict(rows("a2po", [(0, 0, 0.5)]), rows("grpo", [(0, 0, 0.1), (2, 30, 0.4)],
                                                                        status="running"))
     assert "GRPO is running: its latest accuracy is the target" in unfinished

@@ -3,9 +3,10 @@ stage-1 cost, its peak memory, and the one-line verdict the Compare and Explain 
 
 Times are seconds since the run's first held-out evaluation (step 0, `eval_on_start`: both methods take it right
 before their first training step), so model loading is left out of both; every later evaluation is inside both
-curves, as both runs evaluate at the same steps. A*-PO's stage 1 ran before that point: its cost is the stage's own
-`values/<split>/runtime` and `values/<split>/completion_tokens` metrics, added to its curve "with stage 1" (a
-reused V* set logs about 0 s: it costs nothing). Pure functions of what `Store` returns, no Gradio, no torch.
+curves, as both runs evaluate on the same schedule (a pair: every fifth of each run's own steps). A*-PO's stage 1
+ran before that point: its cost is the stage's own `values/<split>/runtime` and `values/<split>/completion_tokens`
+metrics, added to its curve "with stage 1" (a reused V* set logs about 0 s: it costs nothing). Pure functions of
+what `Store` returns, no Gradio, no torch.
 """
 
 from __future__ import annotations
@@ -125,9 +126,13 @@ def verdict(a2po: Timeline, grpo: Timeline) -> str:
     if reached is None:
         best = max(a2po.points, key=lambda p: p.accuracy)
         still = "" if a2po.status == "finished" else f", and is still {a2po.status}"
+        # The other way round, since A*-PO's run may well be the shorter one: when GRPO got to A*-PO's best.
+        rival = grpo.first_reaching(best.accuracy) if best.accuracy > a2po.points[0].accuracy + TOLERANCE else None
+        converse = "" if rival is None else (f" GRPO was at {percent(rival.accuracy)}, past A*-PO's best, by "
+                                             f"{format_duration(rival.seconds)} (step {rival.step}).")
         return (f"A*-PO has not reached GRPO's final {percent(target)}{still}: its best is {percent(best.accuracy)} "
                 f"at {format_duration(best.seconds + a2po.stage1_seconds)} ({format_duration(best.seconds)} without "
-                f"stage 1); {grpo_part}.{grpo_note}")
+                f"stage 1); {grpo_part}.{grpo_note}{converse}")
     with_stage1 = reached.seconds + a2po.stage1_seconds
     return (f"A*-PO reached GRPO's final {percent(target)} in {format_duration(with_stage1)} "
             f"({format_duration(reached.seconds)} without its stage 1 of {format_duration(a2po.stage1_seconds)}); "
