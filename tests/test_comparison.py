@@ -88,3 +88,32 @@ def test_the_pair_is_matched():
     assert not {"num_value_samples", "beta1", "beta2", "filter_all_incorrect"} & set(grpo["config"])
     assert grpo["dataset"] == a2po["dataset"] and grpo["model"] == a2po["model"] and grpo["rewards"] == a2po["rewards"]
     assert spec["config"]["eval_steps"] is None  # the caller's spec is left as it was
+
+
+def test_the_cost_explanation_says_which_prompts_each_method_trains_on():
+    """A*-PO's run is the shorter one when stage 1 drops prompts: the Explain page says why, from the runs' metrics."""
+    a2po = comparison.timeline(
+        {"id": 1, "name": "a2po", "status": "finished", "config": {"name": "a2po", "config": {}}},
+        [{"step": step, "split": "eval", "created_at": 1000.0 + seconds, "metrics": {"eval_accuracy": accuracy}}
+         for step, seconds, accuracy in [(0, 0, 0.0), (20, 130, 0.55)]],
+        [{"step": 0, "name": "values/train/num_prompts", "value": 256},
+         {"step": 0, "name": "values/train/num_filtered", "value": 215},
+         {"step": 0, "name": "values/eval/num_prompts", "value": 64},
+         {"step": 20, "name": "completion_tokens", "value": 1747}])
+    grpo = rows("grpo", [(0, 0, 0.0), (128, 1900, 0.78)], run_id=2)
+    grpo.zero_std_share = 0.25
+    assert (a2po.prompts, a2po.prompts_kept) == (256, 41)
+    text = comparison.cost_explanation(a2po, grpo, {"num_value_samples": 8}, {"num_generations": 8})
+    assert ("- Prompts trained on: A\\*-PO 41 of 256 (stage 1 dropped the 215 that none of its N reference samples "
+            "solved); GRPO every prompt of its dataset, though a group whose G rewards are all equal has zero "
+            "advantage and teaches nothing: 25% of its groups on average (`frac_reward_zero_std`).") in text
+    assert "A\\*-PO 20 steps, 1,747 completion tokens" in text and "GRPO 128 steps" in text
+    # Without stage-1 figures (a GRPO run picked as "A*-PO", an old run) the bullet is left out, not guessed.
+    assert "Prompts trained on" not in comparison.cost_explanation(rows("a2po", [(0, 0, 0.0)]), grpo, {}, {})
+
+
+def test_grpo_s_share_of_groups_with_equal_rewards_is_read_from_its_metrics():
+    run = {"id": 2, "name": "g", "status": "finished", "config": {"name": "g", "method": "grpo", "config": {}}}
+    line = comparison.timeline(run, [], [{"step": 1, "name": "frac_reward_zero_std", "value": 0.5},
+                                         {"step": 2, "name": "frac_reward_zero_std", "value": 0.25}])
+    assert line.zero_std_share == 0.375 and line.prompts is None

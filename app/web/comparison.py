@@ -42,6 +42,9 @@ class Timeline:
     stage1_seconds: float = 0.0
     stage1_tokens: int = 0
     peak_memory_gb: float | None = None
+    prompts: int | None = None  # A*-PO: the train prompts stage 1 scored, and of them those it kept
+    prompts_kept: int | None = None
+    zero_std_share: float | None = None  # GRPO: the mean share of groups whose G rewards were all equal
 
     @property
     def label(self) -> str:
@@ -66,11 +69,19 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
     stage1_seconds: dict[str, float] = {}
     stage1_tokens: dict[str, int] = {}
     peak = None
+    train_prompts = train_filtered = None
+    zero_std: list[float] = []
     for row in metrics:
         name, value = row["name"], row["value"]
         if value is None:
             continue
-        if name == "completion_tokens":
+        if name == "values/train/num_prompts":
+            train_prompts = int(value)
+        elif name == "values/train/num_filtered":
+            train_filtered = int(value)
+        elif name == "frac_reward_zero_std":
+            zero_std.append(float(value))
+        elif name == "completion_tokens":
             tokens_at[int(row["step"])] = int(value)
         elif name == "peak_memory_gb":
             peak = max(peak or 0.0, float(value))
@@ -89,13 +100,15 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
             before = [s for s in steps if s <= step]
             points.append(Point(step, max(0.0, float(e["created_at"]) - start),
                                 tokens_at[before[-1]] if before else 0, float(e["metrics"]["eval_accuracy"])))
+    kept = None if train_prompts is None else train_prompts - (train_filtered or 0)
     return Timeline(int(run["id"]), str(run.get("name") or ""), run_method(run), str(run.get("status") or ""),
-                    points, sum(stage1_seconds.values()), sum(stage1_tokens.values()), peak)
+                    points, sum(stage1_seconds.values()), sum(stage1_tokens.values()), peak, train_prompts, kept,
+                    sum(zero_std) / len(zero_std) if zero_std else None)
 
 
 def store_timeline(store: Any, run: Mapping[str, Any]) -> Timeline:
     """`timeline` of a stored run."""
-    names = ["completion_tokens", "peak_memory_gb"]
+    names = ["completion_tokens", "peak_memory_gb", "frac_reward_zero_std"]
     names += [n for n in store.metric_names(run["id"]) if n.startswith("values/")]
     return timeline(run, store.get_evaluations(run["id"]), store.get_metrics(run["id"], names=names))
 
@@ -171,6 +184,7 @@ def cost_explanation(a2po: Timeline, grpo: Timeline, a2po_config: Mapping[str, A
         f"- Training: A\\*-PO {steps_a} steps, {tokens_a:,} completion tokens, {format_duration(time_a)}; GRPO "
         f"{steps_g} steps, {tokens_g:,} completion tokens, {format_duration(time_g)}"
         + (f" ({per_step})." if per_step else "."),
+        *_prompts_line(a2po, grpo),
         "- Peak memory: A\\*-PO " + (f"{a2po.peak_memory_gb:.2f} GB" if a2po.peak_memory_gb is not None else "–")
         + ", GRPO " + (f"{grpo.peak_memory_gb:.2f} GB" if grpo.peak_memory_gb is not None else "–")
         + " (each step's backward pass holds G× more sequences for GRPO).",
@@ -178,6 +192,20 @@ def cost_explanation(a2po: Timeline, grpo: Timeline, a2po_config: Mapping[str, A
         verdict(a2po, grpo),
     ]
     return "\n".join(lines)
+
+
+def _prompts_line(a2po: Timeline, grpo: Timeline) -> list[str]:
+    """Why the step counts differ: the prompts each method trains on (a bullet, or none without the figures)."""
+    if a2po.prompts is None or a2po.prompts_kept is None:
+        return []
+    dropped = a2po.prompts - a2po.prompts_kept
+    line = (f"- Prompts trained on: A\\*-PO {a2po.prompts_kept} of {a2po.prompts}"
+            + (f" (stage 1 dropped the {dropped} that none of its N reference samples solved)" if dropped else "")
+            + "; GRPO every prompt of its dataset")
+    if grpo.zero_std_share is not None:
+        line += (f", though a group whose G rewards are all equal has zero advantage and teaches nothing: "
+                 f"{100 * grpo.zero_std_share:.0f}% of its groups on average (`frac_reward_zero_std`)")
+    return [line + "."]
 
 
 def _markdown(text: str) -> str:
