@@ -27,10 +27,11 @@ def rows(method: str, points: list[tuple[int, float, float]], stage1: float = 0.
 def test_verdict_says_when_a2po_reached_grpos_final_accuracy_with_and_without_stage_1():
     a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 112, 0.41), (6, 150, 0.45)], stage1=20.0)
     grpo = rows("grpo", [(0, 0, 0.05), (2, 200, 0.20), (4, 370, 0.41), (6, 500, 0.41)], tokens_per_step=80)
-    assert a2po.stage1_seconds == 21.0 and a2po.stage1_tokens == 500 and a2po.peak_memory_gb == 2.0
+    # Stage 1's cost is the train split's: the held-out split's V* (1 s here) is part of evaluating.
+    assert a2po.stage1_seconds == 20.0 and a2po.stage1_tokens == 500 and a2po.peak_memory_gb == 2.0
     assert [p.tokens for p in grpo.points] == [0, 160, 320, 480]
     line = comparison.verdict(a2po, grpo)
-    assert line == ("A*-PO reached GRPO's final 41% in 2m 13s (1m 52s without its stage 1 of 21s); GRPO took 6m 10s "
+    assert line == ("A*-PO reached GRPO's final 41% in 2m 12s (1m 52s without its stage 1 of 20s); GRPO took 6m 10s "
                     "(its run: 8m 20s).")
 
 
@@ -45,12 +46,12 @@ def test_verdict_says_when_a2po_has_not_reached_it_or_a_run_is_not_finished():
     a2po = rows("a2po", [(0, 0, 0.05), (2, 40, 0.30), (4, 80, 0.25)], stage1=10.0, status="running")
     grpo = rows("grpo", [(0, 0, 0.05), (4, 300, 0.41)])
     line = comparison.verdict(a2po, grpo)
-    assert line == ("A*-PO has not reached GRPO's final 41%, and is still running: its best is 30% at 51s "
+    assert line == ("A*-PO has not reached GRPO's final 41%, and is still running: its best is 30% at 50s "
                     "(40s without stage 1); GRPO took 5m 00s. GRPO was at 41%, past A*-PO's best, by 5m 00s (step 4).")
     # A*-PO finished lower, and in less time than GRPO's first evaluation: both ways round are said.
     shorter = comparison.verdict(rows("a2po", [(0, 0, 0.0), (4, 30, 0.36), (20, 130, 0.55)], stage1=70.0),
                                  rows("grpo", [(0, 0, 0.0), (26, 400, 0.75), (52, 800, 0.80), (128, 1900, 0.78)]))
-    assert shorter == ("A*-PO has not reached GRPO's final 78%: its best is 55% at 3m 21s (2m 10s without stage 1); "
+    assert shorter == ("A*-PO has not reached GRPO's final 78%: its best is 55% at 3m 20s (2m 10s without stage 1); "
                        "GRPO took 13m 20s (its run: 31m 40s). GRPO was at 75%, past A*-PO's best, by 6m 40s "
                        "(step 26).")
     unfinished = comparison.verdict(rows("a2po", [(0, 0, 0.5)]), rows("grpo", [(0, 0, 0.1), (2, 30, 0.4)],
@@ -59,12 +60,23 @@ def test_verdict_says_when_a2po_has_not_reached_it_or_a_run_is_not_finished():
     assert "needs an eval set" in comparison.verdict(rows("a2po", []), grpo)
 
 
+def test_time_spent_evaluating_is_not_counted_as_training_time():
+    """How often a run is measured is not its cost: each evaluation after the first takes its `eval_runtime` off
+    the times of the points from it on (rows are written when their evaluation has ended)."""
+    run = {"id": 1, "name": "a", "status": "finished", "config": {"name": "a", "config": {}}}
+    evaluations = [{"step": step, "split": "eval", "created_at": 1000.0 + wall,
+                    "metrics": {"eval_accuracy": 0.5, "eval_runtime": runtime}}
+                   for step, wall, runtime in [(0, 0.0, 6.0), (4, 28.0, 12.0), (8, 53.0, 11.0)]]
+    line = comparison.timeline(run, evaluations, [])
+    assert [p.seconds for p in line.points] == [0.0, 16.0, 30.0]
+
+
 def test_accuracy_figures_draw_a2po_with_and_without_stage_1():
     a2po = rows("a2po", [(0, 0, 0.1), (2, 60, 0.3)], stage1=30.0, run_id=1)
     grpo = rows("grpo", [(0, 0, 0.1), (2, 120, 0.2)], run_id=2)
     by_time, by_tokens, memory = charts.accuracy_figures([a2po, grpo])
     traces = {t.name: t for t in by_time.data}
-    assert list(traces["#1 a2po (A*-PO) with stage 1"].x) == [0.5167, 1.5167]  # + 31 s of stage 1, in minutes
+    assert list(traces["#1 a2po (A*-PO) with stage 1"].x) == [0.5, 1.5]  # + 30 s of stage 1, in minutes
     assert list(traces["#1 a2po (A*-PO) without stage 1"].x) == [0.0, 1.0]
     assert list(traces["#2 grpo (GRPO)"].x) == [0.0, 2.0]
     tokens = {t.name: list(t.x) for t in by_tokens.data}

@@ -439,7 +439,8 @@ def accuracy_figures(timelines: Sequence) -> tuple[go.Figure, go.Figure, go.Figu
             by_tokens.add_trace(go.Scatter(x=[p.tokens + tokens for p in t.points], y=accuracy,
                                            hovertemplate="%{y:.0%} after %{x:,} tokens (step %{customdata})",
                                            **common))
-    for fig, title, x_title in ((by_time, "Held-out accuracy against wall time", "minutes of training"),
+    for fig, title, x_title in ((by_time, "Held-out accuracy against training time",
+                                 "minutes of training (evaluations left out)"),
                                 (by_tokens, "Held-out accuracy against completion tokens generated",
                                  "completion tokens sampled")):
         fig.update_layout(template="plotly_white", height=340, title=title, uirevision="methods",

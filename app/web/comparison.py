@@ -1,12 +1,14 @@
-"""A*-PO against GRPO from stored rows: each run's held-out accuracy against wall time and completion tokens, its
+"""A*-PO against GRPO from stored rows: each run's held-out accuracy against training time and completion tokens, its
 stage-1 cost, its peak memory, and the one-line verdict the Compare and Explain pages show.
 
-Times are seconds since the run's first held-out evaluation (step 0, `eval_on_start`: both methods take it right
-before their first training step), so model loading is left out of both; every later evaluation is inside both
-curves, as both runs evaluate on the same schedule (a pair: every fifth of each run's own steps). A*-PO's stage 1
-ran before that point: its cost is the stage's own `values/<split>/runtime` and `values/<split>/completion_tokens`
-metrics, added to its curve "with stage 1" (a reused V* set logs about 0 s: it costs nothing). Pure functions of
-what `Store` returns, no Gradio, no torch.
+Times are training seconds: since the run's first held-out evaluation (step 0, `eval_on_start`: both methods take
+it right before their first training step), so model loading is left out of both, less the `eval_runtime` of every
+later evaluation, so how often a run is measured does not count as its cost (an A*-PO evaluation also scores the
+regression loss on held-out V*, and with few training steps its evaluations would be a large share of its wall time).
+A*-PO's stage 1 ran before that point: its cost is the train split's `values/train/runtime` and
+`values/train/completion_tokens` metrics, added to its curve "with stage 1" (a reused V* set logs about 0 s: it costs
+nothing); the held-out split's V* is part of evaluating, left out as evaluations are. Pure functions of what `Store`
+returns, no Gradio, no torch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ TOLERANCE = 1e-9  # accuracies are ratios of small counts: "reached" means >= up
 @dataclass
 class Point:
     step: int
-    seconds: float  # training time: since the step-0 evaluation
+    seconds: float  # training time: since the step-0 evaluation, less the evaluations in between
     tokens: int  # completion tokens sampled in training up to this step
     accuracy: float
 
@@ -85,9 +87,9 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
             tokens_at[int(row["step"])] = int(value)
         elif name == "peak_memory_gb":
             peak = max(peak or 0.0, float(value))
-        elif name.startswith("values/") and name.endswith("/runtime"):
-            stage1_seconds[name] = float(value)  # the latest per split: a resumed stage 1 logs its whole split
-        elif name.startswith("values/") and name.endswith("/completion_tokens"):
+        elif name == "values/train/runtime":
+            stage1_seconds[name] = float(value)  # the latest: a resumed stage 1 logs its whole split
+        elif name == "values/train/completion_tokens":
             stage1_tokens[name] = int(value)
     rows = [e for e in evaluations if e.get("split", "eval") == "eval"
             and isinstance((e.get("metrics") or {}).get("eval_accuracy"), (int, float))]
@@ -95,10 +97,14 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
     if rows:
         start = float(rows[0]["created_at"])
         steps = sorted(tokens_at)
-        for e in rows:
+        evaluating = 0.0  # seconds spent in the evaluations after the first, up to this one (each row is written
+        for i, e in enumerate(rows):  # when its evaluation has ended)
             step = int(e["step"])
+            runtime = e["metrics"].get("eval_runtime")
+            if i and isinstance(runtime, (int, float)):
+                evaluating += float(runtime)
             before = [s for s in steps if s <= step]
-            points.append(Point(step, max(0.0, float(e["created_at"]) - start),
+            points.append(Point(step, max(0.0, float(e["created_at"]) - start - evaluating),
                                 tokens_at[before[-1]] if before else 0, float(e["metrics"]["eval_accuracy"])))
     kept = None if train_prompts is None else train_prompts - (train_filtered or 0)
     return Timeline(int(run["id"]), str(run.get("name") or ""), run_method(run), str(run.get("status") or ""),

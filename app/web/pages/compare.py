@@ -1,5 +1,5 @@
 """Compare page: curves of several runs overlaid, and the configuration keys on which they differ; for A*-PO and GRPO
-runs (an "A*-PO vs GRPO" pair, or any picked), held-out accuracy against wall time and against completion tokens,
+runs (an "A*-PO vs GRPO" pair, or any picked), held-out accuracy against training time and against completion tokens,
 A*-PO's time with and without its stage 1, peak memory, and a one-line verdict (`app.web.comparison`)."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
     verdict = gr.Markdown("Pick an A*-PO run and a GRPO run (the Launch page's \"A*-PO vs GRPO\" starts a matched "
                           "pair) for the verdict.", elem_id="compare-verdict")
     with gr.Row():
-        by_time = gr.Plot(label="Accuracy against wall time", elem_id="compare-time")
+        by_time = gr.Plot(label="Accuracy against training time", elem_id="compare-time")
         by_tokens = gr.Plot(label="Accuracy against completion tokens", elem_id="compare-tokens")
     memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
     gr.Markdown("Times run from each run's first held-out evaluation (right before its first step), so loading "
