@@ -6,6 +6,11 @@ and peak memory, as the Compare page computes them (`app.web.comparison`).
 
     python scripts/compare_methods.py DATA_DIR [--seeds 0 1 2] [--port 7873] [--spec '{"config": {...}}']
     python scripts/compare_methods.py DATA_DIR --report [--seeds 0 1 2]    # the figures of pairs already run
+    python scripts/compare_methods.py DATA_DIR --follow-ups --seeds 0        # two runs that explain seed 0's pair
+
+`--follow-ups` launches, through `/launch`, two runs beside a finished pair: GRPO's run up to its first evaluation
+after the start, evaluated every 2 steps (where it passes A*-PO's final accuracy; with a constant learning rate its
+steps are the pair's), and A*-PO with `filter_all_incorrect` off (stage 2 over every prompt: as many steps as GRPO).
 
 Starts `python -m app` on DATA_DIR once. The scheduler runs one run at a time on a CPU (a run takes the machine),
 so the two runs of a pair do not share the cores; nothing else should use the CPU meanwhile. Prints one JSON line
@@ -38,6 +43,24 @@ def wait_finished(client, run_id: int) -> dict:
 
 def launch_pairs(data_dir: Path, seeds: list[int], port: int, extra: dict) -> None:
     """Press "A*-PO vs GRPO" once per seed on a studio serving `data_dir`, and wait for every run to end."""
+    def work(client) -> None:
+        for seed in seeds:
+            spec = {"name": f"duel-seed{seed}", **extra, "config": {**extra.get("config", {}), "seed": seed}}
+            pair = client.predict(spec=spec, api_name="/launch_pair")
+            for method in ("a2po", "grpo"):
+                status = wait_finished(client, pair[method]["run_id"])
+                print(f"seed {seed} {method}: run {pair[method]['run_id']} {status['status']}", flush=True)
+
+    with_studio(data_dir, port, work)
+
+
+def wait_runs(client, run_ids: list[int]) -> None:
+    for run_id in run_ids:
+        print(f"run {run_id}: {wait_finished(client, run_id)['status']}", flush=True)
+
+
+def with_studio(data_dir: Path, port: int, work) -> None:
+    """Run `work(client)` against `python -m app` serving `data_dir` on `port`."""
     from gradio_client import Client
     from studio_client import wait_for_port
 
@@ -46,16 +69,40 @@ def launch_pairs(data_dir: Path, seeds: list[int], port: int, extra: dict) -> No
                            cwd=ROOT, env=env)
     try:
         wait_for_port(port)
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        for seed in seeds:
-            spec = {"name": f"duel-seed{seed}", **extra, "config": {**extra.get("config", {}), "seed": seed}}
-            pair = client.predict(spec=spec, api_name="/launch_pair")
-            for method in ("a2po", "grpo"):
-                status = wait_finished(client, pair[method]["run_id"])
-                print(f"seed {seed} {method}: run {pair[method]['run_id']} {status['status']}", flush=True)
+        work(Client(f"http://127.0.0.1:{port}/", verbose=False))
     finally:
         app.terminate()
         app.wait(timeout=60)
+
+
+def follow_up_specs(store, seed: int) -> list[dict]:
+    """GRPO's first stretch evaluated every 2 steps, and A*-PO over every prompt, from seed `seed`'s stored pair."""
+    import copy
+
+    runs = {r["name"]: r for r in sorted(store.list_runs(), key=lambda r: r["id"])}
+    a2po, grpo = (runs.get(f"duel-seed{seed}-{m}") for m in ("a2po", "grpo"))
+    if a2po is None or grpo is None:
+        raise SystemExit(f"No pair of seed {seed} in this data folder: run it first (without --follow-ups).")
+    steps = [e["step"] for e in store.get_evaluations(grpo["id"]) if e.get("split", "eval") == "eval"]
+    early = copy.deepcopy(grpo["config"])
+    early["name"] = f"duel-seed{seed}-grpo-early"
+    early["config"].update(max_steps=sorted(steps)[1], eval_steps=2)
+    every = copy.deepcopy(a2po["config"])
+    every["name"] = f"duel-seed{seed}-a2po-every-prompt"
+    every["config"]["filter_all_incorrect"] = False
+    return [early, every]
+
+
+def report_follow_ups(store, seed: int) -> None:
+    from app.web import comparison
+
+    for run in sorted(store.list_runs(), key=lambda r: r["id"]):
+        if run["name"] in (f"duel-seed{seed}-grpo-early", f"duel-seed{seed}-a2po-every-prompt"):
+            line = comparison.store_timeline(store, run)
+            print(json.dumps({"name": run["name"], "run_id": run["id"], "status": run["status"],
+                              "stage1_s": round(line.stage1_seconds, 1), "peak_memory_gb": line.peak_memory_gb,
+                              "curve": [(p.step, round(p.seconds, 1), p.tokens, p.accuracy) for p in line.points]}),
+                  flush=True)
 
 
 def stored_pair(store, seed: int) -> dict:
@@ -129,14 +176,22 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7873)
     parser.add_argument("--spec", default="{}", help="JSON merged into each pair's A*-PO spec (the teaching demo's)")
     parser.add_argument("--report", action="store_true", help="only report the pairs already in DATA_DIR")
+    parser.add_argument("--follow-ups", action="store_true", help="launch the two follow-up runs of each seed")
     options = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
     from storage import Store
 
-    if not options.report:
+    store = Store(options.data_dir / "studio.db")
+    if options.follow_ups:
+        specs = [spec for seed in options.seeds for spec in follow_up_specs(store, seed)]
+        with_studio(options.data_dir, options.port, lambda client: wait_runs(
+            client, [client.predict(spec=spec, api_name="/launch")["run_id"] for spec in specs]))
+    elif not options.report:
         launch_pairs(options.data_dir, options.seeds, options.port, json.loads(options.spec))
-    report(Store(options.data_dir / "studio.db"), options.seeds)
+    report(store, options.seeds)
+    for seed in options.seeds:
+        report_follow_ups(store, seed)
 
 
 if __name__ == "__main__":
