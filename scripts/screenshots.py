@@ -1,9 +1,11 @@
 """Screenshots of a finished run as a class sees it: its Run page (Training tab) and the Explain page.
 
     python scripts/screenshots.py DATA_DIR RUN_ID [--out docs/screenshots] [--port 7874]
+    python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID    # an "A*-PO vs GRPO" pair instead
 
 Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
-writes `teaching-run.png` and `teaching-explain.png`.
+writes `teaching-run.png` and `teaching-explain.png`; with `--pair`, the Compare page with both runs picked
+(`teaching-compare.png`) and the Explain page's cost section for them (`teaching-explain-costs.png`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("run_id", type=int)
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     parser.add_argument("--port", type=int, default=7874)
+    parser.add_argument("--pair", type=int, help="a GRPO run to show beside RUN_ID on Compare and Explain")
     args = parser.parse_args()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir", str(args.data_dir),
@@ -44,6 +47,11 @@ def main() -> None:
             page.set_default_timeout(60_000)
             page.goto(f"http://127.0.0.1:{args.port}/", wait_until="load")
             page.wait_for_selector("#main-tabs")
+            args.out.mkdir(parents=True, exist_ok=True)
+            if args.pair is not None:
+                pair_screenshots(page, args.run_id, args.pair, args.out)
+                browser.close()
+                return
             page.get_by_role("tab", name="Run", exact=True).first.click()
             page.locator("#run-picker input").click()
             page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
@@ -51,7 +59,6 @@ def main() -> None:
             page.get_by_role("tab", name="Training", exact=True).first.click()
             playwright.expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
             time.sleep(1.5)
-            args.out.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(args.out / "teaching-run.png"), full_page=True)
             page.get_by_role("tab", name="Explain", exact=True).first.click()
             page.locator("#explain-run input").click()
@@ -63,6 +70,30 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
+
+
+def pick_runs(page, picker: str, run_ids: list[int]) -> None:
+    for run_id in run_ids:
+        page.locator(f"{picker} input").click()
+        page.get_by_role("option", name=f"#{run_id} ", exact=False).first.click()
+    page.keyboard.press("Escape")
+
+
+def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path) -> None:
+    """The Compare page with both runs picked, and the Explain page's section on why their costs differ."""
+    page.get_by_role("tab", name="Compare", exact=True).first.click()
+    pick_runs(page, "#compare-runs", [a2po_id, grpo_id])
+    playwright.expect(page.locator("#compare-verdict")).to_contain_text("GRPO")
+    playwright.expect(page.locator("#compare-time .js-plotly-plot")).to_be_visible()
+    time.sleep(2.0)
+    page.screenshot(path=str(out / "teaching-compare.png"), full_page=True)
+    page.get_by_role("tab", name="Explain", exact=True).first.click()
+    pick_runs(page, "#explain-pair", [a2po_id, grpo_id])
+    costs = page.locator("#explain-costs")
+    playwright.expect(costs).to_contain_text("Prompts trained on")
+    costs.scroll_into_view_if_needed()
+    time.sleep(1.0)
+    costs.screenshot(path=str(out / "teaching-explain-costs.png"))
 
 
 if __name__ == "__main__":
