@@ -95,14 +95,25 @@ def follow_up_specs(store, seed: int) -> list[dict]:
 
 def report_follow_ups(store, seed: int) -> None:
     from app.web import comparison
+    from app.web.common import format_duration as duration
 
+    pair = stored_pair(store, seed)
     for run in sorted(store.list_runs(), key=lambda r: r["id"]):
-        if run["name"] in (f"duel-seed{seed}-grpo-early", f"duel-seed{seed}-a2po-every-prompt"):
-            line = comparison.store_timeline(store, run)
-            print(json.dumps({"name": run["name"], "run_id": run["id"], "status": run["status"],
-                              "stage1_s": round(line.stage1_seconds, 1), "peak_memory_gb": line.peak_memory_gb,
-                              "curve": [(p.step, round(p.seconds, 1), p.tokens, p.accuracy) for p in line.points]}),
-                  flush=True)
+        if run["name"] not in (f"duel-seed{seed}-grpo-early", f"duel-seed{seed}-a2po-every-prompt"):
+            continue
+        line = comparison.store_timeline(store, run)
+        print(json.dumps({"name": run["name"], "run_id": run["id"], "status": run["status"],
+                          "stage1_s": round(line.stage1_seconds, 1), "peak_memory_gb": line.peak_memory_gb,
+                          "curve": [(p.step, round(p.seconds, 1), p.tokens, p.accuracy) for p in line.points]}),
+              flush=True)
+        if run["name"].endswith("grpo-early") and "a2po" in pair and line.status == "finished":
+            a2po = pair["a2po"]
+            target, mine = a2po.final_accuracy, a2po.first_reaching(a2po.final_accuracy)
+            there = line.first_reaching(target)
+            print(f"seed {seed}: A*-PO first reached its final {100 * target:.1f}% at step {mine.step}, "
+                  f"{duration(mine.seconds + a2po.stage1_seconds)} ({duration(mine.seconds)} without stage 1); GRPO "
+                  + ("did not reach it in its first stretch" if there is None else
+                     f"at step {there.step}, {duration(there.seconds)}") + ".", flush=True)
 
 
 def stored_pair(store, seed: int) -> dict:
