@@ -61,9 +61,10 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         by_time = gr.Plot(label="Accuracy against training time", elem_id="compare-time")
         by_tokens = gr.Plot(label="Accuracy against completion tokens", elem_id="compare-tokens")
     memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
-    gr.Markdown("Times run from each run's first held-out evaluation (right before its first step), so loading "
-                "the model is left out of both; A*-PO's stage 1 ran before it and is added to its solid curve "
-                "(dotted: without it).", elem_id="compare-time-note")
+    gr.Markdown("Times are training time: from each run's first held-out evaluation (right before its first "
+                "step), less the evaluations after it, so loading the model and measuring it are left out of both; "
+                "A*-PO's stage 1 ran before it and is added to its solid curve (dotted: without it).",
+                elem_id="compare-time-note")
     plot = gr.Plot(label="Overlaid curves", elem_id="compare-plot")
     diff = gr.Dataframe(interactive=False, label="Configuration differences", elem_id="compare-diff")
 
