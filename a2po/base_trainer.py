@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
+    TrainerState,
     TrainingArguments,
     set_seed,
 )
@@ -44,6 +45,7 @@ from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
+from a2po.rewards import call_reward, tasks_of
 from a2po.rollout import sample_completions
 from a2po.values import prompt_id_for
 
@@ -105,6 +107,9 @@ class BaseTrainer(Trainer):
     _tag_names: list[str] = []
     _eval_extra_metrics: tuple[str, ...] = ()  # per-prompt terms `_eval_batch` returns, averaged as eval metrics
     _non_binary_note = "accuracy counts only r >= 1 as correct."
+    # Why the method cannot use a completion that no reward function scored (an error), or None: it gets reward NaN
+    # and a warning, as in TRL (see `_score`).
+    _unscored_error: str | None = None
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
                  args: TrainingArguments, train_dataset: Dataset | None = None,
@@ -171,7 +176,13 @@ class BaseTrainer(Trainer):
                           stacklevel=2)
         if args.save_every_seconds:
             self.add_callback(TimedCheckpoints(args.save_every_seconds))
-        self.add_callback(RunCounters())
+        # The clock goes first: a budget or time-grid evaluation it asks for is seen by the callbacks after it (a
+        # chunk's recorder defers an evaluation that would not end before its deadline).
+        flow = [cb for cb in self.callback_handler.callbacks if type(cb).__name__ == "DefaultFlowCallback"]
+        self.callback_handler.callbacks.insert(len(flow), RunCounters())
+        if getattr(args, "eval_every_seconds", None) and eval_dataset is None:
+            raise ValueError("eval_every_seconds evaluates held-out prompts: pass an eval_dataset, or set "
+                             "eval_every_seconds to None.")
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self._metrics: dict[str, list[float]] = defaultdict(list)
@@ -230,33 +241,58 @@ class BaseTrainer(Trainer):
                                                    skip_special_tokens=True)
         return texts, mask
 
-    def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F)."""
+    def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str],
+               trainer_state: TrainerState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F), NaN where
+        a function returned None (it does not apply to that completion: multi-task data, one checker per task).
+
+        As in TRL the sum skips those (and NaN values: it is a sum ignoring NaN); a completion that every function
+        skipped is unscored: NaN and a warning, or an error where the method cannot use one (`_unscored_error`).
+        The functions get `trainer_state` besides the prompts, completions and columns: `self.state` unless one is
+        given (stage 1: the state before training).
+        """
         prompts = [row["prompt"] for row in rows]
         conversational = [not isinstance(p, str) for p in prompts]
         as_given = [[{"role": "assistant", "content": c}] if conv else c
                     for c, conv in zip(completions, conversational)]
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
-        per_func = torch.zeros(len(rows), len(self.reward_funcs), dtype=torch.float64)
+        state = self.state if trainer_state is None else trainer_state
+        per_func = torch.empty(len(rows), len(self.reward_funcs), dtype=torch.float64)
         for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
-            try:
-                values = func(prompts=prompts, completions=as_given, **columns)
-            except Exception as error:
-                raise RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
-            if values is None or len(values) != len(rows):
-                got = "None" if values is None else f"{len(values)} values"
-                raise ValueError(f"Reward function '{name}' returned {got} for {len(rows)} completions; it must "
-                                 "return one float per completion.")
-            if any(v is None for v in values):
-                raise ValueError(f"Reward function '{name}' returned None for some completions; return 0.0 for "
-                                 "completions it cannot score.")
-            per_func[:, j] = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        total = per_func @ self.reward_weights
-        if not self._warned_non_binary and not torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype)).all():
+            values = call_reward(func, name, prompts, as_given, columns, state)
+            per_func[:, j] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+        total = (per_func * self.reward_weights).nansum(dim=1)
+        unscored = per_func.isnan().all(dim=1)
+        if unscored.any():
+            total[unscored] = math.nan
+            self._report_unscored(rows, completions, columns, unscored.nonzero()[:, 0].tolist())
+        binary = torch.tensor([0.0, 1.0], dtype=total.dtype)
+        outside = total[~unscored & ~torch.isin(total, binary)]
+        if not self._warned_non_binary and len(outside):
             self._warned_non_binary = True
-            example = total[~torch.isin(total, torch.tensor([0.0, 1.0], dtype=total.dtype))][0]
-            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {example:.3g}): {self._non_binary_note}", stacklevel=2)
+            warnings.warn(f"Rewards outside {{0, 1}} (e.g. {outside[0]:.3g}): {self._non_binary_note}", stacklevel=2)
         return total, per_func
+
+    def _report_unscored(self, rows: Sequence[dict[str, Any]], completions: Sequence[str], columns: dict[str, list],
+                         index: list[int]) -> None:
+        """Completions no reward function scored (rows `index`): an error naming the functions and tasks where the
+        method needs a number (`_unscored_error`), else a warning, as TRL's."""
+        first = index[0]
+        what = (f"All reward functions ({', '.join(self.reward_names)}) returned None (or NaN) for {len(index)} of "
+                f"{len(rows)} completions{tasks_of(columns, index)} (e.g. prompt "
+                f"{prompt_question(rows[first]['prompt'])!r:.120}, completion {completions[first]!r:.120})")
+        if self._unscored_error is not None:
+            raise ValueError(f"{what}: {self._unscored_error} Give each task a reward function that scores it, or "
+                             "return 0.0 where no check applies.")
+        warnings.warn(f"{what}: their reward is NaN, left out of the reward means and stds, and their advantage is 0. "
+                      "Make sure at least one reward function scores each completion.", stacklevel=3)
+
+    def _state_before_training(self) -> TrainerState:
+        """The trainer state as reward functions see it before training (global_step 0): what stage 1 gives them
+        whenever it runs (an eval set's V* may be estimated mid-training), so V* never depends on that moment."""
+        state = copy.copy(self.state)
+        state.global_step, state.epoch = 0, 0.0
+        return state
 
     # ----------------------------------------------------------------------------------------------------------
     # Sampling
@@ -319,14 +355,15 @@ class BaseTrainer(Trainer):
     def _record_rollout(self, rollout: Rollout) -> None:
         """The training metrics both methods log for sampled completions, and the completion-token count."""
         m = self._metrics
-        rewards = rollout.rewards
+        # Over the scored completions: an unscored one (NaN, see `_score`) is neither right nor wrong.
+        rewards = rollout.rewards[~rollout.rewards.isnan()]
         m["reward"].append(rewards.mean().item())
         m["reward_std"].append(rewards.std().item() if len(rewards) > 1 else 0.0)
         m["accuracy"].append((rewards >= CORRECT_THRESHOLD).double().mean().item())
         m["completion_length"].append(rollout.lengths.mean().item())
         m["completion_clipped_frac"].append(rollout.clipped.float().mean().item())
         for j, name in enumerate(self.reward_names):
-            m[f"rewards/{name}"].append(rollout.rewards_per_func[:, j].mean().item())
+            m[f"rewards/{name}"].append(rollout.rewards_per_func[:, j].nanmean().item())  # where it applied, as TRL
         tokens = rollout.completion_mask.sum()
         if self.accelerator.num_processes > 1:  # every rank samples at the same steps: a safe collective
             tokens = self.accelerator.gather(tokens[None].to(self.accelerator.device)).sum()
@@ -433,6 +470,10 @@ class BaseTrainer(Trainer):
             metrics.update(self._evaluate_split(prepared, split, prefix, context))
         self.control.should_training_stop = stop_before
         metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        counters = self.run_counters
+        counters.eval_seconds += time.time() - start
+        # Where on the run's clock this evaluation stands: comparisons draw accuracy against these.
+        metrics.update(self._clock_metrics())
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -474,7 +515,8 @@ class BaseTrainer(Trainer):
                 greedy_rewards, _ = self._score(batch, greedy_completions)
                 for i, row in enumerate(batch):
                     reward = float(greedy_rewards[i])
-                    results.append({"correct": float(reward >= CORRECT_THRESHOLD), "reward": reward,
+                    correct = math.nan if math.isnan(reward) else float(reward >= CORRECT_THRESHOLD)
+                    results.append({"correct": correct, "reward": reward,
                                     "length": float(greedy_mask[i].sum()), "task": row.get("task"),
                                     **{name: values[i] for name, values in extra.items()}})
                     samples.append({"step": self.state.global_step, "split": split, "prompt_id": row["prompt_id"],
@@ -492,8 +534,9 @@ class BaseTrainer(Trainer):
             results, samples = gather_object(results), gather_object(samples)
         self._notify("on_samples", samples=samples)
         n = max(len(results), 1)
-        out = {f"{prefix}_accuracy": sum(r["correct"] for r in results) / n,
-               f"{prefix}_reward": sum(r["reward"] for r in results) / n}
+        # Accuracy and reward over the scored prompts: an unscored one (NaN, see `_score`) is neither right nor wrong.
+        out = {f"{prefix}_accuracy": _scored_mean(r["correct"] for r in results),
+               f"{prefix}_reward": _scored_mean(r["reward"] for r in results)}
         for name in self._eval_extra_metrics:
             out[f"{prefix}_{name}"] = sum(r[name] for r in results) / n
         out[f"{prefix}_completion_length"] = sum(r["length"] for r in results) / n
@@ -501,8 +544,7 @@ class BaseTrainer(Trainer):
         tasks = sorted({r["task"] for r in results if isinstance(r["task"], str)})
         if len(tasks) > 1:
             for task in tasks:
-                correct = [r["correct"] for r in results if r["task"] == task]
-                out[f"{prefix}_accuracy/{task}"] = sum(correct) / len(correct)
+                out[f"{prefix}_accuracy/{task}"] = _scored_mean(r["correct"] for r in results if r["task"] == task)
         out.update(self._eval_summary(prefix, rows, context))
         return out
 
@@ -519,11 +561,17 @@ class BaseTrainer(Trainer):
                 gathered = self.accelerator.gather(local[None])
                 averaged = dict(zip(names, gathered[:, :-1].mean(0).tolist()))
                 peak = gathered[:, -1].max().item()
-            logs = {**logs, **averaged, "completion_tokens": self.run_counters.completion_tokens,
-                    "peak_memory_gb": round(peak, 4)}
+            logs = {**logs, **averaged, **self._clock_metrics(), "peak_memory_gb": round(peak, 4)}
             self._metrics.clear()
         logs = {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in logs.items()}
         super().log(logs, start_time)
+
+
+    def _clock_metrics(self) -> dict[str, float]:
+        """The run's clock (`RunCounters`) as logged with every training log and evaluation."""
+        counters = self.run_counters
+        return {"completion_tokens": counters.completion_tokens, "train_seconds": round(counters.train_seconds, 4),
+                "eval_seconds": round(counters.eval_seconds, 4)}
 
 
 def with_prompt_ids(dataset: Dataset) -> Dataset:
@@ -531,6 +579,14 @@ def with_prompt_ids(dataset: Dataset) -> Dataset:
     if "prompt_id" in dataset.column_names:
         return dataset
     return dataset.add_column("prompt_id", [prompt_id_for(row) for row in dataset.to_list()])
+
+
+def _scored_mean(values: Iterable[float]) -> float:
+    """The mean of the values that are not NaN (unscored completions, see `BaseTrainer._score`); NaN when every one
+    is, 0.0 when there are none."""
+    values = list(values)
+    scored = [v for v in values if not math.isnan(v)]
+    return sum(scored) / len(scored) if scored else math.nan if values else 0.0
 
 
 def _identity_collator(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -128,6 +128,11 @@ class _BaseConfig(TrainingArguments):
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
     save_every_seconds: float | None = field(
         default=None, metadata={"help": "Also checkpoint after this many seconds of training since the last save."})
+    max_train_seconds: float | None = field(
+        default=None, metadata={"help": "Stop training once the run's clock (A*-PO's stage 1 plus training steps) "
+                                        "reaches this many seconds."})
+    eval_every_seconds: float | None = field(
+        default=None, metadata={"help": "Also evaluate whenever the run's clock passes a multiple of this."})
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]
 
@@ -139,6 +144,10 @@ class _BaseConfig(TrainingArguments):
         ("max_prompt_length", lambda v: v is None or v >= 1, "max_prompt_length must be >= 1 or None (got {})"),
         ("save_every_seconds", lambda v: v is None or v >= 0,
          "save_every_seconds must be >= 0 (0 or None: off; got {})"),
+        ("max_train_seconds", lambda v: v is None or v >= 0,
+         "max_train_seconds must be >= 0 (0 or None: no budget; got {})"),
+        ("eval_every_seconds", lambda v: v is None or v >= 0,
+         "eval_every_seconds must be >= 0 (0 or None: off; got {})"),
         ("learning_rate", lambda v: v > 0, "learning_rate must be > 0 (got {})"),
         ("num_train_epochs", lambda v: v > 0, "num_train_epochs must be > 0 (got {})"),
         ("max_steps", lambda v: v == -1 or v >= 1,
@@ -219,7 +228,13 @@ class A2POConfig(_BaseConfig):
     Stage 1:
         num_value_samples: N, reference samples per prompt.
         beta1: KL temperature of the V* estimate.
-        filter_all_incorrect: drop prompts none of whose N samples scored 1.
+        filter_all_incorrect: drop prompts none of whose N samples scored 1. True is TRL's default, kept here for
+            API parity; the paper's authors run A*-PO with it off (ZhaolinGao/A-PO, `filter_incorrect: False` in
+            their GSM8K and MATH scripts) and compare methods over the same prompts and optimizer steps. It matters:
+            on the studio's teaching demo, stage 1 kept 37 of 256 prompts with it on, so A*-PO trained 20 steps
+            instead of 128 and ended far below GRPO; with it off A*-PO kept pace with GRPO at equal steps
+            (docs/benchmarks.md, "A*-PO against GRPO"). A prompt no reference sample solved has V* = 0, and a
+            correct completion of it still gets a positive target.
         value_batch_size (ours): prompts per stage-1 batch (each yields N sequences); default: enough prompts for
             256 sequences (at least `per_device_train_batch_size`), since a decode step costs little more for a
             wider batch. Raise it on a large GPU, lower it if stage 1 runs out of memory.
@@ -230,6 +245,11 @@ class A2POConfig(_BaseConfig):
     Checkpoints:
         save_every_seconds (ours): also save a checkpoint whenever this many seconds of training passed since the
             last one (on top of `save_strategy`/`save_steps`), so a killed run loses at most that much work.
+    Time (ours; the run's clock, `a2po.callbacks.RunCounters`: stage-1 sampling and scoring plus training steps,
+    continued across resumes, loading and pauses never counted):
+        max_train_seconds: stop training once the clock reaches this many seconds (stage 1 of the train split
+            included): a budget of training time, e.g. to compare methods at equal time.
+        eval_every_seconds: also evaluate whenever the clock passes a multiple of this many seconds.
     Stage 2:
         beta2: KL temperature of the regression target.
         reward_weights: one weight per reward function (default 1.0 each).
@@ -321,6 +341,8 @@ class GRPOConfig(_BaseConfig):
             last one, so a killed run loses at most that much work. A checkpoint taken between the iterations of a
             generation holds that generation (`generation_buffer.pt`), so the resumed run trains on the same
             completions.
+        max_train_seconds, eval_every_seconds (ours): a budget of training time, and evaluations on a grid of it,
+            on the run's clock (`a2po.callbacks.RunCounters`), as in `A2POConfig`.
 
     These defaults differ from `TrainingArguments`' as in TRL: logging_steps 10, gradient_checkpointing True, bf16
     where the GPU supports it, learning_rate 1e-6.

@@ -128,17 +128,32 @@ def group_advantages(rewards: torch.Tensor, num_generations: int,
     std is the sample standard deviation (Bessel's correction), as in TRL. A group whose rewards are all equal gets
     A = 0 under every scaling: it carries no learning signal. Returns the advantages and the std of each row (its
     group's, or the batch's for "batch"), whose zeros TRL logs as `frac_reward_zero_std`.
+
+    A NaN reward (a completion no reward function scored) is left out of the means and stds and gets A = 0, as in
+    TRL: it would otherwise count as reward 0 in its group's baseline and earn an advantage it never had. A group
+    with fewer than two scored completions has no baseline: A = 0. (An infinite reward still makes the loss
+    non-finite, where the logs' `frac_nonfinite_loss` shows it.)
     """
     grouped = rewards.view(-1, num_generations)
-    mean = grouped.mean(dim=1).repeat_interleave(num_generations)
+    mean = grouped.nanmean(dim=1).repeat_interleave(num_generations)
     if scale_rewards == "batch":
-        std = (rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())).expand_as(rewards)
+        std = (nanstd(rewards) if rewards.numel() > 1 else rewards.new_zeros(())).expand_as(rewards)
     else:
-        std = grouped.std(dim=1).repeat_interleave(num_generations)
+        std = nanstd(grouped, dim=1).repeat_interleave(num_generations)
     advantages = rewards - mean
     if scale_rewards != "none":
         advantages = advantages / (std + 1e-4)
-    return advantages, std
+    scored = (~grouped.isnan()).sum(dim=1).repeat_interleave(num_generations)
+    return torch.where(rewards.isnan() | (scored < 2), 0.0, advantages), std
+
+
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The sample standard deviation (Bessel's correction) of the values that are not NaN (over `dim`, else all);
+    NaN where fewer than two are left, as TRL's `nanstd`."""
+    count = (~values.isnan()).sum(dim=dim)
+    mean = values.nanmean(dim=dim, keepdim=dim is not None)
+    squares = ((values - mean) ** 2).nansum(dim=dim)
+    return torch.where(count > 1, squares / (count - 1).clamp(min=1), squares.new_tensor(math.nan)).sqrt()
 
 
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,

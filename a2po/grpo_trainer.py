@@ -76,7 +76,10 @@ class GRPOTrainer(BaseTrainer):
     Args:
         model, reward_funcs, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config: as
             for `A2POTrainer` (a `v_star` column means nothing here). With `peft_config`, the reference (beta > 0)
-            is the model with its adapters disabled.
+            is the model with its adapters disabled. Reward functions get `trainer_state` (the current state) besides
+            `prompts`, `completions` and the columns, and may return None for a completion they do not apply to: the
+            weighted sum skips it. A completion that every function skips gets reward NaN and a warning, as in TRL:
+            it is left out of its group's mean and std and of the reward and accuracy metrics, and its advantage is 0.
         args: a `GRPOConfig`.
     """
 

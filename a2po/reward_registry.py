@@ -443,10 +443,12 @@ def reward_changes(rewards: Sequence[Mapping[str, Any]] | None, registry: Regist
 # ------------------------------------------------------------------------------------------------- loading (scoring)
 
 _modules: dict[str, tuple[tuple[int, int], Any]] = {}
+LOADED_SHA256 = "__a2po_sha256__"
 
 
 def _import_file(path: str) -> Any:
-    """Execute a registered file as a module of its own (again when the file changed since)."""
+    """Execute a registered file as a module of its own (again when the file changed since). The module's
+    `LOADED_SHA256` attribute is the sha256 of the very bytes executed, which a run compares with its stamp."""
     stat = os.stat(path)
     stamp = (stat.st_mtime_ns, stat.st_size)
     cached = _modules.get(path)
@@ -458,7 +460,10 @@ def _import_file(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses, pickle and typing look a module up by name
     try:
-        spec.loader.exec_module(module)
+        # Read once, hash and execute the same bytes: the file may change in between.
+        data = Path(path).read_bytes()
+        setattr(module, LOADED_SHA256, hashlib.sha256(data).hexdigest())
+        exec(compile(data, path, "exec"), module.__dict__)  # noqa: S102 - the operator's registered file
     except BaseException:
         sys.modules.pop(name, None)
         raise
@@ -485,17 +490,21 @@ def load_reward(name: str, registry: Registry | None = None) -> Callable[..., li
                                   f"{type(error).__name__}: {error}") from error
     if not callable(func):
         raise RewardRegistryError(f"Reward {reward.name} ({reward.where()}) is not a function.")
-    return RegisteredRewardFunction(reward, func)
+    source = getattr(module, "__file__", None) or reward.file
+    loaded = getattr(module, LOADED_SHA256, None) or (file_sha256(source) if source else None)
+    return RegisteredRewardFunction(reward, func, loaded_sha256=loaded)
 
 
 class RegisteredRewardFunction:
     """A registered reward as the trainer calls it: named by its registered name (metrics `rewards/<name>`); an
-    exception, None, a wrong number of values or a value that is not a number raise `RewardFunctionError` naming
-    the function and its file."""
+    exception, None, a wrong number of values or a value that is neither a number nor None (a completion it does
+    not apply to) raise `RewardFunctionError` naming the function and its file."""
 
-    def __init__(self, reward: RegisteredReward, func: Callable[..., Any]) -> None:
+    def __init__(self, reward: RegisteredReward, func: Callable[..., Any], loaded_sha256: str | None = None) -> None:
         self.reward = reward
         self.func = func
+        # The sha256 of the source that was imported (which `reward.sha256`, read before, may not be).
+        self.loaded_sha256 = loaded_sha256 if loaded_sha256 is not None else reward.sha256
         self.__name__ = reward.name
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
@@ -512,8 +521,8 @@ class RegisteredRewardFunction:
         completions = kwargs.get("completions", args[0] if args else None)
         expected = len(completions) if completions is not None else None
         if values is None:
-            raise RewardFunctionError(f"it returned None (in {where}); return one float per completion, 0.0 for "
-                                      "those it cannot score")
+            raise RewardFunctionError(f"it returned None (in {where}); return one float per completion, None for "
+                                      "those it does not apply to")
         try:
             values = list(values)
         except TypeError:
@@ -523,9 +532,8 @@ class RegisteredRewardFunction:
             raise RewardFunctionError(f"it returned {len(values)} values for {expected} completions (in {where}); "
                                       "return one float per completion")
         for value in values:
-            if value is None:
-                raise RewardFunctionError(f"it returned None for some completions (in {where}); return 0.0 for "
-                                          "completions it cannot score")
+            if value is None:  # it does not apply to that completion: the trainer sums the other functions
+                continue
             try:
                 float(value)
             except (TypeError, ValueError):

@@ -1,8 +1,9 @@
 """Reward functions for verifiable answers, in the TRL convention `f(completions, **kwargs) -> list[float]`.
 
-`kwargs` carries `prompts` and every dataset column; these functions read `ground_truth` (`task_checker`: the
-reasoning-gym columns of `a2po.tasks`). A completion is a plain string or a conversational list such as
-`[{"role": "assistant", "content": "..."}]` (the last message counts).
+`kwargs` carries `prompts`, every dataset column and `trainer_state` (the `transformers.TrainerState`, as TRL passes
+it); these functions read `ground_truth` (`task_checker`: the reasoning-gym columns of `a2po.tasks`) and ignore the
+rest. A completion is a plain string or a conversational list such as `[{"role": "assistant", "content": "..."}]`
+(the last message counts). A reward function may return None for a completion it does not apply to (`call_reward`).
 """
 
 from __future__ import annotations
@@ -112,6 +113,42 @@ def task_checker(completions: Sequence, task: Sequence[str] | None = None, task_
     from a2po.tasks import score_completions
 
     return score_completions(completions, task, task_entry, task_settings, answer_format)
+
+
+def call_reward(func: Callable[..., Any], name: str, prompts: Sequence, completions: Sequence,
+                columns: dict[str, list], trainer_state: Any) -> list[float | None]:
+    """`func`'s values for `completions`, called as TRL calls a reward function: `prompts`, `completions`, every other
+    dataset column and `trainer_state`, by keyword. None marks a completion the function does not apply to (multi-task
+    data with one checker per task); the caller sums the others. Raises, naming the function, when it fails or does
+    not return one number (or None) per completion."""
+    try:
+        # `trainer_state` last: it wins over a dataset column of that name, as in TRL.
+        values = func(prompts=prompts, completions=completions, **{**columns, "trainer_state": trainer_state})
+    except Exception as error:
+        raise RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
+    expected = len(completions)
+    sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes))
+    if not sized or len(values) != expected:
+        got = "None" if values is None else f"{len(values)} values" if sized else type(values).__name__
+        raise ValueError(f"Reward function '{name}' returned {got} for {expected} completions{tasks_of(columns)}; it "
+                         "must return a list with one float per completion (None for a completion it does not apply "
+                         "to).")
+    out: list[float | None] = []
+    for value in values:
+        try:
+            out.append(None if value is None else float(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"Reward function '{name}' returned {value!r:.40}, not a number; return one float per "
+                             "completion (None for a completion it does not apply to).") from None
+    return out
+
+
+def tasks_of(columns: dict[str, list], rows: Sequence[int] | None = None) -> str:
+    """" of task 'a', 'b'" for the `task` column's values (of `rows`), to name in an error; "" without that column."""
+    tasks = columns.get("task") or []
+    picked = tasks if rows is None or not tasks else [tasks[i] for i in rows]
+    names = sorted({str(t) for t in picked if t is not None})
+    return f" of task {', '.join(repr(t) for t in names)}" if names else ""
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {

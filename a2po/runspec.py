@@ -108,6 +108,10 @@ class RunSpec:
     # The method: "a2po" (A*-PO) or "grpo" (GRPO on the same engine, for comparison); `config` holds that method's
     # config fields (A2POConfig's or GRPOConfig's).
     method: str = "a2po"
+    # The studio's: the study a run belongs to (several runs launched and read together: an "A*-PO vs GRPO" pair,
+    # run seeds), a label of short values, e.g. {"id": "3f9c0a1b2e", "kind": "pair", "protocol": "paper", "seed": 0}.
+    # Training ignores it; the CLI leaves it out.
+    study: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
@@ -154,6 +158,10 @@ class RunSpec:
             problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {run.runner!r:.40})"
         elif run.runner == "chunked" and processes not in (None, 1):
             problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
+        if run.study is not None and not (isinstance(run.study, dict) and len(run.study) <= 12 and all(
+                isinstance(k, str) and len(k) <= 40 and (isinstance(v, (int, float)) or isinstance(v, str) and len(v)
+                                                          <= 120) for k, v in run.study.items())):
+            problems["study"] = "study must be None or a small object of short texts and numbers (the studio's label)"
         problems.update(run._config_problems(valid=not {p.split(".")[0] for p in problems} & {"name", "dataset",
                                                                                                "rewards"}))
         if problems:
@@ -295,6 +303,8 @@ class RunSpec:
         out = dataclasses.asdict(self)
         if out["method"] == "a2po":  # specs stored before GRPO existed are A*-PO: keep them as they were
             del out["method"]
+        if out["study"] is None:  # as are specs of runs launched alone
+            del out["study"]
         return out
 
     @property

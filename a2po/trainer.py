@@ -51,8 +51,13 @@ class A2POTrainer(BaseTrainer):
 
     Args:
         model: a model, a hub id or local path, or "SmolLM2-135M-Instruct" (the offline default, `a2po.models`).
-        reward_funcs: one function or a list; each gets `prompts`, `completions` and every other dataset column as
-            keyword arguments and returns one float per completion. Their weighted sum is r, assumed in {0, 1}.
+        reward_funcs: one function or a list; each gets `prompts`, `completions`, every other dataset column and
+            `trainer_state` (the `transformers.TrainerState`: stage 1 sees the state before training, global_step 0;
+            stage 2 and evaluation the current one, for curriculum rewards) as keyword arguments and returns one
+            float per completion. Their weighted sum is r, assumed in {0, 1}. As in TRL, a function may return None
+            for a completion it does not apply to (multi-task data, one checker per task): the sum skips it. A
+            completion that every function skips is an error naming the functions and its task (A*-PO has no number
+            to put in V* or r - V*), as is a function that returns None or the wrong number of values.
         args: an `A2POConfig`.
         train_dataset: prompts in a "prompt" column (text, or conversational message lists). A `v_star` column
             skips stage 1 for its non-null rows; a `prompt_id` column names rows (else a hash of the row is used).
@@ -67,6 +72,9 @@ class A2POTrainer(BaseTrainer):
     _tag_names = ["a2po"]
     _eval_extra_metrics = ("loss",)
     _non_binary_note = "A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct."
+    # No fallback for a completion no reward function scored: a 0 would bias V* and the filter, and leaving it out
+    # would still leave a stage-2 sample without a regression target.
+    _unscored_error = "A*-PO needs a number for every completion (V* in stage 1, r - V* in stage 2)."
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
                  args: A2POConfig | None = None, train_dataset: Dataset | None = None,
@@ -155,8 +163,7 @@ class A2POTrainer(BaseTrainer):
         stop_before, self.control.should_training_stop = self.control.should_training_stop, False
         self._notify("on_values_begin", split=split, num_prompts=len(rows), num_pending=len(pending))
 
-        started = time.perf_counter()
-        tokens_before = self.rollout_stats["values"]["tokens"]
+        counters = self.run_counters
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         mine = pending[rank::world]
         # Similar lengths in a batch waste less padding.
@@ -174,6 +181,7 @@ class A2POTrainer(BaseTrainer):
             for start in range(0, num_batches * batch_size, batch_size):
                 batch = mine[start:start + batch_size]
                 batch_records = []
+                batch_started, tokens_before = time.perf_counter(), self.rollout_stats["values"]["tokens"]
                 if batch:
                     batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
                     prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
@@ -184,7 +192,7 @@ class A2POTrainer(BaseTrainer):
                     completions, _ = self._decode(completion_ids)
                     n = args.num_value_samples
                     repeated = [row for row in batch_rows for _ in range(n)]
-                    rewards, _ = self._score(repeated, completions)
+                    rewards, _ = self._score(repeated, completions, trainer_state=self._state_before_training())
                     fault_point("values_batch")
                     batch_records = [
                         value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
@@ -194,12 +202,19 @@ class A2POTrainer(BaseTrainer):
                     cache_path.parent.mkdir(parents=True, exist_ok=True)
                     with open(cache_path, "a", encoding="utf-8") as f:
                         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records)
+                # The run's clock: this batch's sampling and scoring (the slowest rank's time, every rank's tokens).
+                spent = torch.tensor([time.perf_counter() - batch_started,
+                                      self.rollout_stats["values"]["tokens"] - tokens_before], dtype=torch.float64)
                 if world > 1:  # the callbacks of every rank (the main one stores them) see every rank's rows
                     batch_records = gather_object(batch_records)
+                    gathered = self.accelerator.gather(spent[None].to(self.accelerator.device)).cpu()
+                    spent = torch.stack([gathered[:, 0].max(), gathered[:, 1].sum()])
+                counters.add_values(split, float(spent[0]), int(spent[1]))
                 new_records.extend(batch_records)
                 done += len(batch_records)
                 bar.update(len(batch_records))
-                self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows))
+                self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows),
+                             seconds=counters.values_seconds[split], completion_tokens=counters.values_tokens[split])
                 self._agree_on_control("should_training_stop")
                 if self.control.should_training_stop:
                     bar.close()
@@ -212,9 +227,11 @@ class A2POTrainer(BaseTrainer):
         table_rows = [records[pid] for pid in dict.fromkeys(ids)]
         table = Dataset.from_list(table_rows)
         summary = summarize(table_rows, args.num_value_samples)
-        summary["runtime"] = round(time.perf_counter() - started, 4)
-        tokens = torch.tensor(self.rollout_stats["values"]["tokens"] - tokens_before, device=self.accelerator.device)
-        summary["completion_tokens"] = int(self.accelerator.gather(tokens[None]).sum() if world > 1 else tokens)
+        if pending:
+            # The split's whole cost so far, earlier starts included; a stage 1 that sampled nothing (every row was
+            # stored) logs no cost, so it never replaces the figures of the start that paid for them.
+            summary["runtime"] = round(counters.values_seconds.get(split, 0.0), 4)
+            summary["completion_tokens"] = counters.values_tokens.get(split, 0)
         self.value_tables[split] = table
         self._notify("on_values_end", split=split, values=table, summary=summary)
         self.log({f"values/{split}/{k}": float(v) for k, v in summary.items()})

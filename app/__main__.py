@@ -142,6 +142,27 @@ def prepare_environment(data_dir: Path) -> None:
     os.environ[DATA_ENV] = str(data_dir)  # worker processes inherit it
 
 
+def dotted_module_problem(item: str) -> str | None:
+    """Why `--reward-module` refuses `item`, a dotted path (`my_lib.rewards.check`), naming the file to give instead;
+    None for a file. This process finds it from its own folder and sys.path, but the workers start in another folder
+    (and on other machines), where it would be unknown."""
+    from a2po.reward_registry import RewardRegistryError, locate_module
+
+    if item.strip().endswith(".py") or os.sep in item:
+        return None
+    module, _, function = item.strip().rpartition(".")
+    named = "(its reward functions register under their own names)"
+    if module:
+        try:
+            named = f"(here: {locate_module(module)}; its reward functions register under their own names, e.g. " \
+                    f"{function})"
+        except RewardRegistryError:
+            pass
+    return ("a dotted path is found from the studio's folder and sys.path, but workers run elsewhere (another "
+            f"folder, other machines) and would not know it. Give the module's .py file instead {named}, or install "
+            "its package with an 'a2po.rewards' entry point.")
+
+
 def register_rewards(modules: list[str]) -> list[str]:
     """Register the `--reward-module` files for the workers, chunks and playground (`A2PO_REWARD_MODULES` in the
     environment they inherit), read without importing them: this process never runs a registered function. A bad
@@ -149,6 +170,10 @@ def register_rewards(modules: list[str]) -> list[str]:
     Returns the registered names."""
     from a2po.reward_registry import RewardRegistryError, read_registry, register_modules
 
+    for item in modules:
+        problem = dotted_module_problem(item)
+        if problem:
+            raise SystemExit(f"A*-PO Studio: --reward-module {item}: {problem}")
     try:
         register_modules(modules)
     except RewardRegistryError as error:

@@ -1,21 +1,16 @@
-"""A*-PO against GRPO on the teaching demo, from the dashboard: for each run seed, "A*-PO vs GRPO" (`/launch_pair`,
-the Launch page's button) with the teaching-demo preset (SmolLM2-135M-Instruct, 2-digit sums, N = G = 8, GRPO's batch
-8 x 8 completions: the same 8 prompts per step), both runs to the end, then each run's held-out accuracy against
-wall time, its final accuracy, the time A*-PO needs to reach GRPO's final accuracy (with its stage 1 and without),
-and peak memory, as the Compare page computes them (`app.web.comparison`).
+"""A*-PO against GRPO on the teaching demo, from the dashboard: "A*-PO vs GRPO" (`/launch_pair`, the Launch page's
+button) with the paper's protocol (both over every prompt, the same prompts per step and the same steps, G = N = 8,
+one grid of held-out evaluations) for run seeds 0, 1, 2 as one study, every run to its end, then what the Compare
+page shows of it (`app.studies.comparison`): each run's held-out accuracy against training time and completion
+tokens, final accuracies, training time with stage 1 and without, tokens, peak memory, the medians, and the median
+time A*-PO needs to reach GRPO's final accuracy less 3 points and GRPO's to reach A*-PO's final accuracy.
 
-    python scripts/compare_methods.py DATA_DIR [--seeds 0 1 2] [--port 7873] [--spec '{"config": {...}}']
-    python scripts/compare_methods.py DATA_DIR --report [--seeds 0 1 2]    # the figures of pairs already run
-    python scripts/compare_methods.py DATA_DIR --follow-ups --seeds 0        # two runs that explain seed 0's pair
+    python scripts/compare_methods.py DATA_DIR [--seeds 0 1 2] [--protocol paper] [--spec '{"dataset": {...}}']
+    python scripts/compare_methods.py DATA_DIR --report [--name duel]    # the figures of the newest study run
 
-`--follow-ups` launches, through `/launch`, two runs beside a finished pair: GRPO's run up to its first evaluation
-after the start, evaluated every 2 steps (where it passes A*-PO's final accuracy; with a constant learning rate its
-steps are the pair's), and A*-PO with `filter_all_incorrect` off (stage 2 over every prompt: as many steps as GRPO).
-
-Starts `python -m app` on DATA_DIR once. The scheduler runs one run at a time on a CPU (a run takes the machine),
-so the two runs of a pair do not share the cores; nothing else should use the CPU meanwhile. Prints one JSON line
-per run, one verdict line per seed, and a Markdown table of the seeds with their medians. Each seed's pair shares
-nothing: a seed is part of V*'s settings, so every A*-PO run samples its own stage 1.
+Starts `python -m app` on DATA_DIR. The scheduler runs one run at a time on a CPU (a run takes the machine), so runs
+do not share the cores; nothing else should use the CPU meanwhile. The runs are stored: `--report` reads a study that
+ran (or is still running) in an earlier session. Holds out 128 prompts unless `--spec` says otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FINISHED = ("finished", "failed", "stopped", "interrupted")
+MARGIN = 0.03  # "reaches GRPO's final accuracy" means within 3 points of it (one evaluation's noise is larger)
 
 
 def wait_finished(client, run_id: int) -> dict:
@@ -38,25 +34,7 @@ def wait_finished(client, run_id: int) -> dict:
         status = client.predict(run_id=run_id, api_name="/status")
         if status["status"] in FINISHED:
             return status
-        time.sleep(2.0)
-
-
-def launch_pairs(data_dir: Path, seeds: list[int], port: int, extra: dict) -> None:
-    """Press "A*-PO vs GRPO" once per seed on a studio serving `data_dir`, and wait for every run to end."""
-    def work(client) -> None:
-        for seed in seeds:
-            spec = {"name": f"duel-seed{seed}", **extra, "config": {**extra.get("config", {}), "seed": seed}}
-            pair = client.predict(spec=spec, api_name="/launch_pair")
-            for method in ("a2po", "grpo"):
-                status = wait_finished(client, pair[method]["run_id"])
-                print(f"seed {seed} {method}: run {pair[method]['run_id']} {status['status']}", flush=True)
-
-    with_studio(data_dir, port, work)
-
-
-def wait_runs(client, run_ids: list[int]) -> None:
-    for run_id in run_ids:
-        print(f"run {run_id}: {wait_finished(client, run_id)['status']}", flush=True)
+        time.sleep(5.0)
 
 
 def with_studio(data_dir: Path, port: int, work) -> None:
@@ -75,134 +53,119 @@ def with_studio(data_dir: Path, port: int, work) -> None:
         app.wait(timeout=60)
 
 
-def follow_up_specs(store, seed: int) -> list[dict]:
-    """GRPO's first stretch evaluated every 2 steps, and A*-PO over every prompt, from seed `seed`'s stored pair."""
-    import copy
+def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protocol: str, extra: dict) -> None:
+    """Press "A*-PO vs GRPO" with `seeds` on a studio serving `data_dir`, and wait for every run to end."""
+    def work(client) -> None:
+        spec = {"name": name, **extra, "dataset": {"eval_size": 128, **extra.get("dataset", {})}}
+        study = client.predict(spec=spec, protocol=protocol, budget_minutes=0.0, seeds=seeds, api_name="/launch_pair")
+        print(f"study {study['study']}: " + ", ".join(f"{m} #{p[m]['run_id']}" for p in study["pairs"]
+                                                      for m in ("a2po", "grpo")), flush=True)
+        for pair in study["pairs"]:
+            for method in ("a2po", "grpo"):
+                status = wait_finished(client, pair[method]["run_id"])
+                print(f"{pair[method]['name']}: run {pair[method]['run_id']} {status['status']}", flush=True)
 
-    runs = {r["name"]: r for r in sorted(store.list_runs(), key=lambda r: r["id"])}
-    a2po, grpo = (runs.get(f"duel-seed{seed}-{m}") for m in ("a2po", "grpo"))
-    if a2po is None or grpo is None:
-        raise SystemExit(f"No pair of seed {seed} in this data folder: run it first (without --follow-ups).")
-    steps = [e["step"] for e in store.get_evaluations(grpo["id"]) if e.get("split", "eval") == "eval"]
-    early = copy.deepcopy(grpo["config"])
-    early["name"] = f"duel-seed{seed}-grpo-early"
-    early["config"].update(max_steps=sorted(steps)[1], eval_steps=2)
-    every = copy.deepcopy(a2po["config"])
-    every["name"] = f"duel-seed{seed}-a2po-every-prompt"
-    every["config"]["filter_all_incorrect"] = False
-    return [early, every]
+    with_studio(data_dir, port, work)
 
 
-def report_follow_ups(store, seed: int) -> None:
-    from app.web import comparison
-    from app.web.common import format_duration as duration
+def newest_study(store, name: str) -> list[dict]:
+    """The runs of the newest study named `name`, by id."""
+    runs = [r for r in store.list_runs() if ((r.get("config") or {}).get("study") or {}).get("name") == name]
+    if not runs:
+        raise SystemExit(f"No study named {name!r} in this data folder: run it first (without --report).")
+    newest = max(runs, key=lambda r: r["id"])["config"]["study"]["id"]
+    return sorted((r for r in runs if r["config"]["study"]["id"] == newest), key=lambda r: r["id"])
 
-    pair = stored_pair(store, seed)
-    for run in sorted(store.list_runs(), key=lambda r: r["id"]):
-        if run["name"] not in (f"duel-seed{seed}-grpo-early", f"duel-seed{seed}-a2po-every-prompt"):
-            continue
-        line = comparison.store_timeline(store, run)
-        print(json.dumps({"name": run["name"], "run_id": run["id"], "status": run["status"],
-                          "stage1_s": round(line.stage1_seconds, 1), "peak_memory_gb": line.peak_memory_gb,
+
+def report(store, name: str) -> None:
+    from app.studies import comparison
+    from app.studies.comparison import format_duration as duration
+
+    runs = newest_study(store, name)
+    timelines = [comparison.store_timeline(store, r) for r in runs]
+    view = comparison.study_view(runs, timelines)
+    tag = runs[0]["config"]["study"]
+    print(f"study {tag['id']} ({tag.get('protocol')} protocol, {tag.get('seeds')} seeds): "
+          + ", ".join(f"#{t.run_id} {t.status}" for t in timelines), flush=True)
+    for run, line in zip(runs, timelines, strict=True):
+        print(json.dumps({"run_id": line.run_id, "name": line.name, "method": line.method,
+                          "seed": comparison.run_seed(run), "status": line.status,
+                          "stage1_s": round(line.stage1_seconds, 1), "stage1_tokens": line.stage1_tokens,
+                          "peak_memory_gb": line.peak_memory_gb,
                           "curve": [(p.step, round(p.seconds, 1), p.tokens, p.accuracy) for p in line.points]}),
               flush=True)
-        if run["name"].endswith("grpo-early") and "a2po" in pair and line.status == "finished":
-            a2po = pair["a2po"]
-            target, mine = a2po.final_accuracy, a2po.first_reaching(a2po.final_accuracy)
-            there = line.first_reaching(target)
-            print(f"seed {seed}: A*-PO first reached its final {100 * target:.1f}% at step {mine.step}, "
-                  f"{duration(mine.seconds + a2po.stage1_seconds)} ({duration(mine.seconds)} without stage 1); GRPO "
-                  + ("did not reach it in its first stretch" if there is None else
-                     f"at step {there.step}, {duration(there.seconds)}") + ".", flush=True)
-
-
-def stored_pair(store, seed: int) -> dict:
-    """The newest runs named as `launch_pairs` names seed `seed`'s pair, by method."""
-    from app.web import comparison
-
-    runs = {}
-    for run in sorted(store.list_runs(), key=lambda r: r["id"]):
-        for method in ("a2po", "grpo"):
-            if run["name"] == f"duel-seed{seed}-{method}":
-                runs[method] = comparison.store_timeline(store, run)
-    return runs
-
-
-def report(store, seeds: list[int]) -> None:
-    from app.web import comparison
-    from app.web.common import format_duration as duration
-
+    seeds: dict[int, dict[str, comparison.Timeline]] = {}
+    for run, line in zip(runs, timelines, strict=True):
+        seeds.setdefault(comparison.run_seed(run), {})[line.method] = line
     rows = []
-    for seed in seeds:
-        pair = stored_pair(store, seed)
-        if set(pair) != {"a2po", "grpo"}:
-            print(f"seed {seed}: no finished pair in this data folder", flush=True)
+    for seed, pair in sorted(seeds.items()):
+        a2po, grpo = pair.get("a2po"), pair.get("grpo")
+        if a2po is None or grpo is None or not a2po.points or not grpo.points:
             continue
-        a2po, grpo = pair["a2po"], pair["grpo"]
-        if a2po.status != "finished" or grpo.status != "finished" or not a2po.points or not grpo.points:
-            print(f"seed {seed}: A*-PO {a2po.status}, GRPO {grpo.status}: left out until both have finished "
-                  "with held-out points", flush=True)
-            continue
-        for method, line in pair.items():
-            print(json.dumps({
-                "seed": seed, "method": method, "run_id": line.run_id, "status": line.status,
-                "final_accuracy": line.final_accuracy, "stage1_s": round(line.stage1_seconds, 1),
-                "stage1_tokens": line.stage1_tokens, "peak_memory_gb": line.peak_memory_gb,
-                "curve": [(p.step, round(p.seconds, 1), p.tokens, p.accuracy) for p in line.points]}), flush=True)
-        print(f"seed {seed}: {comparison.verdict(a2po, grpo)}", flush=True)
-        to_grpo = a2po.first_reaching(grpo.final_accuracy)
+        print(f"seed {seed}: {comparison.verdict(a2po, grpo, margin=MARGIN)}", flush=True)
+        to_grpo = a2po.first_reaching(grpo.final_accuracy - MARGIN)
+        to_grpo_g = grpo.first_reaching(grpo.final_accuracy - MARGIN)
         to_a2po = grpo.first_reaching(a2po.final_accuracy)
-        rows.append({
-            "seed": seed, "a2po_start": a2po.points[0].accuracy, "a2po_final": a2po.final_accuracy,
-            "a2po_s": a2po.points[-1].seconds + a2po.stage1_seconds, "a2po_stage2_s": a2po.points[-1].seconds,
-            "grpo_start": grpo.points[0].accuracy, "grpo_final": grpo.final_accuracy, "grpo_s": grpo.points[-1].seconds,
-            "a2po_to_grpo_final_s": None if to_grpo is None else to_grpo.seconds + a2po.stage1_seconds,
-            "grpo_to_a2po_final_s": None if to_a2po is None else to_a2po.seconds,
-            "a2po_tokens": a2po.points[-1].tokens + a2po.stage1_tokens, "grpo_tokens": grpo.points[-1].tokens,
-            "a2po_rss": a2po.peak_memory_gb, "grpo_rss": grpo.peak_memory_gb})
+        rows.append({"seed": seed, "done": a2po.status == grpo.status == "finished",
+                     "a2po_final": a2po.final_accuracy, "grpo_final": grpo.final_accuracy,
+                     "a2po_s": a2po.seconds_with_stage1, "a2po_stage2_s": a2po.points[-1].seconds,
+                     "grpo_s": grpo.points[-1].seconds,
+                     "a2po_to_grpo": None if to_grpo is None else to_grpo.seconds + a2po.stage1_seconds,
+                     "grpo_to_own": to_grpo_g.seconds, "grpo_to_a2po": None if to_a2po is None else to_a2po.seconds,
+                     "a2po_tokens": a2po.points[-1].tokens + a2po.stage1_tokens, "grpo_tokens": grpo.points[-1].tokens,
+                     "a2po_rss": a2po.peak_memory_gb, "grpo_rss": grpo.peak_memory_gb,
+                     "equal_steps": _at_equal_steps(a2po, grpo)})
     if not rows:
         return
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
     gib = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
     when = lambda v: "not reached" if v is None else duration(v)  # noqa: E731
-    print("\n| seed | A*-PO acc. start → end | A*-PO time (stage 2 alone) | GRPO acc. start → end | GRPO time "
-          "| A*-PO at GRPO's end acc. | GRPO past A*-PO's end acc. by | tokens A*-PO / GRPO "
-          "| peak RSS GB A*-PO / GRPO |")
-    print("| --- " * 9 + "|")
+    print("\n| seed | A*-PO final | GRPO final | A*-PO time (stage 2 alone) | GRPO time | A*-PO to GRPO's final - 3 "
+          "| GRPO to its final - 3 | GRPO to A*-PO's final | tokens A*-PO / GRPO | peak RSS GB A*-PO / GRPO |")
+    print("| --- " * 10 + "|")
     for r in rows:
-        print(f"| {r['seed']} | {pct(r['a2po_start'])} → {pct(r['a2po_final'])} | {duration(r['a2po_s'])} "
-              f"({duration(r['a2po_stage2_s'])}) | {pct(r['grpo_start'])} → {pct(r['grpo_final'])} "
-              f"| {duration(r['grpo_s'])} | {when(r['a2po_to_grpo_final_s'])} | {when(r['grpo_to_a2po_final_s'])} "
+        print(f"| {r['seed']}{'' if r['done'] else ' (unfinished)'} | {pct(r['a2po_final'])} | {pct(r['grpo_final'])} "
+              f"| {duration(r['a2po_s'])} ({duration(r['a2po_stage2_s'])}) | {duration(r['grpo_s'])} "
+              f"| {when(r['a2po_to_grpo'])} | {duration(r['grpo_to_own'])} | {when(r['grpo_to_a2po'])} "
               f"| {r['a2po_tokens']:,} / {r['grpo_tokens']:,} | {gib(r['a2po_rss'])} / {gib(r['grpo_rss'])} |")
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    reached = [r["a2po_to_grpo"] for r in rows if r["a2po_to_grpo"] is not None]
     print(f"\nmedians over {len(rows)} seeds: A*-PO {pct(med('a2po_final'))} in {duration(med('a2po_s'))} "
           f"({duration(med('a2po_stage2_s'))} without stage 1); GRPO {pct(med('grpo_final'))} in "
-          f"{duration(med('grpo_s'))}; A*-PO's whole run / GRPO's: {med('a2po_s') / med('grpo_s'):.2f}x", flush=True)
+          f"{duration(med('grpo_s'))}; A*-PO reached GRPO's final less 3 points in "
+          + (f"{duration(statistics.median(reached))} ({len(reached)} of {len(rows)} seeds), "
+             f"{statistics.median(reached) / med('grpo_to_own'):.2f}x GRPO's {duration(med('grpo_to_own'))}"
+             if reached else "no seed") + "; at equal steps, A*-PO minus GRPO (median over the grid): "
+          f"{100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points", flush=True)
+    if view.medians:
+        a2po, grpo = view.pair()
+        print(f"\nverdict on the medians: {comparison.verdict(a2po, grpo, margin=MARGIN)}", flush=True)
+
+
+def _at_equal_steps(a2po, grpo) -> list[float]:
+    """A*-PO's accuracy minus GRPO's at each step both were evaluated at (the step-0 point left out)."""
+    theirs = {p.step: p.accuracy for p in grpo.points}
+    return [p.accuracy - theirs[p.step] for p in a2po.points if p.step and p.step in theirs]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--name", default="duel")
+    parser.add_argument("--protocol", default="paper", choices=("paper", "trl", "time"))
     parser.add_argument("--port", type=int, default=7873)
-    parser.add_argument("--spec", default="{}", help="JSON merged into each pair's A*-PO spec (the teaching demo's)")
-    parser.add_argument("--report", action="store_true", help="only report the pairs already in DATA_DIR")
-    parser.add_argument("--follow-ups", action="store_true", help="launch the two follow-up runs of each seed")
+    parser.add_argument("--spec", default="{}", help="JSON merged into the pair's A*-PO spec (the teaching demo's)")
+    parser.add_argument("--report", action="store_true", help="only report the newest study already in DATA_DIR")
     options = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
     from storage import Store
 
-    store = Store(options.data_dir / "studio.db")
-    if options.follow_ups:
-        specs = [spec for seed in options.seeds for spec in follow_up_specs(store, seed)]
-        with_studio(options.data_dir, options.port, lambda client: wait_runs(
-            client, [client.predict(spec=spec, api_name="/launch")["run_id"] for spec in specs]))
-    elif not options.report:
-        launch_pairs(options.data_dir, options.seeds, options.port, json.loads(options.spec))
-    report(store, options.seeds)
-    for seed in options.seeds:
-        report_follow_ups(store, seed)
+    if not options.report:
+        launch_study(options.data_dir, options.port, options.name, options.seeds, options.protocol,
+                     json.loads(options.spec))
+    report(Store(options.data_dir / "studio.db"), options.name)
 
 
 if __name__ == "__main__":

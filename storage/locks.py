@@ -5,7 +5,9 @@
 - `AdvisoryLock`, for a PostgreSQL database: a session-level advisory lock on a connection of its own, which goes
   with that connection, so a studio that dies (even by SIGKILL) never leaves it behind.
 
-Both raise `error` with a message naming who holds the lock and `hint` (what to do instead).
+Both raise `error` with a message naming who holds the lock and `hint` (what to do instead). `check()` says whether
+the lock is still held: an advisory lock is lost with its connection when the server restarts (and another studio may
+take it then), so its holder checks before acting on it and takes it again with `acquire()`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ class StudioLock(ABC):
         if self._holding is not None:
             holding, self._holding = self._holding, None
             self._give_back(holding)
+
+    def check(self) -> bool:
+        """Whether the lock is still held. One found lost is let go of, so that `acquire()` can take it again."""
+        if self._holding is not None and not self._still_held(self._holding):
+            self.release()
+        return self.held
+
+    def _still_held(self, holding: Any) -> bool:
+        return True  # a `flock` lasts as long as its process
 
     @abstractmethod
     def _take(self, owner: dict[str, Any]) -> Any: ...
@@ -103,7 +114,11 @@ class AdvisoryLock(StudioLock):
     def _take(self, owner: dict[str, Any]) -> tuple[Engine, Connection]:
         label = " ".join(["a2po-studio", socket.gethostname(), f"pid {os.getpid()}", *map(str, owner.values())])
         name = label.encode()[:63].decode(errors="ignore")  # NAMEDATALEN: PostgreSQL keeps 63 bytes of it
-        engine = create_engine(self.url, poolclass=NullPool, connect_args={"application_name": name})
+        # Keepalives: a server that vanished without closing the connection (a network cut) is noticed by `check()`
+        # in seconds rather than the kernel's hours.
+        engine = create_engine(self.url, poolclass=NullPool, connect_args={
+            "application_name": name, "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
+            "keepalives_interval": 5, "keepalives_count": 3})
         connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
             if connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": self.key}).scalar():
@@ -125,6 +140,15 @@ class AdvisoryLock(StudioLock):
         database = self.url.render_as_string(hide_password=True) if hasattr(self.url, "render_as_string") \
             else str(self.url)
         raise self.error(f"Another A*-PO Studio is already serving the database {database} ({who}). {self.hint}")
+
+    def _still_held(self, holding: tuple[Engine, Connection]) -> bool:
+        try:
+            return bool(holding[1].execute(text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() "
+                "AND classid = :high AND objid = :low"),
+                {"high": (self.key >> 32) & 0xFFFFFFFF, "low": self.key & 0xFFFFFFFF}).scalar())
+        except Exception:  # noqa: BLE001 - a connection that fails (the server restarted) took the lock with it
+            return False
 
     def _give_back(self, holding: tuple[Engine, Connection]) -> None:
         engine, connection = holding

@@ -25,6 +25,12 @@ stamped at `0001`, whose schema it has, and brought to `HEAD`. Every file at `HE
 USER_VERSION`: 6 since revision 0003 renamed two columns, so a studio of before Alembic refuses it instead of
 writing columns it does not know; a later revision that renames or drops columns raises `USER_VERSION`.
 
+Every upgrade of a database that has tables says in the log which revisions it applied; on a SQLite file it first
+keeps a copy beside it, `studio.db.<revision>.bak` (the revision it had; `0001` for a file of before Alembic), with
+SQLite's online backup, taken under the migration's write lock so it is exactly the file the revisions change. A
+server is backed up with its own tools (docs/cluster.md). A revision's downgrade gives back the schema it changed,
+or refuses, changing nothing, where that would lose data (0004 with GRPO samples).
+
 Steps are plain SQL written for the schema they start from, never generated from today's ORM classes (which
 will have moved on by the time an old file is opened); so are revisions. `tests/test_storage_migrations.py` checks
 that a migrated file and a new one have the same tables, columns and indexes, and that the revisions give exactly
@@ -34,6 +40,7 @@ the schema `storage.models` describes on both dialects.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import sqlite3
@@ -56,6 +63,8 @@ REVISIONS = Path(__file__).parent / "revisions"
 BUSY_TIMEOUT_S = 30.0
 # Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
 SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
+
+logger = logging.getLogger("storage.migrations")
 
 
 class SchemaTooNew(RuntimeError):
@@ -424,8 +433,7 @@ def ensure_schema(conn: Connection) -> str | None:
             raise NotAStudio(f"{_describe(conn)} has a table 'runs' but no alembic_version: it is not a studio "
                              "database this studio knows. Give an empty database (or a SQLite studio.db); to "
                              "bring a SQLite studio to a server, use python -m storage.move.")
-        _alembic(conn, "stamp", BASELINE)
-        _upgrade_to_head(conn)  # the revisions after the baseline
+        _upgrade_to_head(conn, BASELINE, stamp=True)  # the revisions after the baseline
         return None
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
@@ -436,11 +444,45 @@ def ensure_schema(conn: Connection) -> str | None:
         raise SchemaTooNew(f"{_describe(conn)} has schema revision {found!r}, which this A*-PO Studio does not "
                            f"know (its newest is {HEAD!r}): it was written by a newer studio. Upgrade the studio, "
                            "or use another database; nothing was changed.") from None
-    _upgrade_to_head(conn)
+    _upgrade_to_head(conn, found)
     return found
 
 
-def _upgrade_to_head(conn: Connection) -> None:
+def _upgrade_to_head(conn: Connection, found: str | None = None, stamp: bool = False) -> None:
+    """Apply the revisions after `found` (None: all, on an empty database; `stamp`: first record `found`, the
+    schema the database already has), keeping a copy of a SQLite file that has tables first."""
+    copy = backup_copy(conn, found) if found is not None and conn.dialect.name == "sqlite" else None
+    if stamp:
+        _alembic(conn, "stamp", found)
     _alembic(conn, "upgrade", "head")
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(f"PRAGMA user_version = {USER_VERSION}")  # see `USER_VERSION`
+    applied = ", ".join(pending(found))
+    if found is None:
+        logger.info("Created the studio's tables in %s (revisions %s).", _describe(conn), applied)
+    else:
+        logger.warning("Upgraded the studio database %s from revision %s to %s: applied %s%s.", _describe(conn),
+                       found, HEAD, applied, f"; its copy from before is {copy}" if copy else "")
+
+
+def pending(found: str | None) -> list[str]:
+    """The revisions an upgrade from `found` (None: an empty database) to `HEAD` applies, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_config())
+    return [r.revision for r in reversed(list(script.iterate_revisions(HEAD, found or "base")))]
+
+
+def backup_copy(conn: Connection, revision: str) -> Path:
+    """Copy the SQLite file of `conn` to `<file>.<revision>.bak` beside it (SQLite's online backup). Read through
+    a connection of its own: the caller's transaction holds the write lock, so nobody changes the file meanwhile
+    and the copy is the file as it is before the caller's changes."""
+    path = Path(conn.engine.url.database)
+    target = path.with_name(f"{path.name}.{revision}.bak")
+    source, copy = _connect(path), sqlite3.connect(target)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+        source.close()
+    return target

@@ -206,16 +206,16 @@ class Admission:
     per_owner: int | None = None
     owner_statuses: tuple[str, ...] = lifecycle.UNFINISHED
 
-    def check(self, session: Session, owner: str | None) -> None:
-        """Raise `LimitReached` if one more run would exceed a limit (inside the inserting transaction)."""
+    def check(self, session: Session, owner: str | None, count: int = 1) -> None:
+        """Raise `LimitReached` if `count` more runs would exceed a limit (inside the inserting transaction)."""
         if self.queue_size is not None:
             queued = session.scalar(select(func.count()).select_from(Run).where(Run.status == lifecycle.QUEUED))
-            if queued >= self.queue_size:
+            if queued + count > self.queue_size:
                 raise LimitReached("queue", queued, self.queue_size)
         if self.per_owner is not None and owner is not None:
             mine = session.scalar(select(func.count()).select_from(Run).where(
                 Run.owner == owner, Run.status.in_(self.owner_statuses)))
-            if mine >= self.per_owner:
+            if mine + count > self.per_owner:
                 raise LimitReached("owner", mine, self.per_owner)
 
 
@@ -330,6 +330,12 @@ class Store:
             s.add(run)
             s.flush()
             return run.id
+
+    def check_admission(self, admission: Admission, owner: str | None, count: int) -> None:
+        """Raise `LimitReached` if `count` more runs would not fit in `admission`'s limits now: a study's runs are
+        refused whole before any is queued (each is counted again when it is inserted)."""
+        with self._read() as s:
+            admission.check(s, owner, count)
 
     def get_run(self, run_id: int) -> dict[str, Any] | None:
         with self._read() as s:
@@ -521,6 +527,33 @@ class Store:
         stmt = select(LatestMetric.name, LatestMetric.step, LatestMetric.value).where(LatestMetric.run_id == run_id)
         with self._read() as s:
             return {name: {"step": step, "value": value} for name, step, value in s.execute(stmt)}
+
+    def run_clocks(self, run_ids: Iterable[int]) -> dict[int, dict[str, float]]:
+        """Each run's clock as its trainer last logged it (`a2po.callbacks.RunCounters`): `train_seconds`,
+        `eval_seconds`, the stage-1 `values/<split>/runtime`, and `step` (where `train_seconds` was logged) with the
+        `epoch` there, by run id, in one read; a run with none is left out."""
+        ids = [int(i) for i in run_ids]
+        if not ids:
+            return {}
+        stmt = select(LatestMetric.run_id, LatestMetric.name, LatestMetric.step, LatestMetric.value).where(
+            LatestMetric.run_id.in_(ids), or_(LatestMetric.name.in_(("train_seconds", "eval_seconds", "epoch")),
+                                              LatestMetric.name.like("values/%/runtime")))
+        clocks: dict[int, dict[str, float]] = {}
+        epochs: dict[int, tuple[int, float]] = {}
+        with self._read() as s:
+            for run_id, name, step, value in s.execute(stmt):
+                if value is None:
+                    continue
+                if name == "epoch":
+                    epochs[run_id] = (step, float(value))
+                    continue
+                clocks.setdefault(run_id, {})[name] = float(value)
+                if name == "train_seconds":
+                    clocks[run_id]["step"] = float(step)
+        for run_id, (step, epoch) in epochs.items():
+            if run_id in clocks and clocks[run_id].get("step") == step:
+                clocks[run_id]["epoch"] = epoch
+        return clocks
 
     def get_metrics(self, run_id: int, after_id: int = 0, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Metric rows (id, step, name, value, created_at) with id > `after_id`, oldest first.

@@ -28,9 +28,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
+def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict | None = None,
+              timeout: float = 120) -> subprocess.Popen:
     """`python -m app` on `port` (with more `args`, started in `cwd`, with `env` added to the environment),
-    offline, logging to data_dir/app.log; returns once it answers HTTP."""
+    offline, logging to data_dir/app.log; returns once it answers HTTP (within `timeout` seconds)."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **(env or {}))
     # This tree's packages first (the venv may hold an editable install of another checkout), then the caller's.
@@ -39,7 +40,7 @@ def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir), *args],
                             cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"The app exited: {(data_dir / 'app.log').read_text()[-3000:]}")
@@ -50,7 +51,7 @@ def start_app(data_dir: Path, port: int, *args: str, cwd: Path = ROOT, env: dict
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise TimeoutError("The app did not answer within 120 s.")
+    raise TimeoutError(f"The app did not answer within {timeout:.0f} s.")
 
 
 def stop_app(proc: subprocess.Popen) -> None:
@@ -105,6 +106,13 @@ def test_launch_status_list_and_metrics(client, tiny_model_dir):
     assert status["values"]["complete"] and status["values"]["num_prompts"] == 12  # 8 train + 4 eval prompts
     assert "loss" in status["latest_metrics"] and status["latest_metrics"]["loss"]["step"] == 2
     assert status["spec"]["config"]["max_steps"] == 2
+    # The run's own clock: stage 1 and 2 steps measured, nothing left.
+    clock = status["clock"]
+    assert clock["stage1_seconds"] > 0 and clock["train_seconds"] > 0 and clock["eval_seconds"] > 0
+    assert clock["training_seconds"] < clock["stage1_seconds"] + clock["train_seconds"]  # the held-out split is out
+    assert clock["remaining_seconds"] == 0
+    listed = next(r for r in client.predict(api_name="/list_runs") if r["id"] == run_id)
+    assert listed["clock"] == {**clock, "remaining_seconds": 0}
 
     rows = client.predict(run_id=run_id, after_id=0, api_name="/metrics")
     assert {"loss", "reward", "eval_accuracy"} <= {r["name"] for r in rows}

@@ -1,7 +1,7 @@
-""""A*-PO vs GRPO" in a real headless Chromium: the pair launched from the Launch page with the tiny model, both
-runs finished, and the Compare page's plotted series read back from the page (Plotly's own `data` of the drawn
-figure): each run's held-out accuracy against wall time has points, in increasing time. Real `python -m app`,
-real workers."""
+""""A*-PO vs GRPO" in a real headless Chromium: a 2-seed study with the paper's protocol launched from the Launch page
+with the tiny model, its four runs finished, and the Compare page read back: the plotted series (Plotly's own `data`
+of the drawn figure: each run's and each method's median held-out accuracy against training time, with the seeds'
+range), the per-seed table and the verdict on the medians. Real `python -m app`, real workers."""
 
 from __future__ import annotations
 
@@ -19,8 +19,13 @@ from tests.test_app_api import free_port, start_app, stop_app
 
 READ_SERIES = """(id) => {
     const plot = document.querySelector(`#${id} .js-plotly-plot`);
-    return plot ? plot.data.map(t => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y)})) : null;
+    return plot ? plot.data.map(t => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y), meta: t.meta || {}}))
+                : null;
 }"""
+# Gradio's Dataframe is a virtual table: its rows are the elements with an aria-rowindex (1: the header).
+READ_TABLE = """(id) => Array.from(document.querySelectorAll(`#${id} [role=row][aria-rowindex]`))
+    .map(row => Array.from(row.querySelectorAll('[role=gridcell], [role=columnheader]'))
+        .map(cell => cell.innerText.trim()))"""
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def studio(tmp_path_factory, tiny_model_dir) -> Iterator[tuple[str, Path]]:
         stop_app(proc)
 
 
-def test_launch_the_pair_and_read_the_compare_curves_back(studio, tiny_model_dir):
+def test_launch_a_two_seed_pair_and_read_the_medians_back(studio, tiny_model_dir):
     url, data_dir = studio
     expect = playwright.expect
     with playwright.sync_playwright() as p:
@@ -53,7 +58,7 @@ def test_launch_the_pair_and_read_the_compare_curves_back(studio, tiny_model_dir
             page.locator("#field-method").get_by_text("A*-PO (stage 1", exact=False).click()
             expect(page.locator("#field-num_value_samples")).to_be_visible()
 
-            # A tiny pair: 12 + 4 prompts, N = G = 2, 4 steps of 2 prompts, held-out accuracy at every step.
+            # A tiny pair: 12 + 4 prompts, N = G = 2, 4 steps of 2 prompts; two run seeds.
             set_field(page, "field-model", tiny_model_dir)
             set_field(page, "field-name", "duel")
             set_field(page, "field-num_prompts", "12")
@@ -64,45 +69,68 @@ def test_launch_the_pair_and_read_the_compare_curves_back(studio, tiny_model_dir
             set_field(page, "field-per_device_train_batch_size", "2")
             page.get_by_text("Advanced", exact=True).click()
             page.locator("#field-use_cpu input[type=checkbox]").check()
-            # A random-init model solves nothing: keep every prompt instead of filtering them all out.
-            page.locator("#field-filter_all_incorrect input[type=checkbox]").uncheck()
+            set_field(page, "field-seeds", "0, 1")
+            # The paper's protocol is the default, and the page says what it does.
+            expect(page.locator("#pair-protocol-note")).to_contain_text("filter_all_incorrect off")
             page.locator("#action-pair").click()
             expect(page.locator("#launch-status")).to_contain_text("Started A*-PO vs GRPO")
             status = page.locator("#launch-status").inner_text()
             store = Store(data_dir / "studio.db")
-            runs = {(r["config"].get("method") or "a2po"): r for r in store.list_runs() if r["name"].startswith("duel")}
-            assert set(runs) == {"a2po", "grpo"} and f"#{runs['grpo']['id']}" in status, status
-            grpo_config = runs["grpo"]["config"]["config"]
-            assert grpo_config["num_generations"] == 2 and grpo_config["per_device_train_batch_size"] == 4
+            runs = [r for r in store.list_runs() if r["name"].startswith("duel")]
+            assert sorted(r["name"] for r in runs) == ["duel-a2po-s0", "duel-a2po-s1", "duel-grpo-s0", "duel-grpo-s1"]
+            assert all(f"#{r['id']}" in status for r in runs), status
+            assert len({r["config"]["study"]["id"] for r in runs}) == 1
+            for run in runs:
+                config = run["config"]["config"]
+                assert config["eval_steps"] == 1 and config["seed"] == run["config"]["study"]["seed"]
+                if run["config"].get("method") == "grpo":
+                    assert config["num_generations"] == 2 and config["per_device_train_batch_size"] == 4
+                else:
+                    assert config["filter_all_incorrect"] is False  # the paper's protocol
 
             def finished() -> bool:
-                states = [store.get_run(r["id"])["status"] for r in runs.values()]
-                assert "failed" not in states, [store.get_run(r["id"])["error"] for r in runs.values()]
+                states = [store.get_run(r["id"])["status"] for r in runs]
+                assert "failed" not in states, [store.get_run(r["id"])["error"] for r in runs]
                 return all(s == "finished" for s in states)
 
-            wait_for(finished, 300, "both runs of the pair to finish")
+            wait_for(finished, 400, "the study's four runs to finish")
 
             open_tab(page, "Compare")
             page.locator("#compare-refresh").click()
-            # A random tiny model learns nothing: the verdict says so rather than "reached 0% in 0s".
-            expect(page.locator("#compare-verdict")).to_contain_text(re.compile("GRPO took|did not rise"))
+            expect(page.locator("#compare-protocol")).to_contain_text("The paper's protocol")
+            # A random tiny model learns little: whatever it says, the verdict reads the medians of the 2 seeds.
+            expect(page.locator("#compare-verdict")).to_contain_text("Medians of 2 seeds")
             wait_for(lambda: page.evaluate(READ_SERIES, "compare-time"), 60, "the accuracy-against-time plot")
             traces = page.evaluate(READ_SERIES, "compare-time")
-            by_name = {t["name"]: t for t in traces}
-            a2po = next(t for n, t in by_name.items() if "duel-a2po" in n and n.endswith("with stage 1"))
-            grpo = next(t for n, t in by_name.items() if "duel-grpo" in n)
-            for trace in (a2po, grpo):
-                # Step 0 and steps 1-4 (eval_steps set by the pair: every 1/5 of the run).
+            curves = [t for t in traces if "band" not in t["meta"]]
+            medians = {t["name"]: t for t in curves if t["meta"].get("median")}
+            assert set(medians) == {"A*-PO median of 2 with stage 1", "A*-PO median of 2 without stage 1",
+                                    "GRPO median of 2"}, list(medians)
+            per_run = [t for t in curves if not t["meta"].get("median") and t["meta"].get("stage1")]
+            assert len(per_run) == 4
+            for trace in [*medians.values(), *per_run]:
+                # Step 0 and steps 1-4: one evaluation grid, every step.
                 assert len(trace["x"]) == 5 and len(trace["y"]) == 5, trace
-                assert all(b > a for a, b in zip(trace["x"], trace["x"][1:], strict=False)), trace
+                assert all(b >= a for a, b in zip(trace["x"], trace["x"][1:], strict=False)), trace
                 assert all(0.0 <= y <= 1.0 for y in trace["y"]), trace
+            # The median of two seeds is their mean, point by point; the band spans them.
+            grpo_runs = [t for t in per_run if t["meta"]["method"] == "grpo"]
+            for i, y in enumerate(medians["GRPO median of 2"]["y"]):
+                assert y == pytest.approx((grpo_runs[0]["y"][i] + grpo_runs[1]["y"][i]) / 2)
+            assert len([t for t in traces if t["meta"].get("band")]) == 4  # low and high per method
             # Tokens: GRPO samples G = 2 completions per prompt per step, A*-PO one.
             tokens = {t["name"]: t for t in page.evaluate(READ_SERIES, "compare-tokens")}
-            a2po_tokens = next(t for n, t in tokens.items() if "duel-a2po" in n and n.endswith("without stage 1"))
-            grpo_tokens = next(t for n, t in tokens.items() if "duel-grpo" in n)
-            assert a2po_tokens["x"][0] == grpo_tokens["x"][0] == 0 and grpo_tokens["x"][-1] > a2po_tokens["x"][-1]
-            memory = page.evaluate(READ_SERIES, "compare-memory")
-            assert len(memory) == 1 and len(memory[0]["y"]) == 2 and all(y > 0 for y in memory[0]["y"])
+            assert (tokens["GRPO median of 2"]["x"][-1] > tokens["A*-PO median of 2 without stage 1"]["x"][-1] > 0)
+            steps = page.evaluate(READ_SERIES, "compare-steps")
+            assert any(t["x"] == [0, 1, 2, 3, 4] for t in steps)
+            # The table: one row per run with its seed, and a median row per method with the seeds' range.
+            table = page.evaluate(READ_TABLE, "compare-seeds")
+            header, body = table[0], table[1:]
+            assert header[:4] == ["method", "seed", "run", "status"] and "final accuracy" in header
+            assert [(r[0], r[1]) for r in body] == [("A*-PO", "0"), ("A*-PO", "1"), ("A*-PO", "median"),
+                                                    ("GRPO", "0"), ("GRPO", "1"), ("GRPO", "median")]
+            final = header.index("final accuracy")
+            assert re.fullmatch(r"\d+% \(\d+%–\d+%\)", body[2][final]), body[2]
             shoot(page, "compare")
 
             open_tab(page, "Explain")

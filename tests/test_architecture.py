@@ -13,9 +13,10 @@ ALLOWED = {
     "a2po": set(),
     "storage": {"a2po.answers", "a2po.names"},
     "app.runtime": {"a2po", "storage", "app.access.policy"},
-    "app.access": {"a2po", "storage"},
-    "app.web": {"a2po", "storage", "app.access", "app.runtime"},
-    "app": {"a2po", "storage", "app.access", "app.runtime", "app.web"},
+    "app.studies": {"a2po", "storage"},
+    "app.access": {"a2po", "storage", "app.studies"},
+    "app.web": {"a2po", "storage", "app.access", "app.runtime", "app.studies"},
+    "app": {"a2po", "storage", "app.access", "app.runtime", "app.web", "app.studies"},
     "benchmarks": {"a2po", "storage", "app"},
 }
 
@@ -46,7 +47,7 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 
 def room(module: str) -> str:
     parts = module.split(".")
-    if parts[0] == "app" and len(parts) > 1 and parts[1] in ("runtime", "access", "web"):
+    if parts[0] == "app" and len(parts) > 1 and parts[1] in ("runtime", "access", "web", "studies"):
         return f"app.{parts[1]}"
     return parts[0]
 

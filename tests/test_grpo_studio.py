@@ -157,13 +157,27 @@ def test_a_grpo_run_and_a_pair_through_the_api(tmp_path, tiny_model_dir):
         one, two = first["config"], second["config"]
         assert one.get("method", "a2po") == "a2po" and two["method"] == "grpo"
         assert (first["name"], second["name"]) == ("pair-a2po", "pair-grpo")
+        assert pair["protocol"] == "paper" and one["study"]["id"] == two["study"]["id"] == pair["study"]
         assert two["config"]["num_generations"] == 4 and two["config"]["per_device_train_batch_size"] == 8
         for key in ("learning_rate", "lr_scheduler_type", "max_steps", "num_train_epochs", "max_completion_length",
                     "eval_steps", "seed", "temperature"):
             assert one["config"][key] == two["config"][key], key
-        assert one["config"]["eval_steps"] == 0.2  # every fifth of each run: points between the ends
+        assert one["config"]["eval_steps"] == 1  # 2 steps, 8 points at most: every step, one grid for both
+        # Only an A*-PO spec makes a pair, and G = N needs N >= 2: each refused with what to change.
+        with pytest.raises(Exception, match="starts from an A\\*-PO spec"):
+            client.predict(spec={**a2po, "method": "grpo"}, api_name="/launch_pair")
+        with pytest.raises(Exception, match="N \\(num_value_samples\\) >= 2"):
+            client.predict(spec={**a2po, "config": {**a2po["config"], "num_value_samples": 1}},
+                           api_name="/launch_pair")
         assert one["model"] == two["model"] and one["dataset"] == two["dataset"] and one["rewards"] == two["rewards"]
         for run in (first, second):
+            client.predict(run_id=run["id"], api_name="/delete")
+        # Seeds: one run per seed, as one study.
+        seeded = client.predict(spec={**a2po, "name": "seeded"}, seeds=[3, 4], api_name="/launch")
+        runs = [store.get_run(i) for i in seeded["run_ids"]]
+        assert [(r["name"], r["config"]["config"]["seed"]) for r in runs] == [("seeded-s3", 3), ("seeded-s4", 4)]
+        assert {r["config"]["study"]["id"] for r in runs} == {seeded["study"]}
+        for run in runs:
             client.predict(run_id=run["id"], api_name="/delete")
     finally:
         stop_app(proc)
@@ -183,7 +197,7 @@ def test_a_pair_is_launched_whole_or_not_at_all(tmp_path, tiny_model_dir):
     services = Services(store, jobs, tmp_path, policy=policy)
     spec = {"name": "pair", "model": tiny_model_dir, "config": {"max_steps": 2, "use_cpu": True}}
     try:
-        with pytest.raises(Refused, match="The queue is full.*none was started"):
+        with pytest.raises(Refused, match="This study asks for 2 runs, and the queue holds 1 more.*none was started"):
             services.launch_pair(spec, LOCAL_USER)
         assert store.list_runs() == []
         # G = N: the limit on N bounds the GRPO run's G too; nothing is queued.

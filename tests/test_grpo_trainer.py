@@ -205,7 +205,8 @@ def test_a_nonfinite_loss_is_counted_in_the_logs(tmp_path, tiny_model_dir):
 
     def nan_on_second_step(completions, **kw):
         calls.append(1)
-        return [math.nan if len(calls) == 2 else float(i % 2) for i in range(len(completions))]
+        # inf, not NaN: a NaN reward means "not scored", as in TRL (tests/test_reward_calls.py)
+        return [math.inf if len(calls) == 2 else float(i % 2) for i in range(len(completions))]
 
     trainer = GRPOTrainer(tiny_model_dir, nan_on_second_step, args=config(tmp_path, max_steps=3),
                           train_dataset=prompts(8))

@@ -60,3 +60,28 @@ def test_parallel_launches_stay_within_the_queue_size(tmp_path):
     assert all("The queue is full" in message and "the limit is 2 runs in the queue" in message
                for message in refused)
     assert len(studio.store.list_runs(status="queued")) == 2
+
+
+def test_a_study_over_a_users_limit_is_refused_whole_before_anything_is_queued(tmp_path):
+    studio = services(tmp_path, queued_per_user=2)
+    ann = studio.auth.identify(token=studio.auth.login("ann", "pw"))
+    try:
+        studio.launch_seeds({"preset": "quick-look"}, ann, [0, 1, 2])
+    except Refused as error:
+        assert "This study asks for 3 runs, and you may have 2 more (0 of the limit of 2" in str(error), error
+    else:
+        raise AssertionError("a 3-run study was queued for a user allowed 2 runs")
+    assert studio.store.list_runs() == []
+    studio.launch({"preset": "quick-look"}, ann)
+    try:
+        studio.launch_seeds({"preset": "quick-look"}, ann, "0, 1")
+    except Refused as error:
+        assert "asks for 2 runs, and you may have 1 more" in str(error), error
+    else:
+        raise AssertionError("a 2-run study was queued beside a run for a user allowed 2 runs")
+    assert len(studio.store.list_runs()) == 1
+    ids = studio.launch_seeds({"preset": "quick-look"}, studio.auth.identify(token=studio.auth.login("bob", "pw")),
+                              [5, 6])
+    runs = [studio.store.get_run(i) for i in ids]
+    assert [r["config"]["config"]["seed"] for r in runs] == [5, 6] and runs[0]["owner"] == "bob"
+    studio.jobs.close()

@@ -73,7 +73,8 @@ def test_a_ray_run_equals_a_local_run(ray_cluster, postgres_server, tmp_path, ti
     db = postgres_server.create_database()
     app, client = ray_app(tmp_path / "studio", db, tiny_model_dir)
     try:
-        assert client.predict(api_name="/limits")["runs_go_to"]["backend"] == "ray"
+        where = client.predict(api_name="/limits")["runs_go_to"]
+        assert where["backend"] == "ray" and "address" not in where  # the operator's alone (docs/security.md)
         assert "Ray cluster at http://127.0.0.1:8265" in (tmp_path / "studio" / "app.log").read_text()
         run_id = client.predict(spec=durable_spec(tiny_model_dir, "on-ray"), api_name="/launch")["run_id"]
         store = Store(db)
@@ -81,6 +82,7 @@ def test_a_ray_run_equals_a_local_run(ray_cluster, postgres_server, tmp_path, ti
         assert run["status"] == "finished", run["error"]
         wait_for(lambda: job_status(run["ray_job_id"]) == "SUCCEEDED", 30, "the job to succeed")
         assert_same_run(record(store, run_id), reference)
+        assert not any("8265" in r["message"] for r in store.get_logs(run_id))
     finally:
         stop_app(app)
 

@@ -304,3 +304,40 @@ def test_cli_trains_with_a_dotted_reward_path(tmp_path, tiny_model_dir, marker):
     result = cli(["train", "--model", tiny_model_dir, "--reward", "my_lib.checks.missing", *TINY_RUN], tmp_path,
                  MARKER=str(marker), PYTHONPATH=str(site))
     assert result.returncode != 0 and "defines no 'missing'" in result.stderr
+
+
+TASK_REWARDS = '''
+import os
+
+with open(os.environ["MARKER"], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")
+
+
+def check_even(completions, task, trainer_state, **kwargs):
+    """1.0 on task "even" before training (a curriculum reward: `trainer_state` is required); None elsewhere."""
+    return [float(trainer_state.global_step == 0) if t == "even" else None for t in task]
+
+
+def check_odd(completions, task, **kwargs):
+    """0.5 on task "odd"; None elsewhere."""
+    return [0.5 if t == "odd" else None for t in task]
+'''
+
+
+def test_multitask_rewards_that_read_trainer_state_score_outside_the_trainer(tmp_path, marker, monkeypatch):
+    """"Try the reward" and the playground call rewards as stage 1 does: `trainer_state` (before training), None
+    skipped in the weighted sum; a completion no function scores is named with its task in "Try the reward"."""
+    from app.runtime.model_server import score_rows, weighted_rewards
+    from app.web.forms import reward_columns
+
+    monkeypatch.setenv(MODULES_ENV, str(write(tmp_path / "task_rewards.py", TASK_REWARDS)))
+    assert reward_columns("check_even") == ["task"]  # not a dataset column the form would ask for
+    rows = [{"prompt": "1 + 1 =", "task": "even"}, {"prompt": [{"role": "user", "content": "1 + 2 ="}], "task": "odd"}]
+    both = [{"name": "check_even", "weight": 1.0}, {"name": "check_odd", "weight": 2.0}]
+    assert score_rows(both, rows, ["2", "3"]) == [1.0, 1.0]  # 1 * 1.0 on the first row, 2 * 0.5 on the second
+    only_even = [{"name": "check_even", "weight": 1.0}]
+    assert weighted_rewards(only_even, rows, ["2", "3"]) == [1.0, None]
+    assert get_reward_function("check_odd")(completions=["2", "3"], task=["even", "odd"]) == [None, 0.5]
+    with pytest.raises(ValueError, match=r"All reward functions \(check_even\) returned None for 1 of 2 completions "
+                                         r"of task 'odd': no reward scores them"):
+        score_rows(only_even, rows, ["2", "3"])

@@ -320,3 +320,105 @@ def test_two_processes_create_one_schema_at_once(store_url):
     store = Store(store_url)
     assert _revision(store) == [migrations.HEAD]
     store.close()
+
+
+# ---------------------------------------------------------------------------------------------------- upgrades
+# Between revisions: a copy of a SQLite file first, the revisions applied in the log; a downgrade gives back what it
+# removed or refuses.
+
+
+def _to_revision(url: str, revision: str, chain_file: Path | None = None) -> None:
+    """Bring a database to `revision` only, as a studio of that revision leaves it: an empty one, or (`chain_file`)
+    the schema-3 fixture migrated by the chain and stamped at the baseline first."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        if chain_file is not None:
+            migrations.upgrade(chain_file, backup=False)
+            migrations._alembic(conn, "stamp", migrations.BASELINE)
+        migrations._alembic(conn, "upgrade", revision)
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql(f"PRAGMA user_version = {migrations.USER_VERSION}")
+    engine.dispose()
+
+
+def test_an_upgrade_between_revisions_keeps_a_copy_first(tmp_path, caplog):
+    path = tmp_path / "studio.db"
+    shutil.copy(FIXTURE_V3, path)
+    _to_revision(f"sqlite:///{path}", "0003", chain_file=path)
+    before = table_rows(path)
+    assert before["alembic_version"] == [{"version_num": "0003"}] and before["samples"]
+    with caplog.at_level("INFO", "storage.migrations"):
+        store = Store(path)
+    assert _revision(store) == [migrations.HEAD]
+    copy = path.with_name("studio.db.0003.bak")
+    assert table_rows(copy) == before  # the old file, readable, as it was
+    said = [r.getMessage() for r in caplog.records if r.name == "storage.migrations"]
+    assert any("from revision 0003" in m and "applied 0004" in m and str(copy) in m for m in said), said
+    assert [s["prompt_id"] for s in store.get_samples(before["samples"][0]["run_id"])] == \
+        [s["prompt_id"] for s in before["samples"]]
+    store.close()
+    Store(path).close()  # at HEAD: nothing to change, no copy
+    assert sorted(p.name for p in tmp_path.glob("*.bak")) == ["studio.db.0003.bak"]
+
+
+def test_a_server_upgrade_says_which_revisions_it_applied(postgres_server, caplog):
+    url = postgres_server.create_database()
+    _to_revision(url, "0002")
+    with caplog.at_level("INFO", "storage.migrations"):
+        Store(url).close()
+    said = [r.getMessage() for r in caplog.records if r.name == "storage.migrations"]
+    assert any("from revision 0002" in m and "applied 0003, 0004" in m for m in said), said
+
+
+def _samples_table(store: Store) -> tuple[list[str], list[list[str]]]:
+    from sqlalchemy import inspect
+
+    with store._read() as s:
+        inspector = inspect(s.connection())
+        columns = [c["name"] for c in inspector.get_columns("samples")]
+        keys = sorted(sorted(u["column_names"]) for u in inspector.get_unique_constraints("samples"))
+    return columns, keys
+
+
+def _downgrade(store: Store, revision: str) -> None:
+    try:
+        with store._write() as s:
+            migrations._alembic(s.connection(), "downgrade", revision)
+    finally:
+        store.close()
+
+
+OLD_SAMPLE_KEY = sorted(("run_id", "split", "step", "prompt_id"))
+
+
+def test_0004_downgrades_to_the_schema_of_0003_and_upgrades_again(store_url, tmp_path):
+    store = Store(store_url)
+    run_id = store.create_run("a*-po", "train", {})
+    store.add_samples(run_id, [{"step": 1, "prompt_id": "p0", "completion": "4"}])
+    _downgrade(store, "0003")
+    assert _revision(store) == ["0003"]
+    columns, keys = _samples_table(store)
+    assert "sample_index" not in columns and keys == [OLD_SAMPLE_KEY]
+    if store.path is not None:  # exactly the file a studio of 0003 made
+        fresh = tmp_path / "fresh.db"
+        _to_revision(f"sqlite:///{fresh}", "0003")
+        assert schema(store.path) == schema(fresh)
+    store.close()
+    again = Store(store_url)  # upgraded again: the key of 0004, the sample kept
+    assert _revision(again) == [migrations.HEAD]
+    assert _samples_table(again)[1] == [sorted([*OLD_SAMPLE_KEY, "sample_index"])]
+    assert [s["completion"] for s in again.get_samples(run_id)] == ["4"]
+    again.close()
+
+
+def test_0004_refuses_to_downgrade_a_grpo_group(store_url):
+    """The key of 0003 cannot hold G samples of one prompt and step: the downgrade refuses and changes nothing."""
+    store = Store(store_url)
+    run_id = store.create_run("grpo", "train", {})
+    store.add_samples(run_id, [{"step": 1, "prompt_id": "p0", "sample_index": i, "completion": str(i)} for i in (0, 1)])
+    with pytest.raises(RuntimeError, match="Revision 0004 cannot be undone .* 1 samples belong to GRPO groups"):
+        _downgrade(store, "0003")
+    assert _revision(store) == [migrations.HEAD] and len(store.get_samples(run_id)) == 2
+    store.close()

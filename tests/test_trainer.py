@@ -177,7 +177,7 @@ def test_reward_functions_receive_prompts_and_every_column(tmp_path, tiny_model_
 @pytest.mark.parametrize("bad, message", [
     (lambda completions, **kw: None, "returned None"),
     (lambda completions, **kw: [1.0], "returned 1 values"),
-    (lambda completions, **kw: [None] * len(completions), "returned None for some"),
+    (lambda completions, **kw: [None] * len(completions), r"returned None \(or NaN\) for 8 of 8"),  # every row
     (lambda completions, **kw: 1 / 0, "raised ZeroDivisionError"),
 ])
 def test_broken_reward_function_is_named_in_the_error(tmp_path, tiny_model_dir, bad, message):
@@ -524,7 +524,8 @@ def test_a_nonfinite_loss_is_counted_in_the_logs(tmp_path, tiny_model_dir):
 
     def nan_on_second_step(completions, **kw):
         calls.append(1)
-        return [math.nan if len(calls) == 2 else 1.0] * len(completions)
+        # inf, not NaN: a NaN reward means "not scored", as in TRL (tests/test_reward_calls.py)
+        return [math.inf if len(calls) == 2 else 1.0] * len(completions)
 
     data = prompts(8).add_column("v_star", [0.5] * 8)  # no stage 1: the reward's calls are the steps
     trainer = A2POTrainer(tiny_model_dir, nan_on_second_step, args=config(tmp_path, max_steps=3), train_dataset=data)

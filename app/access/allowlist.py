@@ -108,13 +108,17 @@ PARAMS: list[Param] = [
           advanced=True),
     Param("save_steps", "Checkpoint every N steps", "int", advanced=True),
     Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", "int", advanced=True),
+    Param("max_train_seconds", "Training-time budget in seconds, stage 1 included (0: none)", "float",
+          advanced=True, info="Stops when the run's clock (stage 1 + training steps) reaches it."),
+    Param("eval_every_seconds", "Evaluate every N seconds of training (0: off)", "float", advanced=True),
     Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
     Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True, methods=A2PO),
     Param("use_cpu", "Force CPU", "bool", advanced=True),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
-ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high"}
+ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "max_train_seconds",
+                   "eval_every_seconds"}
 
 
 def method_params(method: str) -> list[Param]:
@@ -473,6 +477,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
         clean["runner"] = run.runner
     if run.method != "a2po":  # a spec stored before GRPO existed is A*-PO: A*-PO specs keep that shape
         clean["method"] = run.method
+    if run.study is not None:
+        clean["study"] = run.study
     return SpecResult(clean, warnings=warnings)
 
 

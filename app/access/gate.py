@@ -17,6 +17,7 @@ from typing import Any
 
 from app.access.auth import Auth, User
 from app.access.policy import Policy
+from app.studies.protocols import DEFAULT_PROTOCOL
 from storage import Admission, LimitReached, Store
 from storage.lifecycle import UNFINISHED
 
@@ -99,28 +100,74 @@ class Services:
             self.store.add_log(run_id, warning, level="WARNING")
         return run_id, warnings
 
-    def launch_pair(self, spec: Any, user: User | None) -> tuple[int, int]:
-        """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it (`pair_specs`), both checked
-        (permission, allow-list, limits) before either is queued; returns their ids (A*-PO's, GRPO's). When the
-        second is refused (a queue or per-user limit), the first is deleted again: a pair runs whole or not at all."""
+    def launch_study(self, specs: list[dict[str, Any]], user: User | None) -> list[int]:
+        """Queue every run of a study (`app.studies`), all or nothing: each spec passes the checks of `launch`, and the
+        limits are counted for all of them together, before any is queued; a run refused while queueing (a launch
+        arriving at the same moment took the room) deletes those already queued. Returns their ids in order."""
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
-        a2po, _ = self.checked(spec)
-        if a2po.get("action") != "train":
-            raise Refused("A*-PO vs GRPO compares two training runs: set the action to \"train\".")
-        first, second = pair_specs(a2po)
-        for one in (first, second):
-            self.checked(one)  # both refused before either is queued
-        a2po_id = self.launch(first, user)
+        for spec in specs:
+            self.checked(spec)
+        limits, owner = self.policy.limits, self.auth.owner_of(user)
+        admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
-            grpo_id = self.launch(second, user)
+            self.store.check_admission(admission, owner, len(specs))
+        except LimitReached as full:
+            room = max(0, full.limit - full.count)
+            where = ("the queue holds" if full.what == "queue" else "you may have")
+            raise Refused(f"This study asks for {len(specs)} runs, and {where} {room} more "
+                          f"({full.count} of the limit of {full.limit} "
+                          f"{'queued runs' if full.what == 'queue' else 'queued or running runs per user'}). "
+                          "Launch fewer seeds, or wait for runs to end; none was started.") from None
+        ids: list[int] = []
+        try:
+            for spec in specs:
+                ids.append(self.launch(spec, user))
         except Refused as refused:
-            self.jobs.delete(a2po_id)
-            raise Refused(f"{refused} (A*-PO vs GRPO needs room for both runs; none was started.)") from None
-        self.store.add_log(a2po_id, f"A*-PO vs GRPO: matched with GRPO run #{grpo_id}.")
-        self.store.add_log(grpo_id, f"A*-PO vs GRPO: matched with A*-PO run #{a2po_id}.")
-        return a2po_id, grpo_id
+            for run_id in ids:
+                self.jobs.delete(run_id)
+            raise Refused(f"{refused} (the study's {len(specs)} runs start together or not at all; none was "
+                          "started.)") from None
+        return ids
+
+    def launch_pair(self, spec: Any, user: User | None, protocol: str = DEFAULT_PROTOCOL,
+                    budget_seconds: float | None = None, seeds: Any = None) -> list[tuple[int, int]]:
+        """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it under `protocol`
+        (`app.studies.protocols`), once per run seed, as one study: every run checked (permission, allow-list, limits)
+        before any is queued. Returns (A*-PO's id, GRPO's id) per seed."""
+        from app.studies.protocols import StudyError, parse_seeds, study_specs
+
+        problem = self.auth.can_launch(user)
+        if problem:
+            raise Refused(problem)
+        if isinstance(spec, dict) and spec.get("method", "a2po") != "a2po":
+            raise Refused(f"A*-PO vs GRPO starts from an A*-PO spec, and this one's method is {spec['method']!r}: "
+                          "send the A*-PO run's spec (no \"method\", or \"method\": \"a2po\"); its GRPO match is "
+                          "made from it.")
+        a2po, _ = self.checked(spec)
+        try:
+            specs = study_specs(a2po, parse_seeds(seeds), pair=True, protocol=protocol, budget_seconds=budget_seconds)
+        except StudyError as error:
+            raise Refused(str(error)) from None
+        ids = self.launch_study(specs, user)
+        pairs = list(zip(ids[0::2], ids[1::2], strict=True))
+        for a2po_id, grpo_id in pairs:
+            self.store.add_log(a2po_id, f"A*-PO vs GRPO ({protocol} protocol): matched with GRPO run #{grpo_id}.")
+            self.store.add_log(grpo_id, f"A*-PO vs GRPO ({protocol} protocol): matched with A*-PO run #{a2po_id}.")
+        return pairs
+
+    def launch_seeds(self, spec: Any, user: User | None, seeds: Any) -> list[int]:
+        """One run of `spec` per run seed, as one study (all or nothing); returns their ids."""
+        from app.studies.protocols import StudyError, parse_seeds, study_specs
+
+        try:
+            chosen = parse_seeds(seeds)
+        except StudyError as error:
+            raise Refused(str(error)) from None
+        if not isinstance(spec, dict):
+            self.check(spec)  # names the problem
+        return self.launch_study(study_specs(dict(spec), chosen, pair=False), user)
 
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
         """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in
@@ -145,43 +192,6 @@ class Services:
         except (ValueError, RuntimeError) as exc:
             raise Refused(str(exc)) from exc
         return run
-
-
-# Settings both methods have, copied from the A*-PO run to its GRPO match (same names in A2POConfig and GRPOConfig).
-SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "max_steps",
-                   "num_train_epochs", "max_completion_length", "max_prompt_length", "temperature", "top_p", "top_k",
-                   "seed", "per_device_eval_batch_size", "logging_steps", "eval_steps", "save_steps",
-                   "save_every_seconds", "gradient_accumulation_steps", "gradient_checkpointing", "use_cpu")
-EVAL_POINTS = 5  # held-out evaluations in a run, "after" included, when the spec sets no eval_steps
-
-
-def pair_specs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it, as "A*-PO vs GRPO" launches.
-
-    Matched: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every setting both
-    methods have (learning rate and schedule, epochs or max steps, completion and prompt lengths, sampling, seed);
-    GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size, which counts
-    completions, is G × A*-PO's (which counts prompts), so both take the same number of steps per pass over the data
-    and the same passes. (A*-PO's stage 1 drops the prompts no reference sample solved when filter_all_incorrect is
-    on; its passes go over the prompts it kept.) GRPO's own settings (beta, loss_type, epsilon, ...) keep TRL's
-    defaults. When the spec sets no `eval_steps`, each run evaluates every 1/`EVAL_POINTS` of its own steps (an
-    `eval_steps` fraction, as the Trainer reads one): A*-PO's step count is known only once stage 1 has kept its
-    prompts, and a count planned from all of them would leave its shorter run no point between "before" and "after".
-    """
-    import copy
-
-    a2po = copy.deepcopy(spec)
-    config = a2po["config"]
-    if not config.get("eval_steps") and (a2po.get("dataset") or {}).get("eval_size"):
-        config["eval_steps"] = 1 / EVAL_POINTS
-    n = int(config.get("num_value_samples") or 8)
-    base = str(a2po.get("name") or "pair")[:80]
-    a2po["name"] = f"{base}-a2po"
-    grpo = {k: copy.deepcopy(v) for k, v in a2po.items() if k != "config"}
-    grpo.update(name=f"{base}-grpo", method="grpo")
-    grpo["config"] = {k: config[k] for k in SHARED_SETTINGS if k in config}
-    grpo["config"].update(num_generations=n, per_device_train_batch_size=n * int(config["per_device_train_batch_size"]))
-    return a2po, grpo
 
 
 def offline() -> bool:

@@ -76,7 +76,8 @@ def write_input(store, data_dir: str | os.PathLike[str], run: dict[str, Any]) ->
         for split in store.value_splits(value_set_id):
             values[split] = store.get_values(value_set_id, split)
     data = {"run": run, "value_set_id": value_set_id, "values": values,
-            "checkpoints": store.list_checkpoints(run["id"]), "evaluations": store.get_evaluations(run["id"])}
+            "checkpoints": store.list_checkpoints(run["id"]), "evaluations": store.get_evaluations(run["id"]),
+            "latest_metrics": store.latest_metrics(run["id"])}
     path = input_path(data_dir, run["id"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -138,6 +139,7 @@ class ChunkLedger:
         self._values = {split: {row["prompt_id"]: row for row in rows} for split, rows in data["values"].items()}
         self._checkpoints = {row["path"]: row for row in data["checkpoints"]}
         self._evaluations = list(data["evaluations"])
+        self._latest_metrics = dict(data.get("latest_metrics") or {})
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -229,7 +231,16 @@ class ChunkLedger:
         scalars = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 0) == 0 else v for k, v in metrics.items()}
         kept = {k: v for k, v in scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self._write("add_metrics", step=int(step), metrics=kept)
+        with self._lock:
+            for name, value in kept.items():
+                known = self._latest_metrics.get(name)
+                if known is None or known["step"] <= int(step):  # as the store: a late older step stays behind
+                    self._latest_metrics[name] = {"step": int(step), "value": value}
         return len(kept)
+
+    def latest_metrics(self, run_id: int) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {name: dict(row) for name, row in self._latest_metrics.items()}
 
     def add_samples(self, run_id: int, samples: list[dict[str, Any]]) -> int:
         samples = list(samples)

@@ -676,49 +676,53 @@ class Engine:
         """The run's weighted reward of each completion, or None each when the prompt cannot be scored."""
         if not self._scorable(request, row):
             return [None] * len(texts)
-        from a2po.reward_registry import get_reward_function
-
-        columns = {k: v for k, v in (row or {}).items() if k not in ("prompt", "completions")}
+        scored = {**(row or {}), "prompt": prompt}
         if request.get("answer"):
-            columns["ground_truth"] = request["answer"]  # an expected answer given with the request wins
-        batch = {k: [v] * len(texts) for k, v in columns.items()}
-        completions = [c if isinstance(prompt, str) else [{"role": "assistant", "content": c}] for c in texts]
-        total = [0.0] * len(texts)
-        for reward in request["rewards"]:
-            try:
-                values = get_reward_function(reward["name"])(prompts=[prompt] * len(texts), completions=completions,
-                                                             **batch)
-            except Exception as error:  # noqa: BLE001 - show the completions anyway, unscored
-                print(f"playground: reward {reward['name']} failed: {error}", file=sys.stderr, flush=True)
-                return [None] * len(texts)
-            weight = float(reward.get("weight", 1.0))
-            total = [t + weight * float(v) for t, v in zip(total, values)]
-        return [round(t, 6) for t in total]
+            scored["ground_truth"] = request["answer"]  # an expected answer given with the request wins
+        try:
+            return weighted_rewards(request["rewards"], [scored] * len(texts), texts)
+        except Exception as error:  # noqa: BLE001 - show the completions anyway, unscored
+            print(f"playground: a reward failed: {error}", file=sys.stderr, flush=True)
+            return [None] * len(texts)
 
 
-def score_rows(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
+def weighted_rewards(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts: list[str]) -> list[float | None]:
     """The weighted reward of each completion `texts[i]` of `rows[i]`, called as the trainer calls reward functions
-    (prompts, completions, every other column; conversational prompts get conversational completions); a failure
-    or a bad result raises, naming the function (and, registered, its file)."""
+    (`a2po.rewards.call_reward`: prompts, completions, every other column, and `trainer_state` as stage 1 gives it,
+    the state before training; conversational prompts get conversational completions). A function's None (it does
+    not apply to that completion) is skipped, as in training; None where every function skipped it. A failure or a
+    bad result raises, naming the function (and, registered, its file)."""
+    from transformers import TrainerState
+
     from a2po.reward_registry import get_reward_function
+    from a2po.rewards import call_reward
 
     prompts = [row["prompt"] for row in rows]
     completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for t, p in zip(texts, prompts)]
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
-    total = [0.0] * len(rows)
+    state = TrainerState()
+    total: list[float | None] = [None] * len(rows)
     for reward in rewards:
-        func = get_reward_function(reward["name"])
-        try:
-            values = func(prompts=prompts, completions=completions, **columns)
-        except Exception as error:
-            raise RuntimeError(f"Reward function '{reward['name']}' raised {type(error).__name__}: {error}") from error
-        if values is None or len(values) != len(rows) or any(v is None for v in values):
-            got = "None" if values is None else f"{len(values)} values" if len(values) != len(rows) else "None values"
-            raise ValueError(f"Reward function '{reward['name']}' returned {got} for {len(rows)} completions; it must "
-                             "return one float per completion.")
+        values = call_reward(get_reward_function(reward["name"]), reward["name"], prompts, completions, columns, state)
         weight = float(reward.get("weight", 1.0))
-        total = [t + weight * float(v) for t, v in zip(total, values)]
-    return [round(t, 6) for t in total]
+        total = [t if v is None else (t or 0.0) + weight * v for t, v in zip(total, values)]
+    return [None if t is None else round(t, 6) for t in total]
+
+
+def score_rows(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
+    """`weighted_rewards`, for "Try the reward": a completion that every function skipped (returned None for) raises,
+    naming the functions and its task, since a run could not score it either (A*-PO stops there, GRPO gives NaN)."""
+    from a2po.rewards import tasks_of
+
+    total = weighted_rewards(rewards, rows, texts)
+    skipped = [i for i, t in enumerate(total) if t is None]
+    if skipped:
+        names = ", ".join(r["name"] for r in rewards)
+        tasks = tasks_of({"task": [row.get("task") for row in rows]}, skipped)
+        raise ValueError(f"All reward functions ({names}) returned None for {len(skipped)} of {len(rows)} "
+                         f"completions{tasks}: no reward scores them. Give each task a reward function that scores "
+                         "it, or return 0.0 where no check applies.")
+    return total
 
 
 def decode_greedy_and_samples(model, input_ids, attention_mask, *, max_new_tokens: int, eos_token_ids,

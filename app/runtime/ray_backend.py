@@ -10,10 +10,16 @@ restarted studio finds its jobs again.
 
 `ray` is imported only here, and only when the studio is started with `--ray-address` (the `cluster` extra).
 Every node must see the data folder at the same path, and reach the database (a server, docs/cluster.md).
+
+The cluster's address is the operator's alone: whoever reaches the Jobs API runs any code on the cluster. Every text
+this module gives the scheduler for a run (its log, its error, the job's output), or the API, passes through
+`RayCluster.redact`; only the start-up messages at the console and `describe()`'s "address" (which the API shows
+to signed-in admins only) carry it.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 import time
@@ -21,6 +27,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.runtime.devices import Devices
 
@@ -31,6 +38,7 @@ STATUS_TTL = 0.5
 NODES_TTL = 10.0  # nodes join and leave rarely; their list is read at most this often
 # Exit code `RayJob.poll` reports for a job that Ray no longer knows (its cluster was restarted, or it was deleted).
 VANISHED = -1
+HIDDEN = "<ray-head>"  # what a visitor reads where the cluster's address or host was
 
 
 def _status(details: Any) -> str:
@@ -65,6 +73,10 @@ class RayCluster:
                                  "http://HEAD_HOST:8265 (the Jobs API; not the GCS port 6379, nor ray://).")
         self.address = address.rstrip("/")
         self.stop_wait_s = stop_wait_s
+        parts = urlsplit(self.address)
+        # Longest first: the address, then host:port, then the host alone (Ray's and requests' errors quote each).
+        hidden = sorted({self.address, parts.netloc, parts.hostname or ""} - {""}, key=len, reverse=True)
+        self._hidden = re.compile("|".join(map(re.escape, hidden)), re.IGNORECASE)
         try:
             self.client = JobSubmissionClient(self.address)
         except Exception as error:  # noqa: BLE001 - ConnectionError, or Ray's own errors for a wrong address
@@ -73,6 +85,10 @@ class RayCluster:
         self._lock = threading.Lock()
         self._status: dict[str, tuple[float, Any]] = {}
         self._nodes: tuple[float, list[Node]] = (0.0, [])
+
+    def redact(self, text: str) -> str:
+        """`text` without the cluster's address or host: for whatever a visitor may read."""
+        return self._hidden.sub(HIDDEN, text)
 
     # ------------------------------------------------------------------ the cluster
 
@@ -87,7 +103,7 @@ class RayCluster:
         try:
             states = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
         except Exception as error:  # noqa: BLE001 - the state API raises several kinds when the dashboard is down
-            raise RayUnavailable(f"Could not list the nodes of the Ray cluster at {self.address}: {error}") from None
+            raise RayUnavailable(f"Could not list the nodes of the Ray cluster: {self.redact(str(error))}") from None
         nodes = [Node(ip=s.node_ip, cpus=float(s.resources_total.get("CPU", 0.0)),
                       gpus=float(s.resources_total.get("GPU", 0.0)), head=bool(s.is_head_node))
                  for s in states if s.state == "ALIVE"]
@@ -108,15 +124,15 @@ class RayCluster:
         """Why a run of `processes` processes (one GPU each, all on one node) can never start on this cluster."""
         nodes = self.nodes()
         if not nodes:
-            return f"The Ray cluster at {self.address} has no alive node: start one (ray start --address ...)."
+            return "The Ray cluster has no alive node: start one (ray start --address ...)."
         most = max(n.gpus for n in nodes)
         if any(n.gpus for n in nodes) and processes > most:
             return (f"The run asks for {processes} GPUs (one per process, on one node), but the largest node of the "
-                    f"Ray cluster at {self.address} has {most:g}: use num_processes of at most {most:g}.")
+                    f"Ray cluster has {most:g}: use num_processes of at most {most:g}.")
         return None
 
     def describe(self) -> dict[str, Any]:
-        """Where runs go, for the API's /limits and the start-up message."""
+        """Where runs go, for the API's /limits and the start-up message; "address" is for admins only."""
         try:
             nodes = self.nodes()
         except RayUnavailable as error:
@@ -142,7 +158,7 @@ class RayCluster:
                                           runtime_env={"env_vars": env_vars}, metadata={"a2po_run": str(run_id)},
                                           **resources)
         except Exception as error:  # noqa: BLE001 - connection errors and Ray's RuntimeError for a refused job
-            raise RayUnavailable(f"Ray did not accept the job ({error})") from None
+            raise RayUnavailable(f"Ray did not accept the job ({self.redact(str(error))})") from None
 
     def info(self, job_id: str) -> Any:
         """The job's `JobDetails` (status, message, exit code), None when Ray does not know it; cached for
@@ -156,10 +172,10 @@ class RayCluster:
             details = self.client.get_job_info(job_id)
         except RuntimeError as error:
             if "does not exist" not in str(error) and "404" not in str(error):
-                raise RayUnavailable(f"Could not read job {job_id} from {self.address}: {error}") from None
+                raise RayUnavailable(f"Could not read job {job_id}: {self.redact(str(error))}") from None
             details = None
         except Exception as error:  # noqa: BLE001 - a connection error: the job's state is unknown, not gone
-            raise RayUnavailable(f"Could not read job {job_id} from {self.address}: {error}") from None
+            raise RayUnavailable(f"Could not read job {job_id}: {self.redact(str(error))}") from None
         with self._lock:
             self._status[job_id] = (now, details)
         return details
@@ -190,7 +206,7 @@ class RayCluster:
             text = self.client.get_job_logs(job_id)
         except Exception:  # noqa: BLE001 - a vanished job, or a cluster that cannot be reached: no logs to show
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.redact("\n".join(text.splitlines()[-lines:]))
 
     def ending(self, job_id: str) -> str:
         """How a job ended, in words ("FAILED: ...", "vanished ...")."""
@@ -205,7 +221,7 @@ class RayCluster:
             text += f" with exit code {details.driver_exit_code}"
         if details.message:
             text += f" ({details.message.strip()})"
-        return text
+        return self.redact(text)
 
 
 class RayJob:

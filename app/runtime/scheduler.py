@@ -5,7 +5,11 @@ The queue is the `runs` table, so it survives an app restart, and the database i
 - **One scheduler per database.** `start()` takes an exclusive `flock` on `scheduler.lock` next to the database
   (in the data folder unless `--db-dir` moved the database to local disk, see `app.runtime.snapshot`) (the
   kernel drops it when the process dies, however it dies); a second app on the same folder is refused with the
-  first one's pid and address (`AlreadyServing`). Workers never inherit the lock.
+  first one's pid and address (`AlreadyServing`). Workers never inherit the lock. On a PostgreSQL server the lock
+  (an advisory lock) goes with its connection when the server restarts, and another studio may take it then: every
+  pass checks it first, and without it the scheduler starts, supervises and reaps nothing (another studio's
+  workers would look gone from here) and says why (`lock_problem`, the pages' banner, the log) until it takes the
+  lock back.
 - **Devices.** A run of `num_processes` processes (default 1) takes as many GPUs (`runs.num_processes`); it starts
   only when that many are free, counting every run the database says is running with a live worker, whoever
   started it. On a CPU-only machine the machine is one device: one run at a time, of 1 process or of several
@@ -84,9 +88,11 @@ from app.runtime.worker import (
     HEARTBEAT_INTERVAL,
     LOG_TAIL_LINES,
     PASSED_SECRETS_ENV,
+    keep_store_password,
     remove_checkpoints,
     run_log_path,
     run_output_dir,
+    split_password,
     tail,
 )
 from storage import Store, lifecycle
@@ -175,6 +181,8 @@ class JobManager:
         self.pause_after = pause_after
         # On a server, its advisory lock; on SQLite beside the file, on local disk (docs/spaces.md).
         self.lock = self.store.scheduler_lock(AlreadyServing)
+        self._owner: dict[str, Any] | None = None  # who took the lock; None: not taken (`tick()` runs regardless)
+        self.lock_problem: str | None = None  # why this studio schedules nothing now (its lock is lost), or None
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
@@ -202,6 +210,7 @@ class JobManager:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self._owner = self.lock_problem = None
         self.lock.release()
 
     def shutdown(self, grace: float = 25.0) -> list[int]:
@@ -272,8 +281,10 @@ class JobManager:
 
     def tick(self) -> list[int]:
         """One scheduler pass: reap exited workers, apply running chunks' journals, supervise live runs, start what
-        the devices allow. Returns the ids of the runs started."""
+        the devices allow (nothing while the scheduler lock is lost). Returns the ids of the runs started."""
         with self._lock:
+            if not self._hold_lock():
+                return []
             if self.ray is not None:
                 self._refresh_cluster()
             self._reap()
@@ -282,6 +293,29 @@ class JobManager:
             if self.zerogpu:
                 self._pause_idle()
             return self._admit()
+
+    def _hold_lock(self) -> bool:
+        """Whether this studio still holds its scheduler lock, taking it back if it was lost (see the module
+        docstring); says so in the log when that changes."""
+        if self._owner is None or self.lock.check():
+            return True
+        try:
+            self.lock.acquire(**self._owner)
+        except AlreadyServing as error:
+            problem = str(error)
+        except Exception as error:  # noqa: BLE001 - the server is down or restarting: try again next pass
+            problem = f"the database does not answer ({(str(error).strip().splitlines() or [repr(error)])[0][:300]})."
+        else:
+            logger.warning("The scheduler lock on the database was lost (a server restart?) and is taken back: "
+                           "scheduling goes on." if self.lock_problem is None else
+                           "The scheduler lock on the database is taken back: scheduling goes on.")
+            self.lock_problem = None
+            return True
+        problem = f"This studio lost its lock on the database and starts no run until it takes it back: {problem}"
+        if problem != self.lock_problem:
+            logger.error("%s", problem)
+        self.lock_problem = problem
+        return False
 
     def active_run_ids(self) -> list[int]:
         """Runs with a live worker: started here, or running in the database with their worker alive."""
@@ -327,6 +361,7 @@ class JobManager:
 
     def _worker_env(self, devices: list[str]) -> dict[str, str]:
         env = with_project_path(self.worker_env if self.worker_env is not None else os.environ)
+        env.pop("PGPASSWORD", None)  # the database password reaches the worker's store only (`worker_database`)
         # Credentials the studio passes on deliberately (the hub token when pushes are allowed): the worker strips
         # every other one it finds, such as those of a Ray node's own environment (`app.runtime.worker`).
         env[PASSED_SECRETS_ENV] = ",".join(sorted(k for k in env if SECRET_ENV.search(k)))
@@ -337,11 +372,20 @@ class JobManager:
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(LAUNCHER_SHUTDOWN_TIMEOUT))
         return env
 
+    def worker_database(self) -> str:
+        """The database as a worker's command line names it: a server's URL without its password, which reaches
+        the worker's own store connection only, through a file of the data folder (`keep_store_password`)."""
+        if self.store.path is not None:
+            return str(self.store.path)
+        url, password = split_password(self.store.url)
+        keep_store_password(self.data_dir, password)
+        return url
+
     def worker_command(self, run_id: int, spec: dict[str, Any]) -> list[str]:
         """The command that runs a run: `python -m app.runtime.worker ...`, or for `num_processes` > 1 the same module
         under `accelerate launch` (DDP, or FSDP when the spec asks for it; gloo processes on a CPU-only machine),
         whose process is then the run's (its pid is the run's pid, see `app.runtime.worker`)."""
-        worker = ["--db", str(self.store.path or self.store.url), "--run-id", str(run_id),
+        worker = ["--db", self.worker_database(), "--run-id", str(run_id),
                   "--data-dir", str(self.data_dir)]
         processes = processes_of(spec)
         if processes <= 1:
@@ -406,8 +450,10 @@ class JobManager:
         self._devices[run_id] = devices
         self.store.update_run(run_id, devices=",".join(devices), ray_job_id=job_id)
         asked = f"{gpus} GPU(s)" if gpus else "1 CPU"
-        self.store.add_log(run_id, f"Worker submitted to the Ray cluster at {self.ray.address} as job {job_id} "
-                                   f"(asking for {asked}); its output is the job's log.")
+        # Every visitor reads a run's log: the cluster's address stays in the studio's own log.
+        logger.info("Run %s: submitted to the Ray cluster at %s as job %s.", run_id, self.ray.address, job_id)
+        self.store.add_log(run_id, f"Worker submitted to the Ray cluster as job {job_id} (asking for {asked}); its "
+                                   "output is the job's log.")
 
     def _data_folder_token(self) -> str:
         """The token of `<data_dir>/.a2po-data-folder`, which a worker on a node reads to prove it sees this data
@@ -437,10 +483,12 @@ class JobManager:
         job lives, so it leaves the run alone (a studio with `--ray-address` adopts it)."""
         return self.ray is None and bool(run.get("ray_job_id")) and not is_chunked(run)
 
-    def where(self) -> dict[str, Any]:
-        """Where runs go: this machine's devices, or the Ray cluster (for the API's /limits)."""
+    def where(self, address: bool = False) -> dict[str, Any]:
+        """Where runs go: this machine's devices, or the Ray cluster (for the API's /limits); the cluster's address
+        only with `address` (an admin's: whoever reaches the Jobs API runs any code on the cluster)."""
         if self.ray is not None:
-            return self.ray.describe()
+            where = self.ray.describe()
+            return where if address else {k: v for k, v in where.items() if k != "address"}
         return {"backend": "zerogpu" if self.zerogpu else "local", "devices": self.devices.describe()}
 
     def worker_output(self, run_id: int, run: dict[str, Any] | None = None, lines: int = LOG_TAIL_LINES) -> str:
@@ -666,6 +714,7 @@ class JobManager:
         `auto_resume`), files of deleted runs removed. With `schedule`, start the scheduler thread. Returns the
         runs found interrupted."""
         self.lock.acquire(**owner)
+        self._owner, self.lock_problem = owner, None
         interrupted = []
         now = time.time()
         with self._lock:

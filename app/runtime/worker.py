@@ -62,6 +62,11 @@ PASSED_SECRETS_ENV = "A2PO_PASSED_SECRETS"
 # studio's: the file `DATA_FOLDER_MARK` there holds the token the studio put in this variable.
 DATA_FOLDER_TOKEN_ENV = "A2PO_DATA_FOLDER_CHECK"  # not named like a credential: those are dropped
 DATA_FOLDER_MARK = ".a2po-data-folder"
+# A database server's password, for the worker's own store connection only (`with_store_password`): the studio
+# writes it here (mode 0600, in the data folder every node mounts), never on a command line (`ps`, a Ray job's
+# entrypoint, the run's log file) nor into an environment, which reward functions, the trainer and their child
+# processes read and a Ray job shows to whoever reaches its dashboard.
+STORE_PASSWORD_FILE = ".a2po-store-password"
 
 logger = logging.getLogger("app.runtime.worker")
 
@@ -264,6 +269,10 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
             known[name] = [by_id[pid] for pid in ids[name]]
     for name, rows in known.items():
         trainer.set_optimal_values(rows, name)
+    # The run's stage-1 clock continues from what its earlier starts spent (stored after every batch).
+    spent = _from_main(trainer, stage_one_spent(store, run["id"]) if main else None)
+    for name, (seconds, tokens) in spent.items():
+        trainer.run_counters.restore_values(name, seconds, tokens)
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
     needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
     if main:
@@ -276,6 +285,18 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
     finally:
         if main:
             _update_value_set(store, value_set_id, splits, args.num_value_samples)
+
+
+def stage_one_spent(store: Store, run_id: int) -> dict[str, tuple[float, int]]:
+    """What a run's stage 1 has cost so far, per split: (seconds, completion tokens), from its stored metrics."""
+    latest = store.latest_metrics(run_id)
+    spent: dict[str, tuple[float, int]] = {}
+    for name, row in latest.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "values" and parts[2] == "runtime" and row["value"] is not None:
+            tokens = (latest.get(f"values/{parts[1]}/completion_tokens") or {}).get("value") or 0
+            spent[parts[1]] = (float(row["value"]), int(tokens))
+    return spent
 
 
 def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
@@ -318,6 +339,14 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], **stage_one)
     if recorder is not None:
         recorder.touch()  # loading the model counts as progress for the watchdog
+    if main:
+        from app.runtime.reward_versions import loaded
+
+        # The registered rewards' files may have changed since launch: say which version scores from here on.
+        part = f"chunk {int(run.get('chunks_done') or 0) + 1}" if deadline is not None else "this worker"
+        part += f" (stage {run['stage']} on)" if run.get("stage") else " (from the start)"
+        for level, message in loaded(run["config"].get("rewards") or [], trainer.reward_funcs, part):
+            logger.log(level, "%s", message)
     if spec.action == "evaluate" and trainer.eval_dataset is None:
         raise ValueError("An 'evaluate' run needs an eval set: set dataset.eval_size > 0 in the run spec.")
     if uses_values(spec):
@@ -376,6 +405,7 @@ def restore_final(trainer, checkpoint: str) -> None:
 
     trainer._load_from_checkpoint(checkpoint)
     trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    trainer.run_counters.load(trainer.state)  # the final evaluation is logged on the run's clock
 
 
 def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
@@ -503,6 +533,56 @@ def drop_secrets() -> None:
         del os.environ[name]
 
 
+def split_password(db: str, environ: dict[str, str] | os._Environ | None = None) -> tuple[str, str | None]:
+    """A database server's URL without its password, and that password: the URL's own, else `PGPASSWORD` of
+    `environ` (which libpq reads in the studio's process); None when there is neither (`~/.pgpass` may hold it). A
+    SQLite path comes back unchanged."""
+    from sqlalchemy.engine import make_url
+
+    if "://" not in db or db.startswith("sqlite"):
+        return db, None
+    url = make_url(db)
+    password = url.password or (os.environ if environ is None else environ).get("PGPASSWORD") or None
+    return url._replace(password=None).render_as_string(hide_password=False), password
+
+
+def keep_store_password(data_dir: str | os.PathLike[str], password: str | None) -> None:
+    """Leave `password` for the workers in `<data_dir>/STORE_PASSWORD_FILE` (mode 0600), or remove the file when
+    there is none, so a password of an earlier start never overrides `~/.pgpass`."""
+    path = Path(data_dir) / STORE_PASSWORD_FILE
+    if password is None:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        if path.read_text() == password:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a file left over with wider permissions keeps them through O_CREAT
+        os.write(fd, password.encode())
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def with_store_password(db: str, data_dir: str | os.PathLike[str]) -> str:
+    """`--db` as the worker's store opens it: with the password the studio left in the data folder when the URL
+    has none (the URL stays without it everywhere else)."""
+    from sqlalchemy.engine import make_url
+
+    if "://" not in db or db.startswith("sqlite") or make_url(db).password:
+        return db
+    try:
+        password = (Path(data_dir) / STORE_PASSWORD_FILE).read_text()
+    except OSError:
+        return db  # none left: the node's own ~/.pgpass, if any
+    return make_url(db).set(password=password).render_as_string(hide_password=False)
+
+
 def folder_problem(run: dict[str, Any], data_dir: str) -> str | None:
     """Why this process cannot work on the run's files (it runs on a node that does not mount the studio's data
     folder at the same path), or None. Only checked when the studio asks (`DATA_FOLDER_TOKEN_ENV`)."""
@@ -549,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f" [process {rank} of {world}]" if world > 1 else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
-    store = Store(options.db)
+    store = Store(with_store_password(options.db, options.data_dir))
     run_id = options.run_id
     stop_event = threading.Event()
     # Only set a flag here: the handler runs between two bytecodes of the main thread, maybe mid-transaction.

@@ -8,6 +8,7 @@ import gradio as gr
 
 from app.access.gate import Services
 from app.web.api import register_api
+from app.web.banner import build_banner
 from app.web.common import CSS, model_choices, run_choices
 from app.web.pages.chunks import build_chunk_panel
 from app.web.pages.compare import build_compare_page
@@ -29,6 +30,7 @@ def build_demo(services: Services) -> gr.Blocks:
         services.policy.received_uploads = demo.upload_file_set  # the same set, filled as uploads arrive
         gr.Markdown(f"# {TITLE}\nTrain language models with A*-PO: stage 1 estimates V*(x) from N reference "
                     "samples per prompt, stage 2 regresses the policy onto the optimal advantage.")
+        build_banner(demo, services)  # studio-wide problems, above every page
         login = build_login(services)
         with gr.Tabs(selected="launch", elem_id="main-tabs"):
             with gr.Tab("Launch", id="launch", elem_id="page-launch") as launch_tab:

@@ -19,6 +19,7 @@ import gradio as gr
 from app.access import allowlist
 from app.access.gate import Refused, Services, store_upload
 from app.web import forms, live
+from app.web.common import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 from storage.lifecycle import UNFINISHED
 
 RUN_KEYS = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
@@ -35,6 +36,15 @@ def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     return {**{API_NAMES.get(k, k): run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
 
 
+def clock_summary(run: dict[str, Any], clock: dict[str, float] | None, evaluations: int | None = None
+                  ) -> dict[str, float | None]:
+    """The run's clock in seconds (docs/api.md, "Run fields"): null where nothing was measured."""
+    clock = clock or {}
+    return {"stage1_seconds": stage1_seconds(clock), "train_seconds": clock.get("train_seconds"),
+            "eval_seconds": clock.get("eval_seconds"), "training_seconds": training_seconds(clock),
+            "remaining_seconds": estimate_remaining(run, clock, evaluations).seconds}
+
+
 def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
     """A stored spec as the API shows it (and accepts it back): a file dataset names its file under "file",
     relative to the studio's datasets folder when it lies there, since gradio_client would try to download any
@@ -46,6 +56,13 @@ def public_spec(spec: dict[str, Any], datasets_dir) -> dict[str, Any]:
         path = Path(dataset.pop("path"))
         dataset["file"] = str(path.relative_to(datasets_dir)) if path.is_relative_to(datasets_dir) else str(path)
     return {**spec, "dataset": dataset}
+
+
+def runs_go_to(services: Services, user: Any) -> dict[str, Any]:
+    """Where runs go, for /limits. A Ray cluster's address only for a signed-in admin: its Jobs API runs any code it
+    is sent (a studio without logins has no admin to tell apart: its operator reads it at the console)."""
+    admin = services.auth.required and user is not None and user.admin
+    return services.jobs.where(address=admin)
 
 
 def register_api(services: Services) -> None:
@@ -65,24 +82,40 @@ def register_api(services: Services) -> None:
         except Refused as exc:
             raise gr.Error(str(exc)) from None
 
-    def launch(spec: dict, request: gr.Request) -> dict:
+    def launch(spec: dict, seeds: list | str | None = None, request: gr.Request = None) -> dict:
         """Check a run spec (see docs/api.md; missing keys take the teaching demo's values, `preset` picks another
-        preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once."""
+        preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once. `seeds` (e.g.
+        [0, 1, 2]): one run per run seed, launched together as one study (all or nothing); then also "run_ids" and
+        "study"."""
         user = auth.identify(request=request)
+        if seeds:
+            ids = refused(lambda: services.launch_seeds(spec, user, seeds))
+            runs = [store.get_run(i) for i in ids]
+            return {"run_id": ids[0], "name": runs[0]["name"], "command": forms.command_line(runs[0]["config"]),
+                    "warnings": [], "run_ids": ids, "study": runs[0]["config"]["study"]["id"]}
         run_id, warnings = refused(lambda: services.launch_run(spec, user))
         run = store.get_run(run_id)
         return {"run_id": run_id, "name": run["name"], "command": forms.command_line(run["config"]),
                 "warnings": warnings}
 
-    def launch_pair(spec: dict, request: gr.Request) -> dict:
-        """"A*-PO vs GRPO": queue the A*-PO run `spec` describes (as /launch reads it) and a GRPO run matched to it
-        (same model, prompts, held-out set, learning rate and schedule, epochs, completion length; G = N; GRPO's
-        batch = G x A*-PO's, so the same prompts per step). Both pass the same checks and limits, or neither is
-        queued. Returns {"a2po": {"run_id", "name"}, "grpo": {...}}; compare them on the Compare page."""
+    def launch_pair(spec: dict, protocol: str = "paper", budget_minutes: float = 0.0,
+                    seeds: list | str | None = None, request: gr.Request = None) -> dict:
+        """"A*-PO vs GRPO": queue the A*-PO run `spec` describes (as /launch reads it; an A*-PO spec) and a GRPO run
+        matched to it (same model, prompts, held-out set, learning rate and schedule, completion length; G = N >= 2;
+        GRPO's batch = G x A*-PO's, so the same prompts per step) under `protocol`: "paper" (the default: both over
+        every prompt, A*-PO's filter off, the same number of steps), "trl" (TRL's defaults: A*-PO's filter on) or
+        "time" (both stop after `budget_minutes` of training time, A*-PO's stage 1 included). `seeds` (e.g. [0, 1,
+        2]): one pair per run seed, as one study. Every run passes the same checks and limits, or none is queued.
+        Returns {"a2po": {"run_id", "name"}, "grpo": {...}} (the first seed's), "pairs" (one per seed) and
+        "study"; compare them on the Compare page."""
         user = auth.identify(request=request)
-        ids = refused(lambda: services.launch_pair(spec, user))
-        return {method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
-                for method, run_id in zip(("a2po", "grpo"), ids, strict=True)}
+        budget = float(budget_minutes or 0) * 60 or None
+        pairs = refused(lambda: services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget,
+                                                     seeds=seeds))
+        described = [{method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
+                      for method, run_id in zip(("a2po", "grpo"), pair, strict=True)} for pair in pairs]
+        study = store.get_run(pairs[0][0])["config"]["study"]
+        return {**described[0], "pairs": described, "study": study["id"], "protocol": protocol}
 
     def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
@@ -105,7 +138,8 @@ def register_api(services: Services) -> None:
         return {"deleted": int(run_id)}
 
     def status(run_id: int) -> dict:
-        """A run's status, stage, progress, error and best eval accuracy, plus its latest value of each metric."""
+        """A run's status, stage, progress, error and best eval accuracy, its clock (training time and the
+        remaining estimate), plus its latest value of each metric."""
         run = get(run_id)
         value_set = store.get_value_set(run["value_set_id"]) if run.get("value_set_id") else None
         values = None
@@ -116,12 +150,17 @@ def register_api(services: Services) -> None:
                                       lambda _prev: store.value_summary(run["id"]))
             values = {"num_prompts": sum((run.get("value_counts") or {}).values()),
                       "complete": bool(value_set["complete"]), "summary": summary}
-        return {**run_summary(run), "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
-                "latest_metrics": store.latest_metrics(run["id"]), "values": values}
+        latest = store.latest_metrics(run["id"])
+        evaluations = len({e["step"] for e in store.get_evaluations(run["id"])}) or None
+        return {**run_summary(run), "clock": clock_summary(run, clock_from_metrics(latest), evaluations),
+                "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
+                "latest_metrics": latest, "values": values}
 
     def list_runs() -> list:
-        """Every run, newest first (the fields of /status without metrics)."""
-        return [run_summary(r) for r in store.list_runs()]
+        """Every run, newest first (the fields of /status without metrics, with its clock)."""
+        runs = store.list_runs()
+        clocks = store.run_clocks(r["id"] for r in runs)
+        return [{**run_summary(r), "clock": clock_summary(r, clocks.get(r["id"]))} for r in runs]
 
     def metrics(run_id: int, after_id: int = 0) -> list:
         """Metric rows {id, step, name, value} of a run with id > after_id (poll with the largest id seen)."""
@@ -129,9 +168,9 @@ def register_api(services: Services) -> None:
         return [{k: r[k] for k in ("id", "step", "name", "value")}
                 for r in store.get_metrics(int(run_id), after_id=int(after_id))]
 
-    def limits() -> dict:
+    def limits(request: gr.Request = None) -> dict:
         """This studio's limits (None: no limit), whether launching needs a login, what the operator allowed, and
-        where runs go (`runs_go_to`: this machine, or the Ray cluster)."""
+        where runs go (`runs_go_to`: this machine, or the Ray cluster; its address for a signed-in admin only)."""
         from a2po.reward_registry import read_registry
         from app.web.pages.launch import reward_choices
 
@@ -140,7 +179,7 @@ def register_api(services: Services) -> None:
         return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
                 "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
                 "allow_hub": policy.allow_hub, "settable": [p.key for p in allowlist.PARAMS],
-                "runs_go_to": services.jobs.where(),
+                "runs_go_to": runs_go_to(services, auth.identify(request=request)),
                 "rewards": [{"name": n, "doc": d, "registered": n in registry.rewards}
                             for n, d in reward_choices().items()]}
 

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -412,18 +413,24 @@ def compare_figure(runs: Mapping[str, Mapping[str, Series]], metrics: Sequence[s
     return fig
 
 
-def accuracy_figures(timelines: Sequence) -> tuple[go.Figure, go.Figure, go.Figure]:
-    """For `app.web.comparison.Timeline`s: held-out accuracy against training minutes, against completion tokens,
-    and each run's peak memory. An A*-PO run is drawn twice on the first two: with its stage 1 (solid, shifted by
-    the stage's time or tokens) and without it (dotted)."""
+def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
+    """For `app.studies.comparison.Timeline`s: held-out accuracy against training minutes, against completion
+    tokens, each run's peak memory, and accuracy against optimizer steps. An A*-PO run is drawn twice on the time
+    and token figures: with its stage 1 (solid, shifted by the stage's time or tokens) and without it (dotted).
+    `medians` (a study's median per method, `median_timeline`) are drawn bold over a band from the lowest to the
+    highest seed, and the runs themselves thin beneath them."""
     if not any(t.points for t in timelines):
         empty = empty_figure("Pick runs with a held-out set (eval_size > 0) to compare their accuracy")
-        return empty, empty_figure("No held-out accuracy yet"), empty_figure("No peak memory yet")
-    by_time, by_tokens = go.Figure(), go.Figure()
-    for i, t in enumerate(timelines):
+        return (empty, empty_figure("No held-out accuracy yet"), empty_figure("No peak memory yet"),
+                empty_figure("No held-out accuracy yet"))
+    by_time, by_tokens, by_steps = go.Figure(), go.Figure(), go.Figure()
+    method_color = {"a2po": PALETTE[0], "grpo": PALETTE[1]}
+    drawn = [(t, False) for t in timelines] + [(m, True) for m in medians]
+    for i, (t, is_median) in enumerate(drawn):
         if not t.points:
             continue
-        color = PALETTE[i % len(PALETTE)]
+        color = method_color.get(t.method, PALETTE[i % len(PALETTE)]) if medians else PALETTE[i % len(PALETTE)]
+        width, opacity = (3.5, 1.0) if is_median else ((1.2, 0.45) if medians else (2.0, 1.0))
         accuracy = [p.accuracy for p in t.points]
         steps = [p.step for p in t.points]
         variants = [("", t.stage1_seconds, t.stage1_tokens, "solid")]
@@ -431,20 +438,38 @@ def accuracy_figures(timelines: Sequence) -> tuple[go.Figure, go.Figure, go.Figu
             variants.append((" without stage 1", 0.0, 0, "dot"))
         for suffix, seconds, tokens, dash in variants:
             name = t.label + (" with stage 1" if suffix == "" and t.method == "a2po" else suffix)
-            common = {"mode": "lines+markers", "name": name, "line": {"color": color, "dash": dash},
+            common = {"mode": "lines+markers", "name": name, "opacity": opacity,
+                      "line": {"color": color, "dash": dash, "width": width},
                       "customdata": steps, "legendgroup": t.label, "meta": {"run_id": t.run_id, "method": t.method,
-                                                                          "stage1": suffix == ""}}
-            by_time.add_trace(go.Scatter(x=[round((p.seconds + seconds) / 60.0, 4) for p in t.points], y=accuracy,
+                                                                          "stage1": suffix == "",
+                                                                          "median": is_median}}
+            minutes = [round((p.seconds + seconds) / 60.0, 4) for p in t.points]
+            counts = [p.tokens + tokens for p in t.points]
+            if is_median and suffix == "":
+                for fig, x in ((by_time, minutes), (by_tokens, counts)):
+                    _add_band(fig, x, t, color)
+            by_time.add_trace(go.Scatter(x=minutes, y=accuracy,
                                          hovertemplate="%{y:.0%} at %{x:.2f} min (step %{customdata})", **common))
-            by_tokens.add_trace(go.Scatter(x=[p.tokens + tokens for p in t.points], y=accuracy,
+            by_tokens.add_trace(go.Scatter(x=counts, y=accuracy,
                                            hovertemplate="%{y:.0%} after %{x:,} tokens (step %{customdata})",
                                            **common))
+        if is_median:
+            _add_band(by_steps, steps, t, color)
+        by_steps.add_trace(go.Scatter(x=steps, y=accuracy, mode="lines+markers", name=t.label, opacity=opacity,
+                                      line={"color": color, "width": width}, legendgroup=t.label,
+                                      meta={"run_id": t.run_id, "method": t.method, "median": is_median},
+                                      hovertemplate="%{y:.0%} at step %{x}"))
     for fig, title, x_title in ((by_time, "Held-out accuracy against training time",
-                                 "minutes of training (evaluations left out)"),
+                                 "minutes of training (the run's clock: evaluations, loading and pauses left out)"),
                                 (by_tokens, "Held-out accuracy against completion tokens generated",
-                                 "completion tokens sampled")):
-        fig.update_layout(template="plotly_white", height=340, title=title, uirevision="methods",
-                          margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25})
+                                 "completion tokens sampled"),
+                                (by_steps, "Held-out accuracy against optimizer steps", "optimizer step")):
+        # The legend goes below the x axis's title, and the figure grows with it (a study has many curves).
+        entries = sum(1 for t in fig.data if t.showlegend is not False)
+        legend_px = 22 * math.ceil(entries / 2)
+        fig.update_layout(template="plotly_white", height=300 + legend_px, title=title, uirevision="methods",
+                          margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
+                          legend={"orientation": "h", "yanchor": "top", "y": -0.3, "x": 0})
         fig.update_xaxes(title_text=x_title)
         fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     with_memory = [t for t in timelines if t.peak_memory_gb is not None]
@@ -454,4 +479,26 @@ def accuracy_figures(timelines: Sequence) -> tuple[go.Figure, go.Figure, go.Figu
     memory.update_layout(template="plotly_white", height=280, title="Peak memory (RSS on a CPU, CUDA peak on a GPU)",
                          margin={"l": 50, "r": 20, "t": 50, "b": 40})
     memory.update_yaxes(title_text="GB")
-    return by_time, by_tokens, memory
+    return by_time, by_tokens, memory, by_steps
+
+
+def _add_band(fig: go.Figure, x: Sequence[float], median: Any, color: str) -> None:
+    """The seeds' lowest-to-highest accuracy around a median curve, as a shaded band (two traces)."""
+    low = [p.spread[0] if p.spread else p.accuracy for p in median.points]
+    high = [p.spread[1] if p.spread else p.accuracy for p in median.points]
+    name = f"{median.label}: seeds' range"
+    fig.add_trace(go.Scatter(x=list(x), y=high, mode="lines", line={"width": 0, "color": color}, name=name,
+                             legendgroup=median.label, showlegend=False, hoverinfo="skip",
+                             meta={"band": "high", "method": median.method}))
+    fig.add_trace(go.Scatter(x=list(x), y=low, mode="lines", line={"width": 0, "color": color}, fill="tonexty",
+                             fillcolor=_transparent(color), name=name, legendgroup=median.label, hoverinfo="skip",
+                             meta={"band": "low", "method": median.method}))
+
+
+def _transparent(color: str, alpha: float = 0.15) -> str:
+    """A `#rrggbb` colour as an `rgba(...)` with `alpha`."""
+    value = color.lstrip("#")
+    if len(value) != 6:
+        return color
+    red, green, blue = (int(value[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({red},{green},{blue},{alpha})"

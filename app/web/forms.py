@@ -228,8 +228,8 @@ def check_columns(columns: Sequence[str], prompt_column: str | None, answer_colu
 
 
 def reward_columns(name: str) -> list[str]:
-    """Dataset columns a reward reads: its named parameters besides `completions` and `prompts` (a registered
-    reward's read from its source, without importing it)."""
+    """Dataset columns a reward reads: its named parameters besides `completions`, `prompts` and `trainer_state`
+    (which the trainer passes) (a registered reward's read from its source, without importing it)."""
     from a2po.reward_registry import read_registry
     from a2po.rewards import REWARD_FUNCTIONS
 
@@ -239,4 +239,4 @@ def reward_columns(name: str) -> list[str]:
     else:
         registered = read_registry().rewards.get(name)
         names = list(registered.params or ()) if registered is not None else []
-    return [n for n in names if n not in ("completions", "prompts", "completion_ids")]
+    return [n for n in names if n not in ("completions", "prompts", "completion_ids", "trainer_state")]

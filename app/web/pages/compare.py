@@ -1,6 +1,6 @@
 """Compare page: curves of several runs overlaid, and the configuration keys on which they differ; for A*-PO and GRPO
 runs (an "A*-PO vs GRPO" pair, or any picked), held-out accuracy against training time and against completion tokens,
-A*-PO's time with and without its stage 1, peak memory, and a one-line verdict (`app.web.comparison`)."""
+A*-PO's time with and without its stage 1, peak memory, and a one-line verdict (`app.studies.comparison`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import gradio as gr
 import pandas as pd
 
 from app.access.gate import Services
-from app.web import charts, comparison
+from app.studies import comparison
+from app.studies.protocols import PROTOCOL_LABELS, PROTOCOLS
+from app.web import charts
 from app.web.common import run_choices
 
 DEFAULT_METRICS = ["loss", "reward", "eval_accuracy", "log_ratio"]
@@ -43,10 +45,33 @@ def config_diff(runs: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["setting", *columns])
 
 
+def study_choices(store: Any) -> list[tuple[str, str]]:
+    """The studies among the stored runs (`app.studies`), newest first: ("name: A*-PO vs GRPO, paper protocol,
+    3 seeds (6 runs)", study id)."""
+    studies: dict[str, dict[str, Any]] = {}
+    for run in store.list_runs():
+        tag = (run.get("config") or {}).get("study")
+        if isinstance(tag, dict) and tag.get("id"):
+            studies.setdefault(str(tag["id"]), {**tag, "runs": 0})["runs"] += 1
+    out = []
+    for sid, tag in studies.items():
+        kind = ("A*-PO vs GRPO, " + PROTOCOL_LABELS.get(str(tag.get("protocol")), str(tag.get("protocol")))
+                if tag.get("kind") == "pair" else "seeds")
+        out.append((f"{tag.get('name', sid)}: {kind}, {tag.get('seeds', 1)} seed(s) ({tag['runs']} runs)", sid))
+    return out
+
+
+def study_runs(store: Any, study_id: str) -> list[int]:
+    return sorted(r["id"] for r in store.list_runs()
+                  if ((r.get("config") or {}).get("study") or {}).get("id") == study_id)
+
+
 def build_compare_page(services: Services) -> gr.Dropdown:
     """Lay out the page; returns its run picker (its choices are refreshed when the page is opened)."""
     gr.Markdown("## Compare runs")
     with gr.Row():
+        study = gr.Dropdown(choices=study_choices(services.store), value=None, label="Study (picks its runs)",
+                            scale=2, elem_id="compare-study")
         picker = gr.Dropdown(choices=run_choices(services.store), multiselect=True, label="Runs", scale=3,
                              elem_id="compare-runs")
         metrics = gr.Dropdown(choices=[m for m, _ in charts.TRAINING_METRICS], value=DEFAULT_METRICS,
@@ -55,16 +80,22 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         smoothing = gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing", scale=1)
         refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100, elem_id="compare-refresh")
     gr.Markdown("### Held-out accuracy against cost", elem_id="compare-cost-title")
+    protocol = gr.Markdown("", elem_id="compare-protocol")
     verdict = gr.Markdown("Pick an A*-PO run and a GRPO run (the Launch page's \"A*-PO vs GRPO\" starts a matched "
                           "pair) for the verdict.", elem_id="compare-verdict")
     with gr.Row():
         by_time = gr.Plot(label="Accuracy against training time", elem_id="compare-time")
         by_tokens = gr.Plot(label="Accuracy against completion tokens", elem_id="compare-tokens")
-    memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
-    gr.Markdown("Times are training time: from each run's first held-out evaluation (right before its first "
-                "step), less the evaluations after it, so loading the model and measuring it are left out of both; "
-                "A*-PO's stage 1 ran before it and is added to its solid curve (dotted: without it).",
-                elem_id="compare-time-note")
+    with gr.Row():
+        by_steps = gr.Plot(label="Accuracy against optimizer steps", elem_id="compare-steps")
+        memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
+    gr.Markdown("Times are each run's training time on its own clock (kept by the trainer and saved with its "
+                "checkpoints): stage 1's sampling and scoring plus the training steps. Loading the model, queueing, "
+                "evaluations, a pause between Stop and Resume and a chunk's restart are not in it. A*-PO's stage 1 is "
+                "added to its solid curve (dotted: without it). With several seeds, the bold curve is their median "
+                "and the band their range.", elem_id="compare-time-note")
+    seeds_table = gr.Dataframe(interactive=False, label="Each run's figures (medians over seeds where there are "
+                               "several)", elem_id="compare-seeds", wrap=True)
     plot = gr.Plot(label="Overlaid curves", elem_id="compare-plot")
     diff = gr.Dataframe(interactive=False, label="Configuration differences", elem_id="compare-diff")
 
@@ -72,17 +103,33 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         runs = [r for r in (services.store.get_run(i) for i in run_ids or []) if r is not None]
         if not runs:
             empty = charts.empty_figure("Pick runs to compare")
-            return empty, None, empty, empty, empty, "Pick an A*-PO run and a GRPO run for the verdict."
+            return (empty, None, empty, empty, empty, empty, None, "",
+                    "Pick an A*-PO run and a GRPO run for the verdict.")
         series = {f"#{r['id']} {r['name']}": charts.series_from_rows(services.store.get_metrics(r["id"]))
                   for r in runs}
-        timelines = [comparison.store_timeline(services.store, r) for r in runs]
-        pair = comparison.pick_pair(timelines)
+        view = comparison.study_view(runs, [comparison.store_timeline(services.store, r) for r in runs])
+        pair = view.pair()
         line = (comparison.verdict(*pair) if pair else
                 "Pick an A*-PO run and a GRPO run among these for the verdict.")
-        return (charts.compare_figure(series, names or DEFAULT_METRICS, smoothing=smooth), config_diff(runs),
-                *charts.accuracy_figures(timelines), f"**Verdict:** {line}")
+        # Under the verdict: runs scored by different versions of a registered reward's file (issue 28).
+        from app.runtime.reward_versions import versions_note
 
-    outputs = [plot, diff, by_time, by_tokens, memory, verdict]
+        line += versions_note(services.store, runs)
+        figures = charts.accuracy_figures(view.timelines, list(view.medians.values()))
+        stated = f"**Protocol:** {PROTOCOLS[view.protocol]}" if view.protocol in PROTOCOLS else ""
+        table = pd.DataFrame(view.rows) if view.rows else None
+        return (charts.compare_figure(series, names or DEFAULT_METRICS, smoothing=smooth), config_diff(runs),
+                *figures, table, stated, f"**Verdict:** {line}")
+
+    outputs = [plot, diff, by_time, by_tokens, memory, by_steps, seeds_table, protocol, verdict]
     for trigger in (picker.change, metrics.change, smoothing.release, refresh.click):
         trigger(draw, [picker, metrics, smoothing], outputs, api_visibility="private")
+
+    def pick_study(study_id: str | None):
+        if not study_id:
+            return gr.skip()
+        return gr.update(choices=run_choices(services.store), value=study_runs(services.store, study_id))
+
+    study.change(pick_study, study, picker, api_visibility="private")
+    refresh.click(lambda: gr.update(choices=study_choices(services.store)), None, study, api_visibility="private")
     return picker

@@ -216,15 +216,18 @@ def build_explain_page(services: Services) -> gr.Dropdown:
 
 def cost_text(store: Any, run_ids: Sequence[int] | None) -> str:
     """Section 5's text for the picked runs: the first A*-PO and the first GRPO run among them."""
-    from app.web import comparison
+    from app.studies import comparison
+    from app.studies.protocols import PROTOCOLS
 
     runs = [r for r in (store.get_run(int(i)) for i in run_ids or []) if r is not None]
     timelines = [comparison.store_timeline(store, r) for r in runs]
-    pair = comparison.pick_pair(timelines)
+    view = comparison.study_view(runs, timelines)
+    pair = view.pair()  # the medians of a study's seeds, else the first run of each method
     if pair is None:
-        return "Pick one A*-PO run and one GRPO run."
+        return "Pick one A*-PO run and one GRPO run (or the runs of an A*-PO vs GRPO study)."
     configs = {t.run_id: (r.get("config") or {}).get("config") or {} for t, r in zip(timelines, runs, strict=True)}
-    return comparison.cost_explanation(*pair, configs[pair[0].run_id], configs[pair[1].run_id])
+    text = comparison.cost_explanation(*pair, configs[pair[0].run_id], configs[pair[1].run_id])
+    return text + (f"\n\n**Protocol:** {PROTOCOLS[view.protocol]}" if view.protocol in PROTOCOLS else "")
 
 
 def _question(text: str) -> str:

@@ -21,6 +21,7 @@ from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
 from app.access import allowlist
 from app.access.gate import Refused, Services, offline
+from app.studies.protocols import DEFAULT_PROTOCOL, PROTOCOL_LABELS, PROTOCOLS
 from app.web import forms
 from app.web.common import model_choices, short
 
@@ -32,9 +33,14 @@ METHODS = [("A*-PO (stage 1: V* from N samples, then one sample per prompt per s
 ACTION_LABELS = {"train": "Train", "values": "Estimate V* only", "evaluate": "Evaluate"}  # `a2po.names.ACTIONS`
 PREVIEW_ROWS = 5
 PAIR_NOTE = ("**A*-PO vs GRPO** launches the form's A*-PO run and a GRPO run matched to it: the same model, prompts, "
-             "held-out set, rewards, learning rate and schedule, epochs and completion length; G = N; the same "
-             "prompts per optimizer step (GRPO's batch counts completions: G × the A*-PO batch), so the same steps "
-             "and passes over the data. Both evaluate at the same steps (every ⅕ of the run unless set).")
+             "held-out set, rewards, learning rate and schedule, completion length; G = N; the same prompts per "
+             "optimizer step (GRPO's batch counts completions: G × the A*-PO batch). Both are evaluated on one grid. "
+             "**Run seeds** (e.g. `0, 1, 2`) launch one run, or one pair, per seed as a study: Compare then shows each "
+             "seed and their median.")
+
+
+def protocol_note(protocol: str) -> str:
+    return f"**Protocol:** {PROTOCOLS.get(protocol, '')}"
 
 
 @dataclass
@@ -292,7 +298,14 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             gr.Markdown("### Start")
             buttons = [gr.Button(ACTION_LABELS[action], variant="primary" if action == "train" else "secondary",
                                  elem_id=f"action-{action}") for action in ACTIONS]
+            seeds_box = gr.Textbox(label="Run seeds (a study: one run per seed)", placeholder="e.g. 0, 1, 2 "
+                                   "(empty: the form's seed)", elem_id="field-seeds")
             pair_btn = gr.Button("A*-PO vs GRPO", variant="secondary", elem_id="action-pair")
+            protocol_box = gr.Radio([(label, key) for key, label in PROTOCOL_LABELS.items()], value=DEFAULT_PROTOCOL,
+                                    label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
+            budget_box = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)",
+                                   minimum=0.1, visible=False, elem_id="pair-budget")
+            protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
             gr.Markdown(PAIR_NOTE, elem_id="pair-note")
             error_slot(forms.FORM_ERROR)
             status = gr.Markdown(elem_id="launch-status")
@@ -356,8 +369,15 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             if not result.ok:
                 return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) "
                         "— see the marked fields.", None]
+            seeds = data[seeds_box]
+            user = services.auth.identify(token=user_token, request=request)
             try:
-                run_id = services.launch(result.spec, services.auth.identify(token=user_token, request=request))
+                if seeds and seeds.strip():
+                    ids = services.launch_seeds(result.spec, user, seeds)
+                    return [*error_updates({}), f"✅ Started a study of {len(ids)} runs, one per seed: "
+                            + ", ".join(f"#{i}" for i in ids) + ". The Compare page shows them with their median.",
+                            ids[0]]
+                run_id = services.launch(result.spec, user)
             except Refused as exc:
                 return [*error_updates({}), f"❌ Not started: {exc}", None]
             return [*error_updates({}), f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).", run_id]
@@ -371,13 +391,18 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         if not result.ok:
             return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) — see the "
                     "marked fields (the pair starts from the form's A*-PO settings).", None, None]
+        protocol, minutes = data[protocol_box], data[budget_box]
         try:
-            a2po_id, grpo_id = services.launch_pair(result.spec, services.auth.identify(token=data[token],
-                                                                                        request=request))
+            pairs = services.launch_pair(result.spec, services.auth.identify(token=data[token], request=request),
+                                         protocol=protocol, budget_seconds=float(minutes or 0) * 60 or None,
+                                         seeds=data[seeds_box])
         except Refused as exc:
             return [*error_updates({}), f"❌ Not started: {exc}", None, None]
-        return [*error_updates({}), f"✅ Started A*-PO vs GRPO: A*-PO run #{a2po_id} and GRPO run #{grpo_id}, "
-                "matched. The Compare page shows both.", a2po_id, [a2po_id, grpo_id]]
+        ids = [run_id for pair in pairs for run_id in pair]
+        listed = "; ".join(f"A*-PO #{a} and GRPO #{g}" for a, g in pairs)
+        seeds = f" for {len(pairs)} seeds" if len(pairs) > 1 else ""
+        return [*error_updates({}), f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. "
+                "The Compare page shows them.", pairs[0][0], ids]
 
     def try_it(data: dict, request: gr.Request) -> list[Any]:
         from app.web.pages.playground import try_reward
@@ -397,13 +422,15 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     check_btn.click(check, all_inputs, [*errors_out, status], api_visibility="private")
     command_btn.click(show_command, all_inputs, [*errors_out, command], api_visibility="private")
     preview_btn.click(show_preview, all_inputs, [preview_info, preview], api_visibility="private")
-    events = [button.click(start(action), {token, *all_inputs}, [*errors_out, status, launched],
+    events = [button.click(start(action), {token, seeds_box, *all_inputs}, [*errors_out, status, launched],
                            api_visibility="private", concurrency_limit=1)
               for button, action in zip(buttons, ACTIONS, strict=True)]
 
     pair = gr.State(None)
-    pair_event = pair_btn.click(start_pair, {token, *all_inputs}, [*errors_out, status, launched, pair],
-                                api_visibility="private", concurrency_limit=1)
+    pair_event = pair_btn.click(start_pair, {token, seeds_box, protocol_box, budget_box, *all_inputs},
+                                [*errors_out, status, launched, pair], api_visibility="private", concurrency_limit=1)
+    protocol_box.change(lambda protocol: (gr.update(visible=protocol == "time"), protocol_note(protocol)),
+                        protocol_box, [budget_box, protocol_text], api_visibility="private")
     events.append(pair_event)
     param_keys = list(param_columns)
 

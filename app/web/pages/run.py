@@ -30,12 +30,16 @@ from gradio.components.plot import PlotData
 from app.access.gate import Services
 from app.web import charts, live
 from app.web.common import (
-    elapsed_and_remaining,
+    Remaining,
+    clock_from_metrics,
+    elapsed_seconds,
+    estimate_remaining,
     format_duration,
     format_time,
     progress_bar,
     run_choices,
     status_badge,
+    training_seconds,
 )
 from app.web.pages import training, values
 from storage import Store
@@ -134,12 +138,26 @@ def accuracy_change(evaluations: list[dict[str, Any]]) -> str:
             f"(step {first_step} → step {last_step}, greedy, same prompts)</span>")
 
 
-def header(run: dict[str, Any], evaluations: list[dict[str, Any]] | None = None) -> str:
-    elapsed, remaining = elapsed_and_remaining(run)
+def remaining_text(estimate: Remaining) -> str:
+    """"remaining ≈ 2m 03s" (the whole run), "remaining ≥ 30s (training not measured yet)" or "remaining ≈ –"."""
+    if estimate.text().startswith("≥"):
+        shown = f"remaining {estimate.text()} ({' and '.join(estimate.unknown)} not measured yet)"
+    else:
+        shown = f"remaining ≈ {estimate.text()}"
+    return f'<span id="run-remaining">{html.escape(shown)}</span>'
+
+
+def header(run: dict[str, Any], evaluations: list[dict[str, Any]] | None = None,
+           clock: dict[str, float] | None = None) -> str:
+    """The run's title line and facts: its times (wall time since it started; training time and the remaining
+    estimate from its clock, `clock_from_metrics`) and its accuracy before and after training."""
+    done = len({e["step"] for e in evaluations or []})
+    estimate = estimate_remaining(run, clock, done or None)
     parts = [f"### #{run['id']} {html.escape(run['name'])} {status_badge(run['status'])}",
              f"**{run['action']}** · model `{run['model']}` · dataset `{run['dataset']}` · stage "
-             f"`{run.get('stage') or '–'}` · created {format_time(run['created_at'])} · elapsed "
-             f"{format_duration(elapsed)} · remaining ≈ {format_duration(remaining)}"]
+             f"`{run.get('stage') or '–'}` · created {format_time(run['created_at'])} · wall time "
+             f"{format_duration(elapsed_seconds(run))} · training time {format_duration(training_seconds(clock))} · "
+             + remaining_text(estimate)]
     change = accuracy_change(evaluations or [])
     if change:
         parts.append(change)
@@ -176,7 +194,7 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
                  split: str) -> dict[str, Any]:
     marker = f'<div id="run-live" data-run="{int(run["id"])}" hidden></div>'  # the run the poller asks about
     evaluations = store.get_evaluations(run["id"]) if run.get("best_eval_accuracy") is not None else []
-    return {"header": header(run, evaluations),
+    return {"header": header(run, evaluations, clock_from_metrics(store.latest_metrics(run["id"]))),
             "progress": marker + stage_progress(run, _count(run, split), value_set)}
 
 

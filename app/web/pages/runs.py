@@ -9,7 +9,7 @@ is built once per change for all sessions.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,16 +19,30 @@ import pandas as pd
 
 from app.access.gate import Services
 from app.web import live
-from app.web.common import elapsed_and_remaining, format_duration, format_time, method_label
+from app.web.common import (
+    elapsed_seconds,
+    estimate_remaining,
+    format_duration,
+    format_time,
+    method_label,
+    training_seconds,
+)
 from app.web.pages.run import SHOW_RUN_TAB
 from storage.lifecycle import UNFINISHED
 
-COLUMN_WIDTHS = ["4%", "11%", "6%", "8%", "6%", "6%", "7%", "7%", "12%", "13%", "6%", "6%", "8%"]
-RUN_COLUMNS = ["id", "name", "action", "status", "stage", "progress", "elapsed", "remaining", "model", "dataset",
-               "best eval acc", "owner", "created"]
+COLUMN_WIDTHS = ["4%", "10%", "6%", "7%", "5%", "5%", "6%", "7%", "7%", "11%", "12%", "6%", "6%", "8%"]
+RUN_COLUMNS = ["id", "name", "action", "status", "stage", "progress", "wall time", "training time", "remaining",
+               "model", "dataset", "best eval acc", "owner", "created"]
+EXPLANATION = ("## Runs\nClick a row to open the run. **wall time**: since the run (last) started, loading and "
+               "pauses included; **training time**: the run's own clock, stage 1 of its training prompts plus its "
+               "training steps (evaluations, loading and pauses left out: what Compare counts); **remaining**: the "
+               "rest of the run (stage 1, training steps and the evaluations to come) at the rates its clock "
+               "measured; `≥`: what is measured so far, while a part has no rate yet (e.g. training before its "
+               "first step).")
 POLL_SECONDS = 3.0
 IDLE_SECONDS = 15.0
-# The run fields the table shows (elapsed and remaining from the times and the progress), the signature of a poll.
+# The run fields the table shows (with its clock, `Store.run_clocks`, read when the table is rebuilt), the
+# signature of a poll.
 SHOWN = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "best_eval_accuracy", "owner",
          "created_at", "started_at", "finished_at")
 
@@ -53,15 +67,18 @@ class RunsPage:
             other.select(lambda: gr.Timer(active=False), None, self.timer, **private)
 
 
-def runs_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
+def runs_frame(runs: list[dict[str, Any]], clocks: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
+    """The table of `runs`, with their clocks by run id (`Store.run_clocks`)."""
     rows = []
     for run in runs:
-        elapsed, remaining = elapsed_and_remaining(run)
+        clock = (clocks or {}).get(run["id"])
         best = run.get("best_eval_accuracy")
         rows.append({"id": run["id"], "name": run["name"], "action": f"{run['action']} · {method_label(run)}",
                      "status": run["status"],
                      "stage": run.get("stage") or "", "progress": f"{(run.get('progress') or 0):.0%}",
-                     "elapsed": format_duration(elapsed), "remaining": format_duration(remaining),
+                     "wall time": format_duration(elapsed_seconds(run)),
+                     "training time": format_duration(training_seconds(clock)),
+                     "remaining": estimate_remaining(run, clock).text(),
                      "model": Path(run["model"]).name if "/" in run["model"] and Path(run["model"]).is_absolute()
                      else run["model"], "dataset": run["dataset"],
                      "best eval acc": "" if best is None else f"{best:.1%}", "owner": run.get("owner") or "",
@@ -70,8 +87,7 @@ def runs_frame(runs: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def build_runs_page(services: Services) -> RunsPage:
-    gr.Markdown("## Runs\nClick a row to open the run. Times: elapsed since the run started; remaining is "
-                "estimated from the progress of its current stage.")
+    gr.Markdown(EXPLANATION)
     with gr.Row():
         refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100, elem_id="runs-refresh")
         info = gr.Markdown(elem_id="runs-info")
@@ -94,7 +110,8 @@ def build_runs_page(services: Services) -> RunsPage:
                         else gr.skip())
         if previous and previous[0] == signature:
             return gr.skip(), gr.skip(), previous, timer_update
-        frame = live.SHARED.get(("runs",), signature, lambda _prev: runs_frame(runs))
+        frame = live.SHARED.get(("runs",), signature, lambda _prev: runs_frame(
+            runs, services.store.run_clocks(r["id"] for r in runs)))  # one read for every run
         info = f"{len(runs)} run{'s' if len(runs) != 1 else ''}, {active} active."
         return frame, info, (signature, pace), timer_update
 

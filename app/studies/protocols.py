@@ -1,0 +1,172 @@
+"""How a study's runs are made from one spec: "A*-PO vs GRPO" under a protocol, and run seeds.
+
+Protocols of "A*-PO vs GRPO" (`pair_specs`), each stated on the Launch and Compare pages (`PROTOCOLS`):
+
+    paper   The paper's (the default): both methods train over every prompt (A*-PO with `filter_all_incorrect` off,
+            as the authors' scripts run it), the same prompts per optimizer step and the same number of steps, with
+            the same learning rate and schedule; G = N. A*-PO samples one completion per prompt per step, GRPO G.
+    trl     TRL's defaults: A*-PO drops the prompts no reference sample solved (`filter_all_incorrect` on, TRL's
+            default) and makes its passes over those it kept, so it takes fewer steps than GRPO over all of them.
+    time    Equal time: both runs train until the same budget of training time is spent (A*-PO's stage 1 inside
+            its budget; `max_train_seconds`), with epochs enough to fill it.
+
+Both runs of a pair are evaluated on one absolute grid: every k optimizer steps (k from the steps planned over
+every prompt, `EVAL_POINTS` points), or every t seconds of training under equal time, so "reached X at step k" has
+the same resolution for both. Seeds (`seeded`): one run per seed, the dataset unchanged (the same prompts and
+held-out set), the run seed (stage-1 samples, training order and samples) set to each.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import uuid
+from typing import Any
+
+PROTOCOLS = {
+    "paper": "The paper's protocol: both methods over every prompt (A*-PO with filter_all_incorrect off, as the "
+             "authors' scripts run it), the same prompts per optimizer step, the same number of steps, learning rate "
+             "and schedule, G = N; held-out accuracy on one grid of steps.",
+    "trl": "TRL's defaults: A*-PO drops the prompts none of its N reference samples solved (filter_all_incorrect on) "
+           "and trains over those it keeps, so it takes fewer steps than GRPO over every prompt; one grid of steps.",
+    "time": "Equal time: both runs train until the same training-time budget is spent (A*-PO's stage 1 counted "
+            "inside its budget), the same prompts per step, held-out accuracy every 1/8 of the budget.",
+}
+PROTOCOL_LABELS = {"paper": "The paper's (same steps, every prompt)", "trl": "TRL's defaults (filter on)",
+                   "time": "Equal time (a budget)"}
+DEFAULT_PROTOCOL = "paper"
+EVAL_POINTS = 8  # held-out evaluations after the step-0 one, when the spec asks for no other grid
+TIME_EPOCHS = 20.0  # equal time: passes enough for the budget to end the runs, not their epochs
+MAX_SEEDS = 10
+
+# Settings both methods have, copied from the A*-PO run to its GRPO match (same names in A2POConfig and GRPOConfig).
+SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "max_steps",
+                   "num_train_epochs", "max_completion_length", "max_prompt_length", "temperature", "top_p", "top_k",
+                   "seed", "per_device_eval_batch_size", "logging_steps", "eval_steps", "save_steps",
+                   "save_every_seconds", "gradient_accumulation_steps", "gradient_checkpointing", "use_cpu",
+                   "max_train_seconds", "eval_every_seconds")
+
+
+class StudyError(ValueError):
+    """A study that cannot be made from what was given; the message names the setting and the fix."""
+
+
+def parse_seeds(value: Any) -> list[int]:
+    """Run seeds from a list or text ("0, 1, 2" or "0 1 2"); None or empty: []. Each a whole number >= 0, unique."""
+    if value is None or value == "" or value == []:
+        return []
+    items = value.replace(",", " ").split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise StudyError(f"seeds: give a list of whole numbers, e.g. [0, 1, 2] (got {value!r:.40}).")
+    seeds = []
+    for item in items:
+        try:
+            seed = int(item)
+            if seed != float(item) or seed < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise StudyError(f"seeds: {item!r:.20} is not a whole number >= 0; give e.g. 0, 1, 2.") from None
+        seeds.append(seed)
+    if len(set(seeds)) != len(seeds):
+        raise StudyError(f"seeds: each seed once (got {', '.join(map(str, seeds))}).")
+    if len(seeds) > MAX_SEEDS:
+        raise StudyError(f"seeds: at most {MAX_SEEDS} per study (got {len(seeds)}).")
+    return seeds
+
+
+def planned_steps(spec: dict[str, Any]) -> int | None:
+    """Optimizer steps of a run over every train prompt of its dataset (None when the dataset's size is unknown
+    before loading it, e.g. a whole file)."""
+    config, dataset = spec.get("config") or {}, spec.get("dataset") or {}
+    max_steps = config.get("max_steps")
+    if isinstance(max_steps, (int, float)) and max_steps > 0:
+        return int(max_steps)
+    prompts = dataset.get("num_prompts")
+    if not isinstance(prompts, (int, float)) or prompts <= 0:
+        return None
+    batch = int(config.get("per_device_train_batch_size") or 8)
+    accumulation = int(config.get("gradient_accumulation_steps") or 1)
+    processes = int(spec.get("num_processes") or 1)
+    # As the Trainer counts: batches per process in an epoch, then optimizer steps.
+    per_epoch = math.ceil(math.ceil(prompts / (batch * processes)) / accumulation)
+    return max(1, math.ceil(float(config.get("num_train_epochs") or 3.0) * per_epoch))
+
+
+def _step_grid(spec: dict[str, Any], points: int) -> float:
+    """`eval_steps` for a grid of `points` evaluations: a whole k when the steps are known, else a fraction of each
+    run's own steps (the same k for runs of equal length)."""
+    given = (spec.get("config") or {}).get("eval_steps")
+    if isinstance(given, (int, float)) and given >= 1:
+        return int(given)
+    steps = planned_steps(spec)
+    if isinstance(given, (int, float)) and 0 < given < 1:
+        return max(1, round(given * steps)) if steps else given
+    return max(1, math.ceil(steps / points)) if steps else 1 / points
+
+
+def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_seconds: float | None = None,
+               eval_points: int = EVAL_POINTS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it under `protocol`.
+
+    Matched in every protocol: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every
+    setting both methods have (learning rate and schedule, epochs or max steps, completion and prompt lengths,
+    sampling, seed); GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size,
+    which counts completions, is G x A*-PO's (which counts prompts). GRPO's own settings (beta, loss_type, epsilon,
+    ...) keep TRL's defaults. See the module docstring for what each protocol changes."""
+    if protocol not in PROTOCOLS:
+        raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
+    if spec.get("method", "a2po") != "a2po":
+        raise StudyError(f"A*-PO vs GRPO starts from an A*-PO spec, and this one's method is {spec['method']!r}: "
+                         "send the A*-PO run's spec (no \"method\", or \"method\": \"a2po\"); its GRPO match is "
+                         "made from it.")
+    if spec.get("action", "train") != "train":
+        raise StudyError("A*-PO vs GRPO compares two training runs: set the action to \"train\".")
+    a2po = copy.deepcopy(spec)
+    config = a2po.setdefault("config", {})
+    n = int(config.get("num_value_samples") or 8)
+    if n < 2:
+        raise StudyError(f"A*-PO vs GRPO needs N (num_value_samples) >= 2: GRPO's G = N compares the completions of "
+                         f"a group, and one completion has nothing to compare with (N is {n}).")
+    if not (a2po.get("dataset") or {}).get("eval_size", 64):
+        raise StudyError("A*-PO vs GRPO compares held-out accuracy: set the dataset's eval_size (held-out prompts) "
+                         "above 0.")
+    if protocol == "time":
+        if not isinstance(budget_seconds, (int, float)) or budget_seconds <= 0:
+            raise StudyError("The equal-time protocol needs a budget: budget_minutes > 0 (each run's training time, "
+                             "A*-PO's stage 1 included).")
+        config.update(max_train_seconds=float(budget_seconds), eval_every_seconds=float(budget_seconds) / eval_points,
+                      eval_steps=None, max_steps=-1,
+                      num_train_epochs=max(float(config.get("num_train_epochs") or 0), TIME_EPOCHS))
+    else:
+        config.update(eval_steps=_step_grid(a2po, eval_points), max_train_seconds=None, eval_every_seconds=None)
+    config["filter_all_incorrect"] = protocol == "trl"
+    base = str(a2po.get("name") or "pair")[:80]
+    a2po["name"] = f"{base}-a2po"
+    grpo = {k: copy.deepcopy(v) for k, v in a2po.items() if k != "config"}
+    grpo.update(name=f"{base}-grpo", method="grpo")
+    grpo["config"] = {k: config[k] for k in SHARED_SETTINGS if k in config}
+    grpo["config"].update(num_generations=n, per_device_train_batch_size=n * int(config["per_device_train_batch_size"]))
+    return a2po, grpo
+
+
+def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol: str = DEFAULT_PROTOCOL,
+                budget_seconds: float | None = None, eval_points: int = EVAL_POINTS,
+                study_id: str | None = None) -> list[dict[str, Any]]:
+    """Every run of a study, tagged with it: the pair (`pair`) or the spec alone, once per seed (none given: the
+    spec's own seed). A pair's runs come A*-PO first, then GRPO, seed by seed."""
+    own_seed = int((spec.get("config") or {}).get("seed") or 0)
+    seeds = seeds or [own_seed]
+    sid = study_id or uuid.uuid4().hex[:10]
+    base = str(spec.get("name") or "study")[:80]
+    runs = []
+    for seed in seeds:
+        one = copy.deepcopy(spec)
+        one.setdefault("config", {})["seed"] = seed
+        made = list(pair_specs(one, protocol, budget_seconds, eval_points)) if pair else [one]
+        for run in made:
+            if len(seeds) > 1:
+                run["name"] = f"{run.get('name') or base}-s{seed}"
+            run["study"] = {"id": sid, "name": base, "kind": "pair" if pair else "seeds", "seed": seed,
+                            "seeds": len(seeds), **({"protocol": protocol} if pair else {})}
+        runs.extend(made)
+    return runs

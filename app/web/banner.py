@@ -1,0 +1,36 @@
+"""The studio-wide banner, above every page: what every visitor must know whatever page they are on. Today one
+thing: the scheduler lost its lock on the database (`JobManager.lock_problem`) and starts no run until it has it
+back. Its wording is fixed: the full reason, which names hosts and addresses, is in the studio's log."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+BANNER_SECONDS = 10.0  # how often an open page asks again
+LOCK_LOST = ("**This studio is not scheduling.** It lost its lock on the database (the database server restarted, "
+             "or another studio took the lock) and starts no run until it has it back; runs already going on "
+             "continue. The studio's log says more.")
+
+
+def studio_problem(services: Any) -> str | None:
+    """The banner's text, or None when all is well."""
+    return LOCK_LOST if getattr(services.jobs, "lock_problem", None) else None
+
+
+def build_banner(demo: gr.Blocks, services: Any) -> gr.Markdown:
+    """A hidden banner, shown with the problem while there is one: on page load and every `BANNER_SECONDS`."""
+    import gradio as gr  # here: `studio_problem` is read without loading Gradio
+
+    banner = gr.Markdown(visible=False, elem_id="studio-banner")
+    timer = gr.Timer(BANNER_SECONDS)
+
+    def show() -> Any:
+        problem = studio_problem(services)
+        return gr.Markdown(value=problem or "", visible=problem is not None)
+
+    demo.load(show, None, banner, api_visibility="private")
+    timer.tick(show, None, banner, api_visibility="private")
+    return banner
