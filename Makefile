@@ -37,7 +37,7 @@ app: install
 
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/pytest -q
+	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=25
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, and 10 examples
 # of the run state machine against real processes (`make test` runs 3 and 2).

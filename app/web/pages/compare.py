@@ -11,6 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from app.access.gate import Services
+from app.runtime.reward_versions import versions_note
 from app.studies import comparison
 from app.studies.protocols import PROTOCOL_LABELS, PROTOCOLS
 from app.web import charts
@@ -111,10 +112,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         pair = view.pair()
         line = (comparison.verdict(*pair) if pair else
                 "Pick an A*-PO run and a GRPO run among these for the verdict.")
-        # Under the verdict: runs scored by different versions of a registered reward's file (issue 28).
-        from app.runtime.reward_versions import versions_note
-
-        line += versions_note(services.store, runs)
+        line += versions_note(services.store, runs)  # runs scored by different versions of a reward's file
         figures = charts.accuracy_figures(view.timelines, list(view.medians.values()))
         stated = f"**Protocol:** {PROTOCOLS[view.protocol]}" if view.protocol in PROTOCOLS else ""
         table = pd.DataFrame(view.rows) if view.rows else None
