@@ -136,17 +136,14 @@ class Services:
         """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it under `protocol`
         (`app.studies.protocols`), once per run seed, as one study: every run checked (permission, allow-list, limits)
         before any is queued. Returns (A*-PO's id, GRPO's id) per seed."""
-        from app.studies.protocols import StudyError, parse_seeds, study_specs
+        from app.studies.protocols import StudyError, parse_seeds, require_a2po, study_specs
 
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
-        if isinstance(spec, dict) and spec.get("method", "a2po") != "a2po":
-            raise Refused(f"A*-PO vs GRPO starts from an A*-PO spec, and this one's method is {spec['method']!r}: "
-                          "send the A*-PO run's spec (no \"method\", or \"method\": \"a2po\"); its GRPO match is "
-                          "made from it.")
-        a2po, _ = self.checked(spec)
         try:
+            require_a2po(spec)  # before the allow-list, whose GRPO checks would name other fields first
+            a2po, _ = self.checked(spec)
             specs = study_specs(a2po, parse_seeds(seeds), pair=True, protocol=protocol, budget_seconds=budget_seconds)
         except StudyError as error:
             raise Refused(str(error)) from None

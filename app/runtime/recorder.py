@@ -3,11 +3,11 @@
 It is the only link between training and the dashboard: the trainer calls it (`a2po.callbacks.A2POCallback`), it
 writes through `storage.Store`, and it reads back one thing, whether the user asked the run to stop.
 
-Write volume stays small: two transactions per stage-1 batch (the shared reference samples, then the run's own V*
-rows), one per split at the end of stage 1 (the split's whole table as the run trains with it), one per `on_log`,
-per sample batch, per evaluation and per checkpoint; progress and heartbeat share one row update at most every
-`progress_interval` seconds. A kill between the two writes of a batch loses nothing: the run's rows are written
-again from the shared ones when it resumes (`app.runtime.worker`) and at the end of its stage 1.
+Write volume stays small: three transactions per stage-1 batch (the shared reference samples, the run's own V*
+rows, the stage's cost so far), one per split at the end of stage 1 (the split's whole table as the run trains with
+it), one per `on_log`, per sample batch, per evaluation and per checkpoint; progress and heartbeat share one row
+update at most every `progress_interval` seconds. A kill between the writes of a batch loses nothing: the run's rows
+are written again from the shared ones when it resumes (`app.runtime.worker`) and at the end of its stage 1.
 """
 
 from __future__ import annotations

@@ -104,6 +104,14 @@ def _step_grid(spec: dict[str, Any], points: int) -> float:
     return max(1, math.ceil(steps / points)) if steps else 1 / points
 
 
+def require_a2po(spec: Any) -> None:
+    """`StudyError` unless `spec` is an A*-PO spec: a pair is made from the A*-PO run's spec."""
+    if isinstance(spec, dict) and spec.get("method", "a2po") != "a2po":
+        raise StudyError(f"A*-PO vs GRPO starts from an A*-PO spec, and this one's method is {spec['method']!r}: "
+                         "send the A*-PO run's spec (no \"method\", or \"method\": \"a2po\"); its GRPO match is "
+                         "made from it.")
+
+
 def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_seconds: float | None = None,
                eval_points: int = EVAL_POINTS) -> tuple[dict[str, Any], dict[str, Any]]:
     """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it under `protocol`.
@@ -115,10 +123,7 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     ...) keep TRL's defaults. See the module docstring for what each protocol changes."""
     if protocol not in PROTOCOLS:
         raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
-    if spec.get("method", "a2po") != "a2po":
-        raise StudyError(f"A*-PO vs GRPO starts from an A*-PO spec, and this one's method is {spec['method']!r}: "
-                         "send the A*-PO run's spec (no \"method\", or \"method\": \"a2po\"); its GRPO match is "
-                         "made from it.")
+    require_a2po(spec)
     if spec.get("action", "train") != "train":
         raise StudyError("A*-PO vs GRPO compares two training runs: set the action to \"train\".")
     a2po = copy.deepcopy(spec)
