@@ -312,7 +312,14 @@ class BaseTrainer(Trainer):
         prompt id, the sample index and (training, evaluation) the step, and on nothing else, so batching, shards,
         interruptions and what ran before change no sample (see `a2po.rollout`)."""
         step = 0 if phase == "values" else self.state.global_step + (phase == "train")
-        return [(self.args.seed, phase, step, str(row["prompt_id"]), j) for row in rows for j in range(num_samples)]
+        seed = self.values_seed if phase == "values" else self.args.seed
+        return [(seed, phase, step, str(row["prompt_id"]), j) for row in rows for j in range(num_samples)]
+
+    @property
+    def values_seed(self) -> int:
+        """The seed of stage 1's samples: `values_seed` where the method has it and it is set, else the run seed."""
+        own = getattr(self.args, "values_seed", None)
+        return self.args.seed if own is None else int(own)
 
     def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 num_samples: int = 1, greedy: bool = False, phase: str = "train",

@@ -1,4 +1,4 @@
-"""Command line: `python -m a2po {train,values,evaluate} [--method grpo] [--config run.yaml] [--any_field value]`.
+"""Command line: `python -m a2po {train,values,evaluate,sweep} [--method grpo] [--config run.yaml] [--any_field value]`.
 
     python -m a2po train --model SmolLM2-135M-Instruct --dataset arithmetic --reward exact_match --max_steps 50
     python -m a2po values --dataset data.jsonl --reward math_equivalence      # stage 1 only, saves the V* table
@@ -6,12 +6,10 @@
     python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
     python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
     python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
-<<<<<<< HEAD
     python -m a2po train --method grpo --num_generations 8 --beta 0.0 --loss_type dapo   # GRPO, same engine
-=======
     python -m a2po train --reward-module my_rewards.py --reward my_check   # a reward of your own (a file's function)
     python -m a2po train --reward my_lib.rewards.check                      # ... or its dotted import path
->>>>>>> rewards
+    python -m a2po sweep --grid beta2=1e-3,1e-2 --grid learning_rate=1e-5,2e-5 --seeds 0 1 2   # a2po.sweep
 
 Every field of the method's config (`A2POConfig`, or `GRPOConfig` with `--method grpo`) is a flag; `--config` reads
 a YAML file of the same names (flags override it).
@@ -165,7 +163,8 @@ def _method_of(rest: list[str], from_file: dict) -> str:
 
 def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfig, dict]:
     if not argv or argv[0] not in ACTIONS:
-        raise SystemExit(f"usage: python -m a2po {{{','.join(ACTIONS)}}} [--method grpo] [--config run.yaml] "
+        commands = ",".join((*ACTIONS, "sweep"))
+        raise SystemExit(f"usage: python -m a2po {{{commands}}} [--method grpo] [--config run.yaml] "
                          "[options]\nRun `python -m a2po train --help` (or `train --method grpo --help`) for every "
                          "option.")
     command, rest = argv[0], argv[1:]

@@ -238,6 +238,9 @@ class A2POConfig(_BaseConfig):
         value_batch_size (ours): prompts per stage-1 batch (each yields N sequences); default: enough prompts for
             256 sequences (at least `per_device_train_batch_size`), since a decode step costs little more for a
             wider batch. Raise it on a large GPU, lower it if stage 1 runs out of memory.
+        values_seed (ours): the seed of stage 1's reference samples; None: `seed`. Runs that differ in their run
+            seed but set one `values_seed` share one V* set (a studio sweep does: one stage 1 for all its runs, the
+            seeds then vary stage 2's samples, data order and initialisation only).
         values_path (ours): a V* table saved by `save_optimal_values` (or by an earlier run in `output_dir`) to reuse.
         save_values (ours): save the V* table to `<output_dir>/optimal_values-<split>-<fingerprint>.jsonl` as it is
             estimated, so a rerun
@@ -262,6 +265,8 @@ class A2POConfig(_BaseConfig):
 
     value_batch_size: int | None = field(
         default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
+    values_seed: int | None = field(
+        default=None, metadata={"help": "Seed of stage 1's reference samples (default: seed)."})
     values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
     save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
 
@@ -271,7 +276,9 @@ class A2POConfig(_BaseConfig):
                 ("beta2", lambda v: v > 0, "beta2 must be > 0 (got {}); the paper uses 1e-3"),
                 ("num_value_samples", lambda v: v >= 1, "num_value_samples must be >= 1 (got {}); 8 is typical"),
                 ("top_k", lambda v: v is None or v >= 1, "top_k must be >= 1 or None (got {})"),
-                ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"))
+                ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"),
+                ("values_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
+                 "values_seed must be None or a seed from 0 to " + str(MAX_SEED) + " (got {})"))
 
     @property
     def stage1_batch_size(self) -> int:

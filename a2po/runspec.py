@@ -66,6 +66,20 @@ def config_default(name: str) -> Any:
     return found.default_factory() if found.default is dataclasses.MISSING else found.default
 
 
+def _small_label(value: Any, depth: int = 0) -> bool:
+    """A study label's value: a short text, a number or a bool, or (two levels deep at most) an object or a list of
+    at most 12 of them: a sweep's grid point and grid."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) <= 120
+    if depth >= 3 or not isinstance(value, (dict, list)) or len(value) > 12:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and len(k) <= 40 and _small_label(v, depth + 1) for k, v in value.items())
+    return all(_small_label(v, depth + 1) for v in value)
+
+
 class SpecError(ValueError):
     """An invalid run spec: `problems` maps each field's path (`config.beta1`, `dataset.num_prompts`, `rewards`) to
     a sentence that names the field and the fix."""
@@ -158,10 +172,9 @@ class RunSpec:
             problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {run.runner!r:.40})"
         elif run.runner == "chunked" and processes not in (None, 1):
             problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
-        if run.study is not None and not (isinstance(run.study, dict) and len(run.study) <= 12 and all(
-                isinstance(k, str) and len(k) <= 40 and (isinstance(v, (int, float)) or isinstance(v, str) and len(v)
-                                                          <= 120) for k, v in run.study.items())):
-            problems["study"] = "study must be None or a small object of short texts and numbers (the studio's label)"
+        if run.study is not None and not (isinstance(run.study, dict) and _small_label(run.study)):
+            problems["study"] = ("study must be None or a small object of short texts and numbers, and of small "
+                                 "objects and lists of them (the studio's label)")
         problems.update(run._config_problems(valid=not {p.split(".")[0] for p in problems} & {"name", "dataset",
                                                                                                "rewards"}))
         if problems:
@@ -397,6 +410,8 @@ class RunSpec:
         samples (each is a function of the seed, the prompt and the sample index)."""
         defaults = A2POConfig.__dataclass_fields__
         sampling = {k: self.config.get(k, defaults[k].default) for k in (*SAMPLING_FIELDS, "seed")}
+        if self.config.get("values_seed") is not None:  # stage 1's own seed (a sweep's runs share one)
+            sampling["seed"] = self.config["values_seed"]
         # A registered function counts by its source's hash: edited, it scores differently (built-ins: by name).
         rewards = [{**{k: v for k, v in r.items() if k != "source"},
                     **({"sha256": r["source"].get("sha256")} if isinstance(r.get("source"), dict) else {})}

@@ -97,7 +97,7 @@ class A2POTrainer(BaseTrainer):
         """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
         a = self.args
         key = {"model": str(self.model_id), "rewards": self.reward_names, "weights": self.reward_weights.tolist(),
-               "seed": a.seed,
+               "seed": self.values_seed,
                "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                "max_prompt_length": a.max_prompt_length, "max_completion_length": self.max_completion_length}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]

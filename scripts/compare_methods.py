@@ -133,10 +133,15 @@ def report(store, name: str) -> None:
     print(f"\nmedians over {len(rows)} seeds: A*-PO {pct(med('a2po_final'))} in {duration(med('a2po_s'))} "
           f"({duration(med('a2po_stage2_s'))} without stage 1); GRPO {pct(med('grpo_final'))} in "
           f"{duration(med('grpo_s'))}; A*-PO reached GRPO's final less 3 points in "
-          + (f"{duration(statistics.median(reached))} ({len(reached)} of {len(rows)} seeds), "
-             f"{statistics.median(reached) / med('grpo_to_own'):.2f}x GRPO's {duration(med('grpo_to_own'))}"
-             if reached else "no seed") + "; at equal steps, A*-PO minus GRPO (median over the grid): "
-          f"{100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points", flush=True)
+          + (f"{duration(statistics.median(reached))} with its stage 1 ({len(reached)} of {len(rows)} seeds): "
+             f"{statistics.median(reached) / med('grpo_to_own'):.2f}x the {duration(med('grpo_to_own'))} GRPO took "
+             f"to reach the same accuracy, {statistics.median(reached) / med('grpo_s'):.2f}x GRPO's whole training "
+             f"time" if reached else "no seed") + "; at equal steps, A*-PO minus GRPO (median over the grid's points "
+          f"and seeds): {100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points", flush=True)
+    ratios = [r["a2po_to_grpo"] / r["grpo_s"] for r in rows if r["a2po_to_grpo"] is not None]
+    if ratios:
+        print("per seed, A*-PO's time to GRPO's final less 3 points over GRPO's whole training time: "
+              + ", ".join(f"{v:.2f}x" for v in ratios), flush=True)
     if view.medians:
         a2po, grpo = view.pair()
         print(f"\nverdict on the medians: {comparison.verdict(a2po, grpo, margin=MARGIN)}", flush=True)

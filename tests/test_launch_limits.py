@@ -85,3 +85,30 @@ def test_a_study_over_a_users_limit_is_refused_whole_before_anything_is_queued(t
     runs = [studio.store.get_run(i) for i in ids]
     assert [r["config"]["config"]["seed"] for r in runs] == [5, 6] and runs[0]["owner"] == "bob"
     studio.jobs.close()
+
+
+def test_a_sweep_over_a_users_limit_is_refused_whole_naming_its_runs(tmp_path):
+    studio = services(tmp_path, queued_per_user=3)
+    ann = studio.auth.identify(token=studio.auth.login("ann", "pw"))
+    grid = {"beta2": [0.001, 0.01], "learning_rate": [1e-5, 2e-5]}
+    try:
+        studio.launch_sweep({"preset": "quick-look", "action": "train"}, ann, grid, [0])
+    except Refused as error:
+        assert "This study asks for 4 runs, and you may have 3 more" in str(error), error
+        assert "fewer runs (seeds or grid points)" in str(error)
+    else:
+        raise AssertionError("a 4-run sweep was queued for a user allowed 3 runs")
+    assert studio.store.list_runs() == []
+    for bad, message in (({"beta3": [1]}, "not a setting"), ({"seed": [1]}, "give run seeds")):
+        try:
+            studio.launch_sweep({"preset": "quick-look", "action": "train"}, ann, bad, [0])
+        except Refused as error:
+            assert message in str(error), error
+        else:
+            raise AssertionError(f"the grid {bad} was accepted")
+    ids = studio.launch_sweep({"preset": "quick-look", "action": "train"}, ann, {"beta2": [0.001, 0.01]}, "0")
+    runs = [studio.store.get_run(i) for i in ids]
+    assert [r["config"]["study"]["point"] for r in runs] == [{"beta2": 0.001}, {"beta2": 0.01}]
+    assert [r["config"]["config"]["beta2"] for r in runs] == [0.001, 0.01]
+    assert any("Sweep" in log["message"] for log in studio.store.get_logs(ids[0]))
+    studio.jobs.close()

@@ -113,9 +113,13 @@ PARAMS: list[Param] = [
     Param("eval_every_seconds", "Evaluate every N seconds of training (0: off)", "float", advanced=True),
     Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
     Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True, methods=A2PO),
+    Param("values_seed", "Stage-1 seed (empty: the run seed)", "int", advanced=True, methods=A2PO,
+          info="Runs with one stage-1 seed share one V* set; a sweep sets it for all its runs."),
     Param("use_cpu", "Force CPU", "bool", advanced=True),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
+# Settings an empty form field leaves out of the spec (their library default is another setting's value).
+EMPTY_MEANS_UNSET = {"values_seed"}
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "max_train_seconds",
                    "eval_every_seconds"}
@@ -446,7 +450,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
     given = full.get("config")
     if isinstance(given, Mapping):
         given = {**{p.key: default_value(p.key, method) for p in method_params(method if method in METHOD_NAMES
-                                                                               else "a2po")}, **given}
+                                                                               else "a2po")
+                    if p.key not in EMPTY_MEANS_UNSET}, **given}
     candidate = {**full, "dataset": _check_dataset(full.get("dataset"), policy, errors),
                  "config": _check_config(given, policy, errors, method)}
     if method == "grpo" and isinstance(candidate["config"], Mapping):

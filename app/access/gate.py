@@ -119,7 +119,8 @@ class Services:
             raise Refused(f"This study asks for {len(specs)} runs, and {where} {room} more "
                           f"({full.count} of the limit of {full.limit} "
                           f"{'queued runs' if full.what == 'queue' else 'queued or running runs per user'}). "
-                          "Launch fewer seeds, or wait for runs to end; none was started.") from None
+                          "Launch fewer runs (seeds or grid points), or wait for runs to end; none was started."
+                          ) from None
         ids: list[int] = []
         try:
             for spec in specs:
@@ -165,6 +166,29 @@ class Services:
         if not isinstance(spec, dict):
             self.check(spec)  # names the problem
         return self.launch_study(study_specs(dict(spec), chosen, pair=False), user)
+
+    def launch_sweep(self, spec: Any, user: User | None, grid: Any, seeds: Any = None) -> list[int]:
+        """A sweep (`app.studies.sweeps`): one run per grid point and run seed, as one study, every run checked
+        (permission, allow-list, limits) before any is queued. Returns their ids, point by point."""
+        from app.studies.protocols import StudyError, parse_seeds
+        from app.studies.sweeps import sweep_specs
+
+        problem = self.auth.can_launch(user)
+        if problem:
+            raise Refused(problem)
+        try:
+            chosen = parse_seeds(seeds)
+            base, _ = self.checked(spec)
+            specs = sweep_specs(base, grid, chosen)
+        except StudyError as error:
+            raise Refused(str(error)) from None
+        ids = self.launch_study(specs, user)
+        label = specs[0]["study"]
+        for run_id, one in zip(ids, specs, strict=True):
+            point = ", ".join(f"{k}={v}" for k, v in one["study"]["point"].items()) or "the base spec"
+            self.store.add_log(run_id, f"Sweep {label['name']!r} ({len(ids)} runs): this run is {point}, run seed "
+                                       f"{one['study']['seed']}.")
+        return ids
 
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:
         """A file picked in the form lives in Gradio's upload cache; a run (and its resumes) reads a copy in

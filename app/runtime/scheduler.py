@@ -116,6 +116,19 @@ class AlreadyServing(RuntimeError):
     """Another studio process holds this data folder's scheduler lock."""
 
 
+def value_fingerprint_of(run: dict[str, Any]) -> str | None:
+    """The V* set an A*-PO run samples or reads (`RunSpec.value_fingerprint`); None for a run without stage 1."""
+    from a2po.runspec import RunSpec
+
+    spec = run.get("config") or {}
+    if spec.get("method", "a2po") != "a2po" or spec.get("action", "train") not in ("train", "values"):
+        return None
+    try:
+        return RunSpec.from_dict(spec).value_fingerprint()
+    except ValueError:
+        return None
+
+
 def processes_of(spec: dict[str, Any]) -> int:
     """The processes a stored run spec asks for (`num_devices`: its name in specs stored before the rename)."""
     return int(spec.get("num_processes", spec.get("num_devices", 1)) or 1)
@@ -185,6 +198,7 @@ class JobManager:
         self.lock_problem: str | None = None  # why this studio schedules nothing now (its lock is lost), or None
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
+        self._fingerprints: dict[int, str | None] = {}  # run id -> its V* set (`value_fingerprint_of`); specs are fixed
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
         self._devices: dict[int, list[str]] = {}  # run id -> devices given to a worker that has not claimed yet
         self._retry_at: dict[int, float] = {}  # run id -> earliest next start after a launch failure
@@ -338,8 +352,14 @@ class JobManager:
         started = []
         busy = self._busy_devices()
         queue = sorted(self.store.list_runs(status=lifecycle.QUEUED), key=lambda r: (r["queued_at"], r["id"]))
+        sampling = self._stage_ones_under_way() if queue else set()
         for run in queue:
             if run["id"] in self._procs:  # started, not claimed yet (or still exiting after a stop and a resume)
+                continue
+            shared = self._fingerprint(run)
+            if shared in sampling:
+                # Another run is sampling the V* set this one uses (a sweep's points, a study's seeds): it starts
+                # from the stored rows once that stage 1 is done, instead of sampling the same prompts beside it.
                 continue
             if self.zerogpu and is_chunked(run):
                 continue  # its page runs its chunks (`app.runtime.zerogpu`); it takes none of this machine's devices
@@ -357,7 +377,26 @@ class JobManager:
                 self._launch(run["id"], devices, run.get("config") or {})
             busy.update(devices)
             started.append(run["id"])
+            if shared is not None and not self._value_set_complete(shared):
+                sampling.add(shared)
         return started
+
+    def _fingerprint(self, run: dict[str, Any]) -> str | None:
+        if run["id"] not in self._fingerprints:
+            self._fingerprints[run["id"]] = value_fingerprint_of(run)
+        return self._fingerprints[run["id"]]
+
+    def _value_set_complete(self, fingerprint: str) -> bool:
+        found = self.store.find_value_set(fingerprint)
+        return bool(found and found["complete"])
+
+    def _stage_ones_under_way(self) -> set[str]:
+        """The V* sets (fingerprints) that a started run is still sampling: its set is not complete."""
+        with self._lock:
+            started = list(self._procs)  # started here, perhaps not claimed yet (still queued)
+        runs = self.store.list_runs(status=LIVE) + [r for r in map(self.store.get_run, started) if r is not None]
+        prints = {self._fingerprint(r) for r in runs}
+        return {p for p in prints if p is not None and not self._value_set_complete(p)}
 
     def _worker_env(self, devices: list[str]) -> dict[str, str]:
         env = with_project_path(self.worker_env if self.worker_env is not None else os.environ)
@@ -840,6 +879,7 @@ class JobManager:
         """Delete a run: kill its worker if it runs (a chunk of ZeroGPU's is asked to stop instead), remove its
         rows, log, journal, exports and output directory (the shared value set stays). Returns False if the run did
         not exist."""
+        self._fingerprints.pop(int(run_id), None)  # an id SQLite may give again to a new run
         with self._lock:
             run = self.store.get_run(run_id)
             if run is None:

@@ -206,7 +206,7 @@ def percent(value: float) -> str:
 
 def _no_point_yet(t: Timeline) -> str:
     """Why a run with a held-out set has no accuracy yet, by its status (the user did nothing wrong)."""
-    name = _markdown(t.label)
+    name = escape_markdown(t.label)
     if t.status == "queued":
         return f"{name} is queued"
     if t.status in ("running", "stopping") and t.stage == "values":
@@ -258,7 +258,7 @@ def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
     of either run: an unfinished run's latest point stands in for its end, and says so."""
     missing = [t for t in (a2po, grpo) if not t.has_eval]
     if missing:
-        names = " and ".join(_markdown(t.label) for t in missing)
+        names = " and ".join(escape_markdown(t.label) for t in missing)
         return (f"{names} {'holds' if len(missing) == 1 else 'hold'} no prompts out (eval_size 0), and the verdict "
                 "compares held-out accuracy: launch with eval_size > 0.")
     waiting = [t for t in (a2po, grpo) if not t.points]
@@ -318,8 +318,8 @@ def cost_explanation(a2po: Timeline, grpo: Timeline, a2po_config: Mapping[str, A
     per_step = (f"{tokens_a / steps_a:,.0f} vs {tokens_g / steps_g:,.0f} completion tokens per step"
                 if steps_a and steps_g else "")
     lines = [
-        f"**Why the costs differ ({_markdown(a2po.label)} vs {_markdown(grpo.label)}).** At every step GRPO "
-        f"samples G = {g} completions "
+        f"**Why the costs differ ({escape_markdown(a2po.label)} vs {escape_markdown(grpo.label)}).** At every step "
+        f"GRPO samples G = {g} completions "
         f"of each prompt and compares them with each other (the advantage is a completion's reward against its "
         f"group's mean); A\\*-PO samples **one** completion per prompt per step, because its baseline V\\*(x) was "
         f"estimated once, before training, from N = {n} samples of the reference model (stage 1).",
@@ -353,7 +353,7 @@ def _prompts_line(a2po: Timeline, grpo: Timeline) -> list[str]:
     return [line + "."]
 
 
-def _markdown(text: str) -> str:
+def escape_markdown(text: str) -> str:
     """`text` shown as is in Markdown (a run's name or "A*-PO" would otherwise open emphasis)."""
     return re.sub(r"([\\`*_\[\]])", r"\\\1", text)
 

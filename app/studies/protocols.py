@@ -85,6 +85,8 @@ def planned_steps(spec: dict[str, Any]) -> int | None:
     if not isinstance(prompts, (int, float)) or prompts <= 0:
         return None
     batch = int(config.get("per_device_train_batch_size") or 8)
+    if spec.get("method") == "grpo":  # GRPO's batch counts completions, G of each prompt
+        batch = max(1, batch // int(config.get("num_generations") or 8))
     accumulation = int(config.get("gradient_accumulation_steps") or 1)
     processes = int(spec.get("num_processes") or 1)
     # As the Trainer counts: batches per process in an epoch, then optimizer steps.

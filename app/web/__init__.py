@@ -12,13 +12,15 @@ from app.web.banner import build_banner
 from app.web.common import CSS, model_choices, run_choices
 from app.web.pages.chunks import build_chunk_panel
 from app.web.pages.compare import build_compare_page
+from app.web.pages.compare import study_choices as _study_choices
 from app.web.pages.explain import build_explain_page
 from app.web.pages.export import build_export_page
-from app.web.pages.launch import build_launch_page
+from app.web.pages.launch import build_launch_page, preset_choices
 from app.web.pages.login import build_login, show_status
 from app.web.pages.playground import build_playground_page
 from app.web.pages.run import build_run_page
 from app.web.pages.runs import build_runs_page
+from app.web.pages.studies import build_studies_page
 
 TITLE = "A*-PO Studio"
 SHOW_LAUNCH_TAB = "() => { document.getElementById('page-launch-button')?.click(); return []; }"
@@ -46,6 +48,8 @@ def build_demo(services: Services) -> gr.Blocks:
                 explain_picker, explain_pair = build_explain_page(services)
             with gr.Tab("Compare", id="compare", elem_id="page-compare") as compare_tab:
                 compare_picker = build_compare_page(services)
+            with gr.Tab("Studies", id="studies", elem_id="page-studies") as studies_tab:
+                studies = build_studies_page(services, login.token)
             with gr.Tab("Export", id="export", elem_id="page-export") as export_tab:
                 export_picker = build_export_page(services)
         register_api(services)
@@ -82,18 +86,32 @@ def build_demo(services: Services) -> gr.Blocks:
             return launch.load_spec(spec, "Cloned run #{} as".format(found["id"]))
 
         run.clone.click(clone, run.picker, launch.fill_outputs, **private).then(None, None, None, js=SHOW_LAUNCH_TAB)
+        # The best grid point of a study: its first seed's spec, the study's label left out (a new run of its own).
+        studies.clone.click(clone, studies.best_run, launch.fill_outputs, **private).then(
+            None, None, None, js=SHOW_LAUNCH_TAB)
+
+        def open_study(study_id: str | None) -> Any:
+            if not study_id:
+                return gr.skip()
+            return gr.Dropdown(choices=_study_choices(services.store), value=study_id)
+
+        launch.sweep_event.then(open_study, launch.sweep_study, studies.picker, **private)
 
         def choices() -> Any:
             return gr.Dropdown(choices=run_choices(services.store))
 
         run_tab.select(choices, None, run.picker, **private)
         compare_tab.select(choices, None, compare_picker, **private)
+        studies_tab.select(lambda: gr.Dropdown(choices=_study_choices(services.store)), None, studies.picker,
+                           **private)
         explain_tab.select(choices, None, explain_picker, **private)
         explain_tab.select(choices, None, explain_pair, **private)
         export_tab.select(choices, None, export_picker, **private)
         playground.refresh_on(playground_tab)
         launch_tab.select(lambda: gr.Dropdown(choices=model_choices(services)), None, launch.model, **private)
-        runs.poll_while_open(runs_tab, [launch_tab, run_tab, compare_tab, export_tab, playground_tab, explain_tab])
+        launch_tab.select(lambda: gr.Dropdown(choices=preset_choices(services)), None, launch.preset, **private)
+        runs.poll_while_open(runs_tab, [launch_tab, run_tab, compare_tab, export_tab, playground_tab, explain_tab,
+                                        studies_tab])
     return demo
 
 

@@ -66,8 +66,8 @@ def runs_go_to(services: Services, user: Any) -> dict[str, Any]:
 
 
 def register_api(services: Services) -> None:
-    """Add the named endpoints (inside gr.Blocks): /launch, /launch_pair, /stop, /resume, /delete, /status,
-    /list_runs, /metrics, /limits, /login, /upload_dataset, /playground, /try_reward."""
+    """Add the named endpoints (inside gr.Blocks): /launch, /launch_pair, /launch_study, /stop, /resume, /delete,
+    /status, /list_runs, /metrics, /limits, /login, /upload_dataset, /playground, /try_reward."""
     store, auth = services.store, services.auth
 
     def get(run_id: int) -> dict[str, Any]:
@@ -116,6 +116,25 @@ def register_api(services: Services) -> None:
                       for method, run_id in zip(("a2po", "grpo"), pair, strict=True)} for pair in pairs]
         study = store.get_run(pairs[0][0])["config"]["study"]
         return {**described[0], "pairs": described, "study": study["id"], "protocol": protocol}
+
+    def launch_study(spec: dict, grid: dict | None = None, seeds: list | str | None = None,
+                     request: gr.Request = None) -> dict:
+        """A sweep: the run `spec` describes (as /launch reads it) at every point of `grid`, a mapping of config
+        settings to values (e.g. {"beta2": [0.001, 0.01], "learning_rate": [1e-5, 2e-5]}; "method": ["a2po",
+        "grpo"] adds GRPO runs matched to each A*-PO point under the paper's protocol), once per run seed in `seeds`,
+        as one study: every run passes the checks and limits, or none is queued. A*-PO runs whose stage-1 settings
+        match share one V* set, sampled once. Returns {"study", "runs": [{"run_id", "name", "point", "seed",
+        "method"}], "stage1": {"value_sets", "a2po_runs", "saved_runs"}}; read it on the Studies page."""
+        from app.studies.sweeps import shared_stage_one
+
+        user = auth.identify(request=request)
+        ids = refused(lambda: services.launch_sweep(spec, user, grid, seeds))
+        runs = [store.get_run(i) for i in ids]
+        return {"study": runs[0]["config"]["study"]["id"],
+                "runs": [{"run_id": r["id"], "name": r["name"], "point": r["config"]["study"]["point"],
+                          "seed": r["config"]["study"]["seed"], "method": r["config"].get("method", "a2po")}
+                         for r in runs],
+                "stage1": shared_stage_one([r["config"] for r in runs])}
 
     def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
@@ -190,7 +209,7 @@ def register_api(services: Services) -> None:
             raise gr.Error("Wrong user name or password." if auth.passwords else "This studio has no password users.")
         return {"token": token, "user": username}
 
-    for fn in (launch, launch_pair, stop, resume, delete, status, list_runs, metrics, limits, login):
+    for fn in (launch, launch_pair, launch_study, stop, resume, delete, status, list_runs, metrics, limits, login):
         reads = fn in (status, list_runs, metrics, limits)
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None if reads else 1)
 

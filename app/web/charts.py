@@ -502,3 +502,60 @@ def _transparent(color: str, alpha: float = 0.15) -> str:
         return color
     red, green, blue = (int(value[i:i + 2], 16) for i in (0, 2, 4))
     return f"rgba({red},{green},{blue},{alpha})"
+
+
+def study_heatmap(heatmap: Any) -> go.Figure:
+    """A sweep's median final held-out accuracy over its two fields (`app.studies.summary.Heatmap`), each cell
+    labelled with its value; cells without a finished run are blank."""
+    text = [["–" if v is None else f"{100 * v:.1f}%" for v in row] for row in heatmap.z]
+    from a2po.sweep import show_value
+
+    fig = go.Figure(go.Heatmap(z=heatmap.z, x=[show_value(v) for v in heatmap.x_values],
+                               y=[show_value(v) for v in heatmap.y_values],
+                               text=text, texttemplate="%{text}", colorscale="Viridis", zmin=0, zmax=1,
+                               colorbar={"title": "accuracy", "tickformat": ".0%"},
+                               hovertemplate=f"{heatmap.x_field}=%{{x}}, {heatmap.y_field}=%{{y}}: %{{text}}"
+                                             "<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=360, margin={"l": 70, "r": 20, "t": 50, "b": 50},
+                      title=f"Final held-out accuracy, median over seeds ({heatmap.method})")
+    fig.update_xaxes(title_text=heatmap.x_field, type="category")
+    fig.update_yaxes(title_text=heatmap.y_field, type="category")
+    return fig
+
+
+def study_bars(rows: Sequence[Any], best: Any = None) -> go.Figure:
+    """A sweep's median final held-out accuracy per grid point, with the seeds' range as error bars (grids that are
+    not two fields); the best point in the highlight colour."""
+    shown = [r for r in rows if r.final is not None]
+    if not shown:
+        return empty_figure("No held-out accuracy yet: the study's runs have not evaluated")
+    fig = go.Figure(go.Bar(
+        x=[f"{r.label} ({r.method})" for r in shown], y=[r.final for r in shown],
+        error_y={"type": "data", "symmetric": False, "array": [r.final_range[1] - r.final for r in shown],
+                 "arrayminus": [r.final - r.final_range[0] for r in shown]},
+        marker_color=[PALETTE[1] if r is best else PALETTE[0] for r in shown],
+        hovertemplate="%{x}: %{y:.1%}<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=360, margin={"l": 50, "r": 20, "t": 50, "b": 120},
+                      title="Final held-out accuracy per grid point (median over seeds, bars: their range)")
+    fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
+    return fig
+
+
+def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
+    """Each grid point's median held-out accuracy against optimizer steps (`PointRow.curve`), the best one bold."""
+    fig = go.Figure()
+    for i, row in enumerate(r for r in rows if r.curve is not None and r.curve.points):
+        points = row.curve.points
+        fig.add_trace(go.Scatter(x=[p.step for p in points], y=[p.accuracy for p in points], mode="lines+markers",
+                                 name=("★ " if row is best else "") + row.label + f" ({row.method})",
+                                 line={"color": PALETTE[i % len(PALETTE)], "width": 4 if row is best else 1.8},
+                                 hovertemplate="%{y:.0%} at step %{x}"))
+    if not fig.data:
+        return empty_figure("No held-out accuracy yet")
+    legend_px = 22 * math.ceil(len(fig.data) / 2)
+    fig.update_layout(template="plotly_white", height=320 + legend_px, title="Median held-out accuracy per grid point",
+                      margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0})
+    fig.update_xaxes(title_text="optimizer step")
+    fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
+    return fig

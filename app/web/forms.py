@@ -17,7 +17,15 @@ from typing import Any
 
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET
-from app.access.allowlist import PARAM_BY_KEY, PARAMS, ZERO_MEANS_NONE, check_spec, default_value, method_params
+from app.access.allowlist import (
+    EMPTY_MEANS_UNSET,
+    PARAM_BY_KEY,
+    PARAMS,
+    ZERO_MEANS_NONE,
+    check_spec,
+    default_value,
+    method_params,
+)
 from app.access.policy import Policy
 
 ARITHMETIC_OPERATIONS = "".join(OPERATIONS)  # the form's check boxes
@@ -141,6 +149,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
     method = form.get("method") or "a2po"
     config = {p.key: form[p.key] if p.key in form else default_value(p.key, method)
               for p in method_params(method if method in ("a2po", "grpo") else "a2po")}
+    # A setting left empty that has no value of its own (the stage-1 seed: the run seed's) stays out of the spec.
+    config = {k: v for k, v in config.items() if not (k in EMPTY_MEANS_UNSET and v in (None, ""))}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()
     rewards = [{"name": n, "weight": w} for n, w in (form.get("rewards") or {}).items()]

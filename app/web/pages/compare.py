@@ -48,7 +48,7 @@ def config_diff(runs: list[dict[str, Any]]) -> pd.DataFrame:
 
 def study_choices(store: Any) -> list[tuple[str, str]]:
     """The studies among the stored runs (`app.studies`), newest first: ("name: A*-PO vs GRPO, paper protocol,
-    3 seeds (6 runs)", study id)."""
+    3 seeds (6 runs)", study id), or ("name: sweep over beta2 x learning_rate, 2 seed(s) (18 runs)", id)."""
     studies: dict[str, dict[str, Any]] = {}
     for run in store.list_runs():
         tag = (run.get("config") or {}).get("study")
@@ -56,8 +56,12 @@ def study_choices(store: Any) -> list[tuple[str, str]]:
             studies.setdefault(str(tag["id"]), {**tag, "runs": 0})["runs"] += 1
     out = []
     for sid, tag in studies.items():
-        kind = ("A*-PO vs GRPO, " + PROTOCOL_LABELS.get(str(tag.get("protocol")), str(tag.get("protocol")))
-                if tag.get("kind") == "pair" else "seeds")
+        if tag.get("kind") == "pair":
+            kind = "A*-PO vs GRPO, " + PROTOCOL_LABELS.get(str(tag.get("protocol")), str(tag.get("protocol")))
+        elif tag.get("kind") == "sweep":
+            kind = "sweep over " + (" x ".join(tag.get("grid") or {}) or "its seeds")
+        else:
+            kind = "seeds"
         out.append((f"{tag.get('name', sid)}: {kind}, {tag.get('seeds', 1)} seed(s) ({tag['runs']} runs)", sid))
     return out
 

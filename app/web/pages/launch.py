@@ -21,9 +21,10 @@ from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
 from app.access import allowlist
 from app.access.gate import Refused, Services, offline
-from app.studies.protocols import DEFAULT_PROTOCOL, PROTOCOL_LABELS, PROTOCOLS
-from app.web import forms
-from app.web.common import model_choices, short
+from app.studies import sweeps
+from app.studies.protocols import DEFAULT_PROTOCOL, PROTOCOL_LABELS, PROTOCOLS, StudyError, parse_seeds
+from app.web import forms, saved_presets
+from app.web.common import format_duration, model_choices, short
 
 SOURCES = [("Built-in arithmetic (offline)", "arithmetic"),
            ("Reasoning task (reasoning-gym, offline)", "reasoning-gym"),
@@ -37,6 +38,42 @@ PAIR_NOTE = ("**A*-PO vs GRPO** launches the form's A*-PO run and a GRPO run mat
              "optimizer step (GRPO's batch counts completions: G × the A*-PO batch). Both are evaluated on one grid. "
              "**Run seeds** (e.g. `0, 1, 2`) launch one run, or one pair, per seed as a study: Compare then shows each "
              "seed and their median.")
+
+
+SWEEP_NOTE = ("One run per grid point and run seed (the seeds box above), as one study; A*-PO runs whose stage-1 "
+              "settings match (everything but beta1, beta2, the learning rate, the filter, the epochs...) share one "
+              "V* set, sampled once. `method: a2po, grpo` adds each point's GRPO match (the paper's protocol).")
+
+
+def sweep_fields() -> list[tuple[str, str]]:
+    """The settings a sweep may vary: the form's (`allowlist.PARAMS`), and the method."""
+    return [("Method (a2po, grpo)", "method"), *((f"{p.label} ({p.key})", p.key) for p in allowlist.PARAMS
+                                                 if p.key != "seed")]
+
+
+def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
+    """The sweep's size and, from this studio's finished runs, an estimate of its training time."""
+    store = services.store
+    finished = store.list_runs(status="finished")[:200]
+    clocks = store.run_clocks(r["id"] for r in finished)
+    history = [(r["config"], clocks[r["id"]]) for r in finished if r["id"] in clocks]
+    seconds = sweeps.estimate_seconds(specs, history)
+    tag = specs[0]["study"]
+    points = len({repr(sorted(s["study"]["point"].items())) + s.get("method", "a2po") for s in specs})
+    shared = sweeps.shared_stage_one(specs)
+    estimate = (f"about {format_duration(seconds)} of training one after another (stage 1 and steps, from this "
+                "studio's finished runs; evaluations and loading add to it)" if seconds is not None else
+                "no estimate yet: this studio has no finished run of this model and method to measure from")
+    return (f"**{len(specs)} runs**: {points} grid point(s) x {tag['seeds']} seed(s); stage 1 sampled for "
+            f"{shared['value_sets']} V* set(s) and read by {shared['saved_runs']} other run(s); {estimate}.")
+
+
+def preset_choices(services: Services) -> list[tuple[str, str]]:
+    """The built-in presets, then those saved on this studio (`app.web.saved_presets`)."""
+    from a2po.presets import PRESET_DESCRIPTIONS
+
+    return [*((PRESET_DESCRIPTIONS[name].split(":")[0], name) for name in PRESET_DESCRIPTIONS),
+            *saved_presets.choices(services.data_dir)]
 
 
 def protocol_note(protocol: str) -> str:
@@ -58,6 +95,9 @@ class LaunchPage:
     # "A*-PO vs GRPO": the ids [A*-PO's, GRPO's] of the pair this session launched last, and its event.
     pair: gr.State | None = None
     pair_event: Any = None
+    # "Launch sweep": the id of the study this session launched last, and its event.
+    sweep_study: gr.State | None = None
+    sweep_event: Any = None
 
 
 def load_dataset_preview(dataset: dict[str, Any], rows: int = PREVIEW_ROWS) -> tuple[list[str], pd.DataFrame]:
@@ -147,7 +187,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                 "model on arithmetic and watch stage 1 (V* estimation) and stage 2 (A*-PO training) live.")
     with gr.Row():
         with gr.Column(scale=3):
-            preset = gr.Dropdown([(PRESET_DESCRIPTIONS[name].split(":")[0], name) for name in PRESET_DESCRIPTIONS],
+            preset = gr.Dropdown(preset_choices(services),
                                  value=DEFAULT_PRESET, label="Preset", elem_id="field-preset",
                                  info=PRESET_DESCRIPTIONS[DEFAULT_PRESET])
             with gr.Group():
@@ -307,6 +347,14 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
                                    minimum=0.1, visible=False, elem_id="pair-budget")
             protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
             gr.Markdown(PAIR_NOTE, elem_id="pair-note")
+            with gr.Accordion("Sweep: the form's run over a grid of settings", open=False, elem_id="sweep-panel"):
+                sweep_field = gr.Dropdown(sweep_fields(), value=None, label="Add a setting to the grid",
+                                          elem_id="sweep-field")
+                sweep_grid = gr.Textbox(label="Grid (one setting per line: name: value, value, ...)", lines=3,
+                                        placeholder="beta2: 0.001, 0.01, 0.1\nlearning_rate: 5e-6, 1e-5, 2e-5",
+                                        elem_id="sweep-grid")
+                sweep_plan = gr.Markdown(SWEEP_NOTE, elem_id="sweep-plan")
+                sweep_btn = gr.Button("Launch sweep", variant="secondary", elem_id="action-sweep")
             error_slot(forms.FORM_ERROR)
             status = gr.Markdown(elem_id="launch-status")
             with gr.Row():
@@ -404,6 +452,41 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         return [*error_updates({}), f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. "
                 "The Compare page shows them.", pairs[0][0], ids]
 
+    def form_spec(data: dict) -> forms.FormResult:
+        values = tuple(data[inputs[k]] for k in keys)
+        return validate(services, {**_form_values(keys, values, reward_names), "action": "train"})
+
+    def plan_sweep(data: dict) -> str:
+        """How many runs the grid and seeds make, and an estimate of their training time."""
+        if not (data[sweep_grid] or "").strip():
+            return SWEEP_NOTE
+        result = form_spec(data)
+        if not result.ok:
+            return f"⚠ Fix the form first: {len(result.errors)} problem(s) (see the marked fields)."
+        try:
+            specs = sweeps.sweep_specs(result.spec, sweeps.grid_from_text(data[sweep_grid]),
+                                       parse_seeds(data[seeds_box]))
+        except StudyError as exc:
+            return f"⚠ {exc}"
+        return sweep_plan_text(services, specs)
+
+    def start_sweep(data: dict, request: gr.Request) -> list[Any]:
+        result = form_spec(data)
+        if not result.ok:
+            return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) — see the "
+                    "marked fields (the sweep starts from the form's run).", None, None]
+        try:
+            grid = sweeps.grid_from_text(data[sweep_grid])
+            if not grid:
+                raise StudyError("Write the grid first: one setting per line, e.g. beta2: 0.001, 0.01")
+            ids = services.launch_sweep(result.spec, services.auth.identify(token=data[token], request=request),
+                                        grid, data[seeds_box])
+        except (Refused, StudyError) as exc:
+            return [*error_updates({}), f"❌ Not started: {exc}", None, None]
+        study = services.store.get_run(ids[0])["config"]["study"]["id"]
+        return [*error_updates({}), f"✅ Started a sweep of {len(ids)} runs ({', '.join(f'#{i}' for i in ids)}). "
+                "The Studies page shows it.", ids[0], study]
+
     def try_it(data: dict, request: gr.Request) -> list[Any]:
         from app.web.pages.playground import try_reward
 
@@ -432,6 +515,23 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     protocol_box.change(lambda protocol: (gr.update(visible=protocol == "time"), protocol_note(protocol)),
                         protocol_box, [budget_box, protocol_text], api_visibility="private")
     events.append(pair_event)
+    sweep_study = gr.State(None)
+    plan_inputs = {sweep_grid, seeds_box, *all_inputs}
+    sweep_grid.change(plan_sweep, plan_inputs, sweep_plan, api_visibility="private", trigger_mode="always_last")
+    seeds_box.change(plan_sweep, plan_inputs, sweep_plan, api_visibility="private", trigger_mode="always_last")
+
+    def add_field(name: str | None, grid: str, *values: Any) -> tuple[Any, Any]:
+        if not name:
+            return gr.skip(), gr.skip()
+        current = dict(zip(keys, values, strict=True)).get(name, "")
+        line = f"{name}: {'' if current is None else current}, "
+        return (grid.rstrip() + "\n" + line if grid and grid.strip() else line), None
+
+    sweep_field.input(add_field, [sweep_field, sweep_grid, *all_inputs], [sweep_grid, sweep_field],
+                      api_visibility="private")
+    sweep_event = sweep_btn.click(start_sweep, {token, seeds_box, sweep_grid, *all_inputs},
+                                  [*errors_out, status, launched, sweep_study], api_visibility="private",
+                                  concurrency_limit=1)
     param_keys = list(param_columns)
 
     def show_method(method: str) -> list[Any]:
@@ -474,10 +574,18 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         return [*updates, *toggle(values["dataset_source"])]
 
     def apply_preset(name: str) -> list[Any]:
-        """Fill every field from the preset (the form keeps showing each value)."""
-        return [*fill(forms.default_form(name)), gr.Dropdown(info=PRESET_DESCRIPTIONS[name])]
+        """Fill every field from the preset (the form keeps showing each value); a saved preset's spec goes through
+        the allow-list first, as a cloned run's does."""
+        if name and name.startswith(saved_presets.PREFIX):
+            spec = saved_presets.saved(services.data_dir).get(name[len(saved_presets.PREFIX):])
+            if spec is None:
+                return [*(gr.update() for _ in [*all_inputs, *boxes]), gr.Dropdown(choices=preset_choices(services)),
+                        "❌ That preset is gone: pick another."]
+            *filled, message = load_spec(spec, "Loaded preset")
+            return [*filled, gr.Dropdown(info="A preset saved on this studio."), message]
+        return [*fill(forms.default_form(name)), gr.Dropdown(info=PRESET_DESCRIPTIONS[name]), gr.skip()]
 
-    preset.input(apply_preset, preset, [*all_inputs, *boxes, preset], api_visibility="private")
+    preset.input(apply_preset, preset, [*all_inputs, *boxes, preset, status], api_visibility="private")
 
     def save_yaml(*values: Any) -> list[Any]:
         from a2po.runspec import RunSpec
@@ -519,6 +627,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     save_btn.click(save_yaml, all_inputs, [*errors_out, status, saved], api_visibility="private")
     load_btn.upload(load_yaml, load_btn, [*all_inputs, *boxes, status], api_visibility="private")
     return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
+                      sweep_study=sweep_study, sweep_event=sweep_event,
                       fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec, pair=pair,
                       pair_event=pair_event)
 

@@ -1,0 +1,322 @@
+"""Sweeps: one run per point of a grid of settings and per run seed, with stage 1 sampled once per V* set.
+
+    python -m a2po sweep --grid beta2=1e-3,1e-2 --grid learning_rate=1e-5,2e-5 --seeds 0 1 2 --num_train_epochs 1
+
+A*-PO's stage 1 (N reference samples per prompt, scored) depends only on the model, the prompts, the rewards, N, the
+sampling settings and its seed (`A2POTrainer.value_fingerprint`), not on beta1, beta2, the learning rate, the filter
+or the epochs: V* is recomputed from the stored rewards with each run's beta1. Every run of a sweep samples stage 1
+with the base's seed (`values_seed`; the run seeds vary stage 2), so the runs hand their V* tables on
+(`A2POTrainer.set_optimal_values`) and stage 1 is sampled once per sweep (once per value of a sampling setting in the
+grid, e.g. N or the temperature).
+
+Every other flag is `python -m a2po train`'s (the preset, then the flags). The runs go one after another in this
+process; each writes `<output_dir>/<run name>/`, and `<output_dir>/sweep.jsonl` gets one line per finished run (a
+sweep started again skips the runs already there). At the end: one row per grid point with the median over seeds of
+the final held-out accuracy, its range, the best accuracy and its step, training time and completion tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_VALUES = 12  # values of one grid field
+NOT_SWEPT = {"seed": "give run seeds (--seeds / seeds) instead of a grid over seed",
+             "output_dir": "each run gets its own folder", "run_name": "the sweep names its runs"}
+
+
+class GridError(ValueError):
+    """A grid that cannot be swept; the message names the setting and the fix."""
+
+
+def _config_classes() -> dict[str, type]:
+    from a2po.runspec import CONFIG_CLASSES
+
+    return CONFIG_CLASSES
+
+
+def field_kind(name: str) -> type | None:
+    """The Python type of config field `name` (from its default in either method's config); None if unknown or
+    without a default to tell."""
+    for cls in _config_classes().values():
+        found = cls.__dataclass_fields__.get(name)
+        if found is not None:
+            default = found.default_factory() if found.default is dataclasses.MISSING else found.default
+            return type(default) if default is not None else None
+    return None
+
+
+def coerce(name: str, value: Any) -> Any:
+    """A grid value as the field takes it: text ("1e-3", "true") becomes a number or a bool."""
+    kind = field_kind(name)
+    if not isinstance(value, str):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+    text = value.strip()
+    if kind is bool or text.lower() in ("true", "false"):
+        if text.lower() not in ("true", "false", "on", "off", "1", "0"):
+            raise GridError(f"grid: {name} takes true or false (got {value!r:.30}).")
+        return text.lower() in ("true", "on", "1")
+    if kind is str:
+        return text
+    try:
+        number = float(text)
+    except ValueError:
+        if kind in (int, float):
+            raise GridError(f"grid: {name} takes numbers, e.g. 1e-5, 2e-5 (got {value!r:.30}).") from None
+        return text
+    return int(number) if kind is int and number == int(number) else number
+
+
+def parse_grid(grid: Any, allow_method: bool = True) -> dict[str, list[Any]]:
+    """The grid as {field: [values]}, from a mapping of lists (or of texts "1e-3, 1e-2"), checked: settings of A*-PO's
+    or GRPO's config (or `method`), one or more values each, no value twice. None or empty: {}."""
+    if grid is None or grid == {} or grid == "":
+        return {}
+    if not isinstance(grid, dict):
+        raise GridError('grid: give a mapping of settings to lists of values, e.g. {"beta2": [0.001, 0.01]} '
+                        f"(got {type(grid).__name__}).")
+    methods = tuple(_config_classes())
+    known = {name for cls in _config_classes().values() for name in cls.__dataclass_fields__}
+    parsed: dict[str, list[Any]] = {}
+    for name, values in grid.items():
+        name = str(name).strip()
+        if name in NOT_SWEPT:
+            raise GridError(f"grid: {name} cannot be swept: {NOT_SWEPT[name]}.")
+        if name == "method" and not allow_method:
+            raise GridError("grid: this sweep runs one method; compare methods with the studio's /launch_study "
+                            "(method in its grid) or \"A*-PO vs GRPO\".")
+        if name != "method" and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise GridError(f"grid: {name!r:.40} is not a setting of A*-PO's or GRPO's config.{hint}")
+        items = values.replace(",", " ").split() if isinstance(values, str) else values
+        if not isinstance(items, (list, tuple)) or not items:
+            raise GridError(f"grid: give {name} a list of one or more values (got {values!r:.40}).")
+        if len(items) > MAX_VALUES:
+            raise GridError(f"grid: at most {MAX_VALUES} values of {name} (got {len(items)}).")
+        coerced = [coerce(name, v) for v in items]
+        if name == "method" and (bad := [m for m in coerced if m not in methods]):
+            raise GridError(f"grid: method takes {', '.join(methods)} (got {bad[0]!r:.20}).")
+        if len({repr(v) for v in coerced}) != len(coerced):
+            raise GridError(f"grid: each value of {name} once (got {', '.join(map(str, coerced))}).")
+        parsed[name] = coerced
+    return parsed
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, the first field varying slowest; one empty point for no grid."""
+    names = list(grid)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def show_value(value: Any) -> str:
+    """A grid value as people write it: 1.0 -> "1", 1e-05 -> "1e-05", True -> "True"."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def point_label(point: dict[str, Any]) -> str:
+    """ "beta2=0.001, learning_rate=1e-05" (the point's settings in grid order), or "base" for no grid."""
+    return ", ".join(f"{k}={show_value(v)}" for k, v in point.items()) or "base"
+
+
+def point_slug(point: dict[str, Any]) -> str:
+    """A run-name part for a point: "beta2=0.001-learning_rate=1e-05" ("base" for no grid)."""
+    return "-".join(f"{k}={show_value(v)}" for k, v in point.items()) or "base"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command
+
+
+def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], list[str]]:
+    """`--grid NAME=V1,V2` (repeatable) and `--seeds S [S ...]` taken out of `argv`; the rest is train's flags."""
+    grid: dict[str, str] = {}
+    seeds: list[int] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--grid" or arg.startswith("--grid="):
+            value = arg.split("=", 1)[1] if "=" in arg and arg.startswith("--grid=") else None
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise SystemExit("--grid needs NAME=V1,V2, e.g. --grid beta2=1e-3,1e-2")
+                value, i = argv[i + 1], i + 1
+            name, equals, values = value.partition("=")
+            if not equals or not values.strip():
+                raise SystemExit(f"--grid needs NAME=V1,V2, e.g. --grid beta2=1e-3,1e-2 (got {value!r}).")
+            if name.strip() in grid:
+                raise SystemExit(f"--grid {name.strip()} is given twice: put all its values in one flag.")
+            grid[name.strip()] = values
+        elif arg == "--seeds":
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                try:
+                    seeds.append(int(argv[i]))
+                except ValueError:
+                    raise SystemExit(f"--seeds takes whole numbers, e.g. --seeds 0 1 2 (got {argv[i]!r}).") from None
+        else:
+            rest.append(arg)
+        i += 1
+    if "--seed" in rest:
+        raise SystemExit("A sweep takes --seeds S [S ...] (one run per seed); drop --seed.")
+    return grid, seeds, rest
+
+
+def _final_figures(trainer: Any) -> dict[str, Any]:
+    """What a sweep's table reads of a finished run: held-out accuracy (final, best and its step) and its clock."""
+    evals = [(h["step"], h["eval_accuracy"]) for h in trainer.state.log_history if "eval_accuracy" in h]
+    counters = trainer.run_counters
+    best = max(evals, key=lambda p: p[1], default=(None, None))
+    stage_one = counters.values_seconds.get("train", 0.0)
+    return {"final_accuracy": evals[-1][1] if evals else None, "best_accuracy": best[1], "best_step": best[0],
+            "steps": trainer.state.global_step, "stage1_seconds": round(stage_one, 2),
+            "train_seconds": round(counters.train_seconds, 2),
+            "training_seconds": round(stage_one + counters.train_seconds, 2),
+            "completion_tokens": counters.completion_tokens + sum(counters.values_tokens.values()),
+            "stage1_tokens": counters.values_tokens.get("train", 0)}
+
+
+def summarize_sweep(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per grid point, in grid order: medians over its seeds (final and best accuracy, training time,
+    tokens), the range of the final accuracy, and the seeds it ran."""
+    rows: dict[str, dict[str, Any]] = {}
+    for result in results:
+        rows.setdefault(result["point_label"], {"point": result["point_label"], "runs": []})["runs"].append(result)
+
+    def median(runs: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    table = []
+    for row in rows.values():
+        runs = row.pop("runs")
+        finals = [r["final_accuracy"] for r in runs if r.get("final_accuracy") is not None]
+        row.update(seeds=len(runs), final_accuracy=median(runs, "final_accuracy"),
+                   final_min=min(finals, default=None), final_max=max(finals, default=None),
+                   best_accuracy=median(runs, "best_accuracy"), best_step=median(runs, "best_step"),
+                   training_seconds=median(runs, "training_seconds"), completion_tokens=median(runs,
+                                                                                               "completion_tokens"))
+        table.append(row)
+    return table
+
+
+def format_table(table: list[dict[str, Any]]) -> str:
+    """The sweep's table as text, the best final median marked with *."""
+    def pct(v: float | None) -> str:
+        return "–" if v is None else f"{100 * v:.1f}%"
+
+    best = max((r["final_accuracy"] for r in table if r["final_accuracy"] is not None), default=None)
+    lines = [f"{'grid point':<40} {'seeds':>5} {'final (median)':>14} {'range':>15} {'best (step)':>14} "
+             f"{'train time':>10} {'tokens':>9}"]
+    for r in table:
+        mark = "*" if best is not None and r["final_accuracy"] == best else " "
+        spread = f"{pct(r['final_min'])}-{pct(r['final_max'])}"
+        step = "" if r["best_step"] is None else f" ({r['best_step']:g})"
+        time_s = "–" if r["training_seconds"] is None else f"{r['training_seconds']:.0f} s"
+        tokens = "–" if r["completion_tokens"] is None else f"{r['completion_tokens']:,.0f}"
+        lines.append(f"{mark}{r['point'][:39]:<39} {r['seeds']:>5} {pct(r['final_accuracy']):>14} {spread:>15} "
+                     f"{pct(r['best_accuracy']) + step:>14} {time_s:>10} {tokens:>9}")
+    return "\n".join(lines)
+
+
+def _saved_tables(root: Path, fingerprint: str) -> dict[str, list[dict[str, Any]]]:
+    """V* rows that earlier runs of this sweep saved under `root` for `fingerprint`, by split."""
+    from a2po.values import read_jsonl
+
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted(root.glob(f"*/optimal_values-*-{fingerprint}*.jsonl")):
+        split = path.name[len("optimal_values-"):].split(f"-{fingerprint}")[0]
+        for row in read_jsonl(path):
+            found.setdefault(split, {})[row["prompt_id"]] = row
+    return {split: list(rows.values()) for split, rows in found.items()}
+
+
+def run_sweep(argv: list[str]) -> int:
+    """`python -m a2po sweep ...` (see the module docstring)."""
+    from a2po.cli import parse, register_rewards, spec_from_args
+
+    grid_text, seeds, rest = _sweep_flags(argv)
+    try:
+        grid = parse_grid(grid_text, allow_method=False)
+    except GridError as error:
+        raise SystemExit(str(error)) from None
+    if not grid and not seeds:
+        raise SystemExit("usage: python -m a2po sweep --grid NAME=V1,V2 [--grid ...] [--seeds 0 1 2] [train flags]")
+    seeds = seeds or [0]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds: each seed once (got {' '.join(map(str, seeds))}).")
+    _, script, config, fields = parse(["train", *rest])
+    for name in grid:
+        if name not in type(config).__dataclass_fields__:
+            raise SystemExit(f"--grid {name}: not a setting of {type(config).__name__} (--method {script.method}).")
+    register_rewards(script)
+    if script.num_processes != 1:
+        raise SystemExit("A sweep runs its runs one after another in one process: drop --num_processes.")
+    base_name = fields.get("run_name") or "sweep"
+    root = Path(config.output_dir or Path("outputs") / base_name)
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "sweep.jsonl"
+    done = {}
+    if log_path.exists():
+        for line in log_path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[(row["point_label"], row["seed"])] = row
+    base = spec_from_args("train", script, dict(fields))
+    # One stage 1 for the whole sweep: every run samples its reference completions with the base's seed.
+    stage_one_seed = base.config.get("values_seed")
+    stage_one_seed = base.config.get("seed", config.seed) if stage_one_seed is None else stage_one_seed
+    values_seed = {"values_seed": stage_one_seed} if "values_seed" in type(config).__dataclass_fields__ else {}
+    points = grid_points(grid)
+    plan = [(point, seed) for point in points for seed in seeds]
+    tables: dict[str, dict[str, Any]] = {}  # V* tables by fingerprint, handed from run to run
+    results: list[dict[str, Any]] = []
+    started = time.time()
+    for index, (point, seed) in enumerate(plan, 1):
+        label = point_label(point)
+        name = f"{base_name}-{point_slug(point)}-s{seed}"
+        if (label, seed) in done:
+            print(f"[{index}/{len(plan)}] {label}, seed {seed}: done earlier ({log_path})", flush=True)
+            results.append(done[(label, seed)])
+            continue
+        print(f"[{index}/{len(plan)}] {label}, seed {seed}", flush=True)
+        run_fields = {**values_seed, **fields, **point, "seed": seed, "run_name": name}
+        run_fields.pop("output_dir", None)
+        spec = spec_from_args("train", script, dict(run_fields))
+        trainer = spec.build_trainer(output_dir=str(root / name))
+        shared = getattr(trainer, "value_fingerprint", None)
+        key = shared() if shared else None
+        if key is not None and key not in tables:  # a sweep started again: the tables its earlier runs saved
+            tables[key] = _saved_tables(root, key)
+        for split, table in tables.get(key, {}).items():
+            trainer.set_optimal_values(table, split)
+        trainer.train()
+        if trainer.eval_dataset is not None and not any(
+                h.get("step") == trainer.state.global_step and "eval_accuracy" in h for h in trainer.state.log_history):
+            trainer.evaluate()
+        trainer.save_model(str(root / name))
+        if key is not None:
+            tables.setdefault(key, {}).update(trainer.value_tables)
+        result = {"point": point, "point_label": label, "seed": seed, "run_name": name, **_final_figures(trainer)}
+        with log_path.open("a") as log:
+            log.write(json.dumps(result) + "\n")
+        results.append(result)
+        del trainer
+    table = summarize_sweep(results)
+    shared = f"; stage 1 sampled for {len(tables)} V* set(s), each read by the other runs" if tables else ""
+    print(f"\nSweep {base_name}: {len(plan)} runs ({len(points)} grid points x {len(seeds)} seeds), "
+          f"{time.time() - started:.0f} s in this process{shared}.", flush=True)
+    print(format_table(table), flush=True)
+    (root / "summary.json").write_text(json.dumps(table, indent=2))
+    print(f"Runs: {log_path}; table: {root / 'summary.json'}", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,202 @@
+"""Sweeps: one base spec, a grid of settings and run seeds; every run of the study, and what they share.
+
+    grid = {"beta2": [1e-3, 1e-2], "learning_rate": [1e-5, 2e-5]}      ->  4 grid points x each seed
+    grid = {"method": ["a2po", "grpo"], "learning_rate": [1e-5, 2e-5]}  ->  each method at each learning rate
+
+A grid names settings of the method's config (`A2POConfig` / `GRPOConfig` fields) and, optionally, `method`. With
+`method` in the grid, each point's A*-PO and GRPO runs are the pair "A*-PO vs GRPO" makes under the paper's protocol
+(`protocols.pair_specs`: every prompt, A*-PO's filter off unless the grid sweeps it, the same prompts per step and the
+same steps, G = N); a setting only one method has applies to that method's runs, and a run that two points would
+make alike is made once.
+
+Every run of a sweep is evaluated on one absolute grid of steps (`protocols.EVAL_POINTS` points over the longest
+run), so curves of different points read at the same steps. Stage 1 depends only on the model, the prompts, the
+rewards, N, the sampling settings and its seed (`RunSpec.value_fingerprint`), and every A*-PO run of a sweep gets
+the base spec's stage-1 seed (`values_seed`): points that differ in beta1, beta2, the learning rate, the filter or
+the epochs, and every run seed, share one V* set, sampled once (`shared_stage_one`); the run seeds vary stage 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import uuid
+from typing import Any
+
+from a2po import sweep
+from app.studies.protocols import EVAL_POINTS, StudyError, pair_specs, planned_steps
+
+MAX_RUNS = 64  # runs in one study, whatever the studio's own limits (those are checked as well)
+
+
+def parse_grid(grid: Any) -> dict[str, list[Any]]:
+    """`a2po.sweep.parse_grid`, its refusals as `StudyError`."""
+    try:
+        return sweep.parse_grid(grid)
+    except sweep.GridError as error:
+        raise StudyError(str(error)) from None
+
+
+def _run_for_point(base: dict[str, Any], point: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run spec of one grid point (its seed already set in `base`), and the settings of the point that apply
+    to its method."""
+    from a2po.runspec import METHOD_CONFIG_FIELDS  # torch: imported when a study is made, not with the pages
+
+    own = base.get("method", "a2po")
+    method = point.get("method", own)
+    if method != own and own != "a2po":
+        raise StudyError("grid: a sweep over method starts from an A*-PO spec (its GRPO runs are matched to it); "
+                         f"this spec's method is {own!r}.")
+    a2po_fields = METHOD_CONFIG_FIELDS["a2po"]
+    settings = {k: v for k, v in point.items() if k != "method"}
+    if "method" not in point:
+        other = [k for k in settings if k not in METHOD_CONFIG_FIELDS[own]]
+        if other:
+            raise StudyError(f"grid: {other[0]} is not a setting of {own} runs, and this sweep runs only {own}: remove "
+                             "it, or add method: a2po, grpo to the grid to sweep both methods.")
+        run = copy.deepcopy(base)
+        run.setdefault("config", {}).update(settings)
+    else:  # both methods: each point's pair as "A*-PO vs GRPO" makes it under the paper's protocol
+        a2po = copy.deepcopy(base)
+        a2po.setdefault("config", {}).update({k: v for k, v in settings.items() if k in a2po_fields})
+        pair = dict(zip(("a2po", "grpo"), pair_specs(a2po, "paper"), strict=True))
+        run = pair[method]
+        run["config"].update({k: v for k, v in settings.items() if k in METHOD_CONFIG_FIELDS[method]})
+        run["config"]["eval_steps"] = base["config"].get("eval_steps")  # the sweep's one grid (`_one_step_grid`)
+        run["name"] = base.get("name")
+    applies = METHOD_CONFIG_FIELDS[method]
+    applied = {**({"method": method} if "method" in point else {}),
+               **{k: v for k, v in settings.items() if k in applies}}
+    return run, applied
+
+
+def sweep_specs(spec: dict[str, Any], grid: Any, seeds: list[int], *, study_id: str | None = None,
+                eval_points: int = EVAL_POINTS) -> list[dict[str, Any]]:
+    """Every run of a sweep, point by point and seed by seed, each tagged with the study:
+    `{"study": {"id", "name", "kind": "sweep", "seed", "seeds", "point", "grid"}}`.
+
+    `spec` is a checked run spec (the gate's); `seeds` run seeds (none: the spec's own). Refused (`StudyError`)
+    with the field and the fix: an unknown field or value, or more than `MAX_RUNS` runs."""
+    parsed = parse_grid(grid)
+    if spec.get("action", "train") != "train":
+        raise StudyError("A sweep compares training runs: set the action to \"train\".")
+    points = sweep.grid_points(parsed)
+    own_seed = int((spec.get("config") or {}).get("seed") or 0)
+    own_values_seed = (spec.get("config") or {}).get("values_seed")
+    own_values_seed = own_seed if own_values_seed is None else int(own_values_seed)
+    seeds = list(seeds) or [own_seed]
+    planned = len(points) * len(seeds)
+    if planned > MAX_RUNS:
+        raise StudyError(f"This sweep makes {len(points)} grid points x {len(seeds)} seeds = {planned} runs; a study "
+                         f"has at most {MAX_RUNS}. Sweep fewer values or seeds.")
+    sid = study_id or uuid.uuid4().hex[:10]
+    name = str(spec.get("name") or "sweep")[:80]
+    runs, seen = [], set()
+    for point in points:
+        for seed in seeds:
+            base = copy.deepcopy(spec)
+            base.setdefault("config", {})["seed"] = seed
+            run, applied = _run_for_point(base, point)
+            if run.get("method", "a2po") == "a2po" and run["config"].get("values_seed") is None:
+                run["config"]["values_seed"] = own_values_seed  # one stage 1 for every seed of the study
+            key = (repr(sorted(applied.items())), seed, run.get("method", "a2po"))
+            if key in seen:
+                continue  # a setting of the other method only: this run is already in the study
+            seen.add(key)
+            run["name"] = f"{name}-{sweep.point_slug(applied)}" + (f"-s{seed}" if len(seeds) > 1 else "")
+            run["study"] = {"id": sid, "name": name, "kind": "sweep", "seed": seed, "seeds": len(seeds),
+                            "point": applied, "grid": parsed}
+            runs.append(run)
+    _one_step_grid(runs, eval_points)
+    return runs
+
+
+def _one_step_grid(runs: list[dict[str, Any]], eval_points: int) -> None:
+    """Every run that does not set its own `eval_steps` evaluates every k steps, k from the longest run's steps:
+    the points' curves are read at the same steps."""
+    steps = [planned_steps(r) for r in runs]
+    if not runs or any(s is None for s in steps):
+        return
+    every = max(1, math.ceil(max(steps) / eval_points))
+    for run in runs:
+        config = run.setdefault("config", {})
+        if not config.get("eval_steps"):
+            config["eval_steps"] = every
+
+
+def shared_stage_one(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one stage 1 per V* set saves: {"value_sets": distinct sets, "a2po_runs": A*-PO runs, "saved_runs": runs
+    that start from stored rows}. Needs `RunSpec`-complete specs (the gate's)."""
+    from a2po.runspec import RunSpec
+
+    a2po = [s for s in specs if s.get("method", "a2po") == "a2po"]
+    sets = {RunSpec.from_dict({k: v for k, v in s.items() if k != "study"}).value_fingerprint() for s in a2po}
+    return {"value_sets": len(sets), "a2po_runs": len(a2po), "saved_runs": len(a2po) - len(sets)}
+
+
+def grid_from_text(text: str) -> dict[str, str]:
+    """The Launch page's grid box: one setting per line, "beta2: 0.001, 0.01" (or "beta2 = 0.001 0.01"); blank
+    lines and lines starting with # are skipped. Values stay text (`parse_grid` reads them by the field's type)."""
+    grid: dict[str, str] = {}
+    for number, line in enumerate((text or "").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, values = line.replace("=", ":", 1).partition(":")
+        if not sep or not name.strip() or not values.strip():
+            raise StudyError(f"grid line {number} ({line[:40]!r}): write a setting, a colon and its values, e.g. "
+                             "beta2: 0.001, 0.01")
+        if name.strip() in grid:
+            raise StudyError(f"grid line {number}: {name.strip()} is on two lines; put all its values on one.")
+        grid[name.strip()] = values
+    return grid
+
+
+def _sequences_per_step(spec: dict[str, Any]) -> float:
+    """Sequences an optimizer step trains on: A*-PO's batch counts prompts (one completion each), GRPO's counts
+    completions."""
+    config = spec.get("config") or {}
+    return float(config.get("per_device_train_batch_size") or 8) * float(config.get("gradient_accumulation_steps") or 1)
+
+
+def _rates(history: list[tuple[dict[str, Any], dict[str, float]]]) -> dict[tuple[str, str], dict[str, float]]:
+    """Seconds per trained sequence and per stage-1 sample, by (model, method), medians over finished runs' clocks."""
+    found: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for spec, clock in history:
+        key = (str(spec.get("model")), spec.get("method", "a2po"))
+        rates = found.setdefault(key, {"train": [], "stage1": []})
+        steps = clock.get("step")
+        if steps and clock.get("train_seconds"):
+            rates["train"].append(clock["train_seconds"] / (steps * _sequences_per_step(spec)))
+        prompts = (spec.get("dataset") or {}).get("num_prompts")
+        n = (spec.get("config") or {}).get("num_value_samples") or 8
+        if key[1] == "a2po" and prompts and clock.get("values/train/runtime", 0) > 1:
+            rates["stage1"].append(clock["values/train/runtime"] / (prompts * n))
+    return {key: {name: sorted(v)[len(v) // 2] for name, v in rates.items() if v} for key, rates in found.items()}
+
+
+def estimate_seconds(specs: list[dict[str, Any]], history: list[tuple[dict[str, Any], dict[str, float]]]
+                     ) -> float | None:
+    """Training time of a study's runs, one after another (stage 1 once per V* set, then each run's steps; held-out
+    evaluations and loading not included), from the rates of finished runs of the same model and method in
+    `history` ([(spec, clock)], clocks as `Store.run_clocks` gives them). None when some run has nothing to go by."""
+    rates = _rates(history)
+    total, sampled = 0.0, set()
+    for spec in specs:
+        method = spec.get("method", "a2po")
+        rate = rates.get((str(spec.get("model")), method), {})
+        steps = planned_steps(spec)
+        if "train" not in rate or steps is None:
+            return None
+        total += steps * _sequences_per_step(spec) * rate["train"]
+        if method == "a2po":
+            from a2po.runspec import RunSpec
+
+            fingerprint = RunSpec.from_dict(spec).value_fingerprint()
+            if fingerprint not in sampled:
+                if "stage1" not in rate:
+                    return None
+                sampled.add(fingerprint)
+                prompts = (spec.get("dataset") or {}).get("num_prompts") or 0
+                total += prompts * ((spec.get("config") or {}).get("num_value_samples") or 8) * rate["stage1"]
+    return total
