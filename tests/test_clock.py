@@ -140,9 +140,15 @@ def read_clock(store: Store, run_id: int) -> dict:
 
 
 def assert_like(clock: dict, reference: dict) -> None:
+    """The same work, on a clock that counts only the work: the same tokens and evaluations exactly, a stage 1
+    that is not free, and a training time of the reference's order. Both runs take 2-7 s, and on a shared 2-core
+    machine (two busy loops, the rest of the suite) the same run measured at two moments differs by up to 2.6x, so
+    the time is held to a factor of 3 here; what the clock must leave out is checked against the run's wall time by
+    the callers (a 30 s pause, a chunk's restarts)."""
     assert clock["stage1_tokens"] == reference["stage1_tokens"] and clock["tokens"] == reference["tokens"]
     assert clock["eval_steps"] == reference["eval_steps"] == [0, 8, 16]
-    assert clock["training"] == pytest.approx(reference["training"], rel=0.15), (clock, reference)
+    assert clock["stage1"] > 0, clock  # a resumed or chunked stage 1 keeps what its first start spent
+    assert reference["training"] / 3 < clock["training"] < 3 * reference["training"], (clock, reference)
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +188,7 @@ def test_a_run_stopped_and_resumed_later_reads_like_the_uninterrupted_one(tmp_pa
         clock = read_clock(store, run_id)
         assert at_stop["stage1"] == clock["stage1"]  # the resume's stage 1 found every row: it overwrote nothing
         assert_like(clock, uninterrupted)
-        # The wall time of the run is longer by the pause at least; its clock is not.
-        assert run["finished_at"] - run["started_at"] > clock["training"]
+        assert clock["training"] < run["finished_at"] - run["created_at"] - 25.0  # the 30 s left stopped are not in it
     finally:
         manager.close()
 
@@ -196,7 +201,11 @@ def test_a_chunked_run_reads_like_the_uninterrupted_one(tmp_path, tiny_model_dir
         run = drive(manager, store, run_id, lambda r: r["status"] in ("finished", "failed"), timeout=400)
         assert run["status"] == "finished", run["error"]
         assert run["chunks_done"] >= 3
-        assert_like(read_clock(store, run_id), uninterrupted)
+        clock = read_clock(store, run_id)
+        assert_like(clock, uninterrupted)
+        # Each chunk is a fresh process that loads the model and restores a checkpoint: none of that is training.
+        wall = run["finished_at"] - run["created_at"]
+        assert clock["training"] < wall, (clock, wall)
     finally:
         manager.close()
 
