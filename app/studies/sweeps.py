@@ -130,7 +130,7 @@ def shared_stage_one(specs: list[dict[str, Any]]) -> dict[str, Any]:
     from a2po.runspec import RunSpec
 
     a2po = [s for s in specs if s.get("method", "a2po") == "a2po"]
-    sets = {RunSpec.from_dict({k: v for k, v in s.items() if k != "study"}).value_fingerprint() for s in a2po}
+    sets = {RunSpec.from_dict(s).value_fingerprint() for s in a2po}
     return {"value_sets": len(sets), "a2po_runs": len(a2po), "saved_runs": len(a2po) - len(sets)}
 
 
