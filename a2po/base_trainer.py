@@ -577,8 +577,11 @@ class BaseTrainer(Trainer):
     def _clock_metrics(self) -> dict[str, float]:
         """The run's clock (`RunCounters`) as logged with every training log and evaluation."""
         counters = self.run_counters
-        return {"completion_tokens": counters.completion_tokens, "train_seconds": round(counters.train_seconds, 4),
-                "eval_seconds": round(counters.eval_seconds, 4)}
+        clock = {"completion_tokens": counters.completion_tokens, "train_seconds": round(counters.train_seconds, 4),
+                 "eval_seconds": round(counters.eval_seconds, 4)}
+        if counters.step_seconds is not None:
+            clock["step_seconds"] = round(counters.step_seconds, 4)
+        return clock
 
 
 def with_prompt_ids(dataset: Dataset) -> Dataset:

@@ -91,6 +91,9 @@ class RunCounters(TrainerCallback, ExportableState):
       each step's `on_step_begin` to its `on_step_end`: loading, start-up, checkpoints, evaluations and any pause
       between a stop and a resume are not in it.
     - `eval_seconds`: seconds spent in evaluations (`evaluate()`).
+    - `step_seconds`: the mean seconds of this process's steps after its first (None before the second): the
+      steady rate, without the first step's one-off costs (allocations, kernel selection), for estimates of the
+      time left. Not kept in checkpoints: each start has its own first step.
     - `values_seconds[split]`, `values_tokens[split]`: A*-PO's stage 1, seconds spent sampling and scoring reference
       completions and their tokens, per split. Rows found already stored cost nothing and add nothing; a caller that
       resumes a stage 1 from stored rows hands in what its earlier starts spent (`restore_values`).
@@ -105,6 +108,13 @@ class RunCounters(TrainerCallback, ExportableState):
         self.values_seconds: dict[str, float] = {}
         self.values_tokens: dict[str, int] = {}
         self._step_started: float | None = None
+        self._steps_timed = 0  # steps of this process timed so far
+        self._steady = (0, 0.0)  # (steps, seconds) of this process's steps after its first
+
+    @property
+    def step_seconds(self) -> float | None:
+        steps, seconds = self._steady
+        return seconds / steps if steps else None
 
     def state(self) -> dict[str, Any]:
         return {"args": {}, "attributes": {
@@ -139,6 +149,7 @@ class RunCounters(TrainerCallback, ExportableState):
         else:
             self.completion_tokens, self.train_seconds, self.eval_seconds = 0, 0.0, 0.0
         self._step_started = None
+        self._steps_timed, self._steady = 0, (0, 0.0)
         # A checkpoint from before these counters has no entry, and the Trainer's save expects one.
         state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -154,8 +165,12 @@ class RunCounters(TrainerCallback, ExportableState):
         if self._step_started is None:
             return
         before = self.clock
-        self.train_seconds += time.perf_counter() - self._step_started
+        seconds = time.perf_counter() - self._step_started
+        self.train_seconds += seconds
         self._step_started = None
+        if self._steps_timed:
+            self._steady = (self._steady[0] + 1, self._steady[1] + seconds)
+        self._steps_timed += 1
         budget, every = getattr(args, "max_train_seconds", None), getattr(args, "eval_every_seconds", None)
         if every and math.floor(self.clock / every) > math.floor(before / every):
             control.should_evaluate = True

@@ -530,14 +530,15 @@ class Store:
 
     def run_clocks(self, run_ids: Iterable[int]) -> dict[int, dict[str, float]]:
         """Each run's clock as its trainer last logged it (`a2po.callbacks.RunCounters`): `train_seconds`,
-        `eval_seconds`, the stage-1 `values/<split>/runtime`, and `step` (where `train_seconds` was logged) with the
-        `epoch` there, by run id, in one read; a run with none is left out."""
+        `eval_seconds`, `step_seconds`, the stage-1 `values/<split>/runtime`, and `step` (where `train_seconds` was
+        logged) with the `epoch` there, by run id, in one read; a run with none is left out."""
         ids = [int(i) for i in run_ids]
         if not ids:
             return {}
         stmt = select(LatestMetric.run_id, LatestMetric.name, LatestMetric.step, LatestMetric.value).where(
-            LatestMetric.run_id.in_(ids), or_(LatestMetric.name.in_(("train_seconds", "eval_seconds", "epoch")),
-                                              LatestMetric.name.like("values/%/runtime")))
+            LatestMetric.run_id.in_(ids),
+            or_(LatestMetric.name.in_(("train_seconds", "eval_seconds", "step_seconds", "epoch")),
+                LatestMetric.name.like("values/%/runtime")))
         clocks: dict[int, dict[str, float]] = {}
         epochs: dict[int, tuple[int, float]] = {}
         with self._read() as s:

@@ -1,6 +1,6 @@
 """The Run page's remaining-time estimate in a real headless Chromium, against the time that actually remained: a
-real `python -m app`, a real worker and the tiny model train a few dozen steps (stage 1, evaluations every quarter
-of the run, the final one). From the first training step on, the estimate covers the whole rest of the run from the
+real `python -m app`, a real worker and the tiny model train 640 steps (stage 1, evaluations every quarter of the
+run, the final one). Once the clock has a steady step rate, the estimate covers the whole rest of the run from the
 rates the run's clock measured, so it must be within 50% of what the run then took to finish."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import playwright.sync_api as playwright
 import pytest
 from gradio_client import Client
 
+from app.web.pages.run import POLL_SECONDS
 from storage import Store
 from tests.browser import TIMEOUT_MS
 from tests.helpers import wait_status
@@ -42,12 +43,12 @@ def seconds_shown(text: str) -> float | None:
 
 def test_the_remaining_estimate_is_within_half_of_what_remained(studio, browser, tiny_model_dir):
     url, data_dir = studio
-    # 192 prompts, 2 a step, one epoch: 96 steps, evaluated at 0, 24, 48, 72 and 96 (a quarter of the run). The
-    # random model writes every completion to its full length: steps of an even cost, and enough of them for the
-    # page's redraws (every 10 s while a run is active) to show the estimate well before the end on a busy machine.
-    spec = tiny_spec(tiny_model_dir, "time-left", max_steps=-1, num_train_epochs=1.0, per_device_train_batch_size=2,
-                     max_completion_length=96, eval_steps=0.25)
-    spec["dataset"].update(num_prompts=192, eval_size=8)
+    # 640 prompts, 1 a step, one epoch: 640 steps, evaluated at 0, 160, 320, 480 and 640 (a quarter of the run). One
+    # reference sample a prompt keeps stage 1 short beside training, so most of the run is left when the first
+    # estimate shows. The random model writes every completion to its full length: steps of an even cost.
+    spec = tiny_spec(tiny_model_dir, "time-left", max_steps=-1, num_train_epochs=1.0, per_device_train_batch_size=1,
+                     num_value_samples=1, max_completion_length=96, eval_steps=0.25)
+    spec["dataset"].update(num_prompts=640, eval_size=8)
     run_id = Client(url, verbose=False).predict(spec=spec, api_name="/launch")["run_id"]
 
     page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
@@ -58,10 +59,16 @@ def test_the_remaining_estimate_is_within_half_of_what_remained(studio, browser,
     remaining = page.locator("#run-remaining")
     playwright.expect(remaining).to_be_attached()
 
-    # The first estimate of the whole rest of the run: from the first training step on (before it, a part has no
-    # measured rate and the page shows a lower bound, "≥ …", or "–").
+    # The first estimate of the whole rest of the run made from the steady step rate (`step_seconds`, logged from
+    # the second step on; before the first step a part has no measured rate and the page shows a lower bound,
+    # "≥ …", or "–"), read from the page's next redraw after that rate is stored.
     store = Store(data_dir / "studio.db")
     deadline = time.monotonic() + 300
+    while "step_seconds" not in store.latest_metrics(run_id):
+        assert time.monotonic() < deadline, f"no step rate; the header says {remaining.inner_text()!r}"
+        assert store.get_run(run_id)["status"] in ("queued", "running"), store.get_run(run_id)
+        time.sleep(0.1)
+    time.sleep(POLL_SECONDS + 0.5)
     while not (estimate := seconds_shown(shown := remaining.inner_text())):
         assert time.monotonic() < deadline, f"no estimate; the header says {shown!r}"
         assert store.get_run(run_id)["status"] in ("queued", "running"), store.get_run(run_id)

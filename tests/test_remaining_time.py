@@ -94,6 +94,37 @@ def test_grpo_has_no_stage_one_and_no_held_out_set_means_no_evaluations():
     assert estimate == Remaining(0.0, pytest.approx(30.0), 0.0)
 
 
+def test_the_steady_step_rate_leaves_the_first_steps_one_off_costs_out():
+    # 3 steps in 12 s, of which the first took 8 s: the steady rate is 2 s a step, so 17 steps left need 34 s, not
+    # the 68 s that 12 s / 3 steps would say.
+    run = row("train", 0.15, method="grpo", dataset={"eval_size": 0}, max_steps=20)
+    estimate = estimate_remaining(run, {"train_seconds": 12.0, "step": 3.0, "step_seconds": 2.0})
+    assert estimate.training == pytest.approx(34.0)
+
+
+def test_the_counters_time_the_steady_rate_from_each_starts_second_step(monkeypatch):
+    from transformers import TrainerControl, TrainerState
+
+    from a2po.callbacks import RunCounters
+    now = [0.0]
+    monkeypatch.setattr("a2po.callbacks.time.perf_counter", lambda: now[0])
+    counters, state, control = RunCounters(), TrainerState(), TrainerControl()
+    counters.on_train_begin(None, state, control)
+    for seconds in (8.0, 2.0, 3.0):
+        counters.on_step_begin(None, state, control)
+        now[0] += seconds
+        counters.on_step_end(None, state, control)
+        state.global_step += 1
+    assert (counters.train_seconds, counters.step_seconds) == (13.0, 2.5)
+    state.stateful_callbacks["RunCounters"] = counters.state()  # what a checkpoint keeps
+    counters.load(state)  # a new start (resumed): its first step is a warm-up again, the total carries on
+    assert counters.step_seconds is None
+    counters.on_step_begin(None, state, control)
+    now[0] += 6.0
+    counters.on_step_end(None, state, control)
+    assert (counters.train_seconds, counters.step_seconds) == (19.0, None)
+
+
 def test_before_training_the_first_evaluation_and_the_rest_are_not_known():
     # The step-0 evaluation ran (train_seconds 0 at step 0): training has no rate yet.
     run = row("train", 0.0, {"train": 100, "eval": 20}, max_steps=50)

@@ -85,7 +85,7 @@ def clock_from_metrics(latest: Mapping[str, Mapping[str, Any]]) -> dict[str, flo
     afford to read besides: `step` (the step the latest `train_seconds` was logged at), `epoch` (at that step) and
     `eval_runtime` (the latest evaluation's seconds)."""
     clock = {name: float(row["value"]) for name, row in latest.items() if row.get("value") is not None and (
-        name in ("train_seconds", "eval_seconds", "eval_runtime")
+        name in ("train_seconds", "eval_seconds", "eval_runtime", "step_seconds")
         or name.startswith("values/") and name.endswith("/runtime"))}
     trained = latest.get("train_seconds")
     if trained is not None and trained.get("value") is not None:
@@ -147,10 +147,10 @@ def estimate_remaining(run: Mapping[str, Any], clock: Mapping[str, float] | None
     - stage 1 (A*-PO, not GRPO): per split (train: the dataset's `num_prompts`; held out: `eval_size`), the prompts
       without a row (`value_counts`) times `values/<split>/runtime` per row done; the held-out split takes the train
       split's rate until it has one of its own.
-    - training: `train_seconds / step` times the steps left. The steps planned are `max_steps`, else
-      `num_train_epochs` times the steps per epoch (`step / epoch`); without a step (the Runs list reads only the
-      clock), `train_seconds * (1 - progress) / progress`. A `max_train_seconds` budget caps it at what is left of
-      the budget (stage 1 of the train split counts in it).
+    - training: the steady `step_seconds` (else `train_seconds / step`) times the steps left. The steps planned are
+      `max_steps`, else `num_train_epochs` times the steps per epoch (`step / epoch`); without a step (the Runs list
+      reads only the clock), `train_seconds * (1 - progress) / progress`. A `max_train_seconds` budget caps it at
+      what is left of the budget (stage 1 of the train split counts in it).
     - evaluations: those still to come (the step-0 one, one every `eval_steps` steps (a fraction < 1: of the
       planned steps), one each time the clock passes a multiple of `eval_every_seconds`, and the final one) times
       `eval_seconds` per evaluation done (else the latest `eval_runtime`).
@@ -269,8 +269,11 @@ def _training_left(plan: _Plan, clock: Mapping[str, float], stage1: float | None
     left: float | None = None
     if step > 0:
         steps = _Steps(step, total)
-        if spent > 0 and total is not None:
-            left = spent / step * max(0.0, total - step)
+        # The steady rate where the clock has one: the first step's one-off costs would inflate every estimate made
+        # early in a run.
+        rate = clock.get("step_seconds") or (spent / step if spent > 0 else None)
+        if rate and total is not None:
+            left = rate * max(0.0, total - step)
     elif plan.stage == "train" and plan.progress > 0:  # no step known (the Runs list reads only the clock)
         fraction = plan.progress
         steps = _Steps(fraction * total, total) if total else _Steps(fraction=fraction)
