@@ -27,6 +27,17 @@ from pathlib import Path
 from app import DATA_ENV, default_data_dir
 
 
+def _heartbeat_timeout(text: str) -> float:
+    """--heartbeat-timeout: at least 10 s, five of the workers' heartbeats (every 2 s), so a busy one is not killed."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if seconds < 10:
+        raise argparse.ArgumentTypeError(f"{seconds:g} s is too short: workers beat every 2 s; give 10 or more")
+    return seconds
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m app", description="A*-PO Studio dashboard.")
     parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on (0.0.0.0 for all).")
@@ -39,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GPUs runs may use: a count, ids like 0,2, or none (default: every visible GPU).")
     parser.add_argument("--watchdog-minutes", type=float, default=30.0,
                         help="Kill a worker that made no progress for this long (0: never; default 30).")
+    parser.add_argument("--heartbeat-timeout", type=_heartbeat_timeout, default=None, metavar="SECONDS",
+                        help="A worker silent this long is dead (default 60): a local one is killed and its run fails; "
+                             "a Ray job's, while the cluster does not answer, is interrupted and resumed once it does.")
     parser.add_argument("--ray-address", metavar="URL", default=os.environ.get("A2PO_RAY_ADDRESS") or None,
                         help="Run the workers as jobs of a Ray cluster, through its dashboard's Jobs API (default "
                              "$A2PO_RAY_ADDRESS), e.g. http://HEAD_HOST:8265; needs a database server (--db) every "
@@ -299,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
                       watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
                       worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
                       chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
-                      **({"pause_after": args.pause_after} if args.pause_after is not None else {}))
+                      **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
+                      **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
     try:
         jobs.start(address=f"http://{args.host}:{args.port}")
     except AlreadyServing as error:

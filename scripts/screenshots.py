@@ -2,10 +2,12 @@
 
     python scripts/screenshots.py DATA_DIR RUN_ID [--out docs/screenshots] [--port 7874]
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID    # an "A*-PO vs GRPO" pair instead
+    python scripts/screenshots.py DATA_DIR --study NAME                     # a sweep's Studies page
 
 Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
 writes `teaching-run.png` and `teaching-explain.png`; with `--pair`, the Compare page with both runs picked
-(`teaching-compare.png`) and the Explain page's cost section for them (`teaching-explain-costs.png`).
+(`teaching-compare.png`) and the Explain page's cost section for them (`teaching-explain-costs.png`); with
+`--study`, the Studies page of the study named NAME (`teaching-studies.png`: its table, heatmap and curves).
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("data_dir", type=Path)
-    parser.add_argument("run_id", type=int)
+    parser.add_argument("run_id", type=int, nargs="?")
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     parser.add_argument("--port", type=int, default=7874)
     parser.add_argument("--pair", type=int, help="a GRPO run to show beside RUN_ID on Compare and Explain")
+    parser.add_argument("--study", help="the name of a study to show on the Studies page instead")
     args = parser.parse_args()
+    if (args.run_id is None) == (args.study is None):
+        parser.error("give a RUN_ID or --study NAME")
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir", str(args.data_dir),
                                "--no-resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -48,8 +53,11 @@ def main() -> None:
             page.goto(f"http://127.0.0.1:{args.port}/", wait_until="load")
             page.wait_for_selector("#main-tabs")
             args.out.mkdir(parents=True, exist_ok=True)
-            if args.pair is not None:
-                pair_screenshots(page, args.run_id, args.pair, args.out)
+            if args.pair is not None or args.study is not None:
+                if args.study is not None:
+                    study_screenshot(page, args.study, args.out)
+                else:
+                    pair_screenshots(page, args.run_id, args.pair, args.out)
                 browser.close()
                 return
             page.get_by_role("tab", name="Run", exact=True).first.click()
@@ -77,6 +85,19 @@ def pick_runs(page, picker: str, run_ids: list[int]) -> None:
         page.locator(f"{picker} input").click()
         page.get_by_role("option", name=f"#{run_id} ", exact=False).first.click()
     page.keyboard.press("Escape")
+
+
+def study_screenshot(page, name: str, out: Path) -> None:
+    """The Studies page of the study named `name`, once its table, heatmap and curves are drawn."""
+    page.set_viewport_size({"width": 1400, "height": 1100})
+    page.get_by_role("tab", name="Studies", exact=True).first.click()
+    page.locator("#study-picker input").click()
+    page.get_by_role("option", name=f"{name}:", exact=False).first.click()
+    playwright.expect(page.locator("#study-header")).to_contain_text(name)
+    page.wait_for_selector("#study-heatmap .js-plotly-plot")
+    page.wait_for_selector("#study-curves .js-plotly-plot")
+    time.sleep(2.0)
+    page.screenshot(path=str(out / "teaching-studies.png"), full_page=True)
 
 
 def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path) -> None:

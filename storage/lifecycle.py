@@ -54,8 +54,9 @@ ENDED = (STOPPED, INTERRUPTED, FINISHED, FAILED)  # no process, nothing waits
 RESUMABLE = (STOPPED, INTERRUPTED, FAILED, PAUSED)  # a user's Resume queues it again
 
 # Why a run stopped: asked by a user, by the deployment shutting down (resumable, resumed on the next start), by the
-# watchdog (no progress), or by a limit of the studio (e.g. a wall-clock limit).
-STOP_REASONS = ("user", "shutdown", "watchdog", "limit")
+# watchdog (no progress), by a limit of the studio (e.g. a wall-clock limit), or lost: its process was stopped from
+# outside the studio, or the Ray cluster that ran it lost it (interrupted, and resumed by the studio).
+STOP_REASONS = ("user", "shutdown", "watchdog", "limit", "lost")
 MAX_AUTO_RESUMES = 3
 COUNTERS = ("auto_resumes", "launch_failures", "chunks_done", "chunk_seconds", "limit_seconds")
 
@@ -94,8 +95,8 @@ CANCEL = Event("cancel", WAITING, STOPPED, "stopped before any process took it",
                clears=("pid", "devices"))
 FINISH = Event("finish", LIVE, FINISHED, "done", **_END)
 STOP = Event("stop", LIVE, STOPPED, "ended by a stop", **_END)
-INTERRUPT = Event("interrupt", LIVE, INTERRUPTED, "ended by the deployment's shutdown, or its process vanished "
-                  "while no studio watched", **_END)
+INTERRUPT = Event("interrupt", LIVE, INTERRUPTED, "ended by the deployment's shutdown, by a stop from outside the "
+                  "studio, or its process vanished while no studio watched or with the Ray cluster", **_END)
 FAIL = Event("fail", LIVE, FAILED, "ended by an error", **_END)
 LAUNCH_RETRY = Event("launch_retry", (QUEUED,), QUEUED, "a worker exited before claiming it; it is started again",
                      clears=("pid", "devices"), increments=("launch_failures",))
@@ -125,12 +126,14 @@ EVENTS = {e.name: e for e in (CLAIM, REQUEST_STOP, CANCEL, FINISH, STOP, INTERRU
 
 
 def end_event(outcome: str, stop_reason: str | None = None) -> Event:
-    """How a process that ends its work records it: "finished", "stopped" (a stop asked by the deployment's
-    shutdown ends "interrupted", to be resumed at the next start) or "failed"."""
+    """How a process that ends its work records it: "finished", "stopped" or "failed". A stop asked by the
+    deployment's shutdown ends "interrupted", to be resumed at the next start; so does a stop nobody in the studio
+    asked for (no `stop_reason`: a SIGTERM from outside, e.g. its Ray job stopped or its node drained), which the
+    studio resumes."""
     if outcome == FINISHED:
         return FINISH
     if outcome == STOPPED:
-        return INTERRUPT if stop_reason == "shutdown" else STOP
+        return INTERRUPT if stop_reason in ("shutdown", None) else STOP
     if outcome == FAILED:
         return FAIL
     raise ValueError(f"Unknown outcome {outcome!r}: use finished, stopped or failed.")

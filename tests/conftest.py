@@ -1,6 +1,8 @@
 """Shared fixtures: offline environment and a tiny random-init model saved once per session."""
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -64,38 +66,52 @@ def store_url(request, tmp_path) -> str:
 RAY_DASHBOARD = "http://127.0.0.1:8265"
 
 
+def ray_bin() -> Path:
+    return Path(sys.executable).parent / "ray"
+
+
+def ray_answers() -> bool:
+    """Whether the test cluster's dashboard (its Jobs API) answers."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{RAY_DASHBOARD}/api/version", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def start_ray_head() -> None:
+    """Start the one-node test cluster (2 CPUs, a 200 MB object store) and wait until its Jobs API answers."""
+    import subprocess
+
+    from tests.helpers import wait_for
+
+    subprocess.run([str(ray_bin()), "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
+                    "--dashboard-port=8265", "--num-cpus=2", "--include-dashboard=true",
+                    "--object-store-memory=200000000", "--disable-usage-stats"],
+                   check=True, capture_output=True, timeout=180)
+    wait_for(ray_answers, 60, "Ray's dashboard to answer")
+
+
+def stop_ray_head() -> None:
+    import subprocess
+
+    subprocess.run([str(ray_bin()), "stop", "--force"], capture_output=True, timeout=120)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A one-node Ray cluster on 127.0.0.1 (dashboard, Jobs API at `RAY_DASHBOARD`): the one already running, or one
-    started here and stopped at the session's end. Small on purpose: 2 CPUs, a 200 MB object store."""
-    import subprocess
-    import sys
-    import urllib.request
-    from pathlib import Path
-
-    ray = Path(sys.executable).parent / "ray"
-    if not ray.exists():
+    started here and stopped at the session's end."""
+    if not ray_bin().exists():
         problem = "Ray is not installed: pip install -e '.[dev,cluster]' (which `make test` does)."
         if os.environ.get("A2PO_REQUIRE_RAY", "") not in ("", "0"):
             pytest.fail(f"A2PO_REQUIRE_RAY is set but {problem}", pytrace=False)
         pytest.skip(problem)
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"{RAY_DASHBOARD}/api/version", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    started = not answers()
+    started = not ray_answers()
     if started:
-        subprocess.run([str(ray), "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
-                        "--dashboard-port=8265", "--num-cpus=2", "--include-dashboard=true",
-                        "--object-store-memory=200000000", "--disable-usage-stats"],
-                       check=True, capture_output=True, timeout=180)
-        from tests.helpers import wait_for
-
-        wait_for(answers, 60, "Ray's dashboard to answer")
+        start_ray_head()
     yield RAY_DASHBOARD
     if started:
-        subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120)
+        stop_ray_head()

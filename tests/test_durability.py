@@ -165,6 +165,38 @@ def test_killed_at_each_point_and_resumed_it_ends_like_an_uninterrupted_run(tmp_
         manager.close()
 
 
+def test_a_worker_stopped_from_outside_is_interrupted_and_resumed(tmp_path, tiny_model_dir, reference):
+    """A SIGTERM the studio did not send (a kill by hand, a drained node): the worker checkpoints, the run is
+    interrupted (reason "lost", not "stopped" as a user's stop), and the scheduler resumes it by itself from that
+    checkpoint to the same result."""
+    from app.runtime.worker import OUTSIDE_STOP
+
+    # Steps from the 2nd on take 2 s more: the SIGTERM arrives while the run trains, however fast the machine.
+    store, manager = make_manager(tmp_path / "data", "train_step@2+=delay")
+    run_id = manager.submit(durable_spec(tiny_model_dir, "outside"))
+    manager.start()
+    try:
+        wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) >= 2, 120, "two training steps")
+        first = store.get_run(run_id)["pid"]
+        os.kill(first, signal.SIGTERM)
+        wait_for(lambda: (r := store.get_run(run_id))["status"] == "running" and r["pid"] not in (None, first), 120,
+                 "the run to resume in a new worker")
+        messages = [r["message"] for r in store.get_logs(run_id)]
+        assert OUTSIDE_STOP in messages and any(m.startswith("Resumed automatically") for m in messages), messages
+        run = wait_status(store, run_id, ("finished", "failed", "stopped", "interrupted"), timeout=180)
+        assert run["status"] == "finished", run
+        assert_same_run(record(store, run_id), reference)
+    finally:
+        manager.close()
+
+
+def test_a_stop_nobody_asked_for_ends_interrupted_a_requested_one_stopped():
+    assert lifecycle.end_event("stopped", None) is lifecycle.INTERRUPT
+    assert lifecycle.end_event("stopped", "shutdown") is lifecycle.INTERRUPT
+    assert all(lifecycle.end_event("stopped", reason) is lifecycle.STOP for reason in ("user", "limit", "watchdog"))
+    assert lifecycle.end_event("finished", None) is lifecycle.FINISH
+
+
 def test_container_stop_checkpoints_and_the_next_start_resumes(tmp_path, tiny_model_dir, reference):
     """SIGTERM to the app (what `docker stop` sends): workers checkpoint and stop, runs become "interrupted", and
     the next start resumes them from that checkpoint to the same result."""

@@ -16,7 +16,7 @@ from gradio_client import Client
 from storage import Store
 from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
-from tests.test_durability import assert_same_run, durable_spec, record
+from tests.test_durability import MAX_STEPS, assert_same_run, durable_spec, record
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.1)
@@ -131,6 +131,76 @@ def test_stop_resume_kill_and_restart_on_ray(ray_cluster, postgres_server, tmp_p
     assert_same_run(record(store, run_id), reference)
     logs = [r["message"] for r in store.get_logs(run_id)]
     assert sum("submitted to the Ray cluster" in m for m in logs) == 3, logs
+
+
+def test_a_job_stopped_from_outside_and_a_head_down_interrupt_the_run_and_it_resumes(
+        ray_cluster, postgres_server, tmp_path, tiny_model_dir, reference):
+    """Faults of a lab's cluster, not of the run: its job stopped with Ray's own client (a node drained, an operator's
+    `ray job stop`), then the Ray head stopped while the run trains and started again later. Each time the run is
+    interrupted (never failed, never "running" forever), the studio says the cluster does not answer while it is
+    down and starts nothing, and the run resumes by itself and ends like the uninterrupted local run."""
+    from ray.job_submission import JobSubmissionClient
+
+    from app.runtime.worker import OUTSIDE_STOP
+    from tests.conftest import ray_answers, start_ray_head, stop_ray_head
+
+    db = postgres_server.create_database()
+    data_dir = tmp_path / "studio"
+    store = Store(db)
+    messages = lambda: [r["message"] for r in store.get_logs(run_id)]  # noqa: E731
+    # Every training step takes 2 s more: each fault lands while the run trains.
+    port = free_port()
+    app = start_app(data_dir, port, "--ray-address", ray_cluster, "--db", db, "--shutdown-grace", "20",
+                    "--heartbeat-timeout", "12", "--model-root", tiny_model_dir,
+                    env={"A2PO_FAULTS": "train_step@1+=delay"})
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    try:
+        run_id = client.predict(spec=durable_spec(tiny_model_dir, "lost"), api_name="/launch")["run_id"]
+        wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) >= 1, 180, "a training step")
+        first_job = store.get_run(run_id)["ray_job_id"]
+        JobSubmissionClient(ray_cluster).stop_job(first_job)
+        wait_for(lambda: OUTSIDE_STOP in messages() or any("lost the worker" in m for m in messages()), 60,
+                 "the stop from outside to be recorded")
+        wait_for(lambda: (r := store.get_run(run_id))["status"] == "running" and r["ray_job_id"] != first_job,
+                 120, "the run to resume in a new job")
+        assert any(m.startswith("Resumed automatically") for m in messages()), messages()
+
+        steps = len(store.get_metrics(run_id, names=["loss"]))
+        wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) > steps, 60, "a step of the new job")
+        assert len(store.get_metrics(run_id, names=["loss"])) < MAX_STEPS, "the run ended before the head stopped"
+        stop_ray_head()
+        try:
+            assert not ray_answers()
+            if pid := worker_pid(run_id):  # the node is gone: its processes with it, whatever Ray left running
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: any("does not answer and the worker's heartbeat stopped" in m for m in messages()),
+                     120, "the run to be interrupted while the cluster is down")
+            assert store.get_run(run_id)["status"] == "queued"  # resumed, waiting for the cluster
+            assert client.predict(api_name="/limits")["runs_go_to"].get("error")
+            time.sleep(5)
+            run = store.get_run(run_id)
+            assert run["status"] == "queued" and run["launch_failures"] == 0, run  # no start tried meanwhile
+        finally:
+            start_ray_head()
+        run = helpers.wait_status(store, run_id, ("finished", "failed"), 240)
+        assert run["status"] == "finished", run["error"]
+    finally:
+        stop_app(app)
+    assert_same_run(record(store, run_id), reference)
+    assert sum("submitted to the Ray cluster" in m for m in messages()) == 3, messages()
+
+
+def test_every_page_says_when_the_cluster_does_not_answer():
+    from types import SimpleNamespace
+
+    from app.web.banner import CLUSTER_DOWN, LOCK_LOST, studio_problem
+
+    jobs = SimpleNamespace(lock_problem=None, cluster_problem=None)
+    assert studio_problem(SimpleNamespace(jobs=jobs)) is None
+    jobs.cluster_problem = "Could not list the nodes of the Ray cluster: <ray-head> refused"
+    assert studio_problem(SimpleNamespace(jobs=jobs)) == CLUSTER_DOWN and "<ray-head>" not in CLUSTER_DOWN
+    jobs.lock_problem = "lost"
+    assert studio_problem(SimpleNamespace(jobs=jobs)) == LOCK_LOST
 
 
 def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_cluster, postgres_server, tmp_path,

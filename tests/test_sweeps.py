@@ -128,7 +128,7 @@ def _run(run_id: int, point: dict, seed: int, method: str = "a2po", status: str 
          value_set: int = 1) -> dict:
     grid = {"beta2": [0.001, 0.01], "learning_rate": [1e-5, 2e-5]}
     return {"id": run_id, "name": f"r{run_id}", "status": status, "value_set_id": value_set,
-            "config": {"method": method, "config": {"seed": seed},
+            "config": {"method": method, "config": {"seed": seed, "values_seed": 0},  # a sweep's runs share stage 1
                        "study": {"id": "s", "name": "sw", "kind": "sweep", "seed": seed, "seeds": 2, "point": point,
                                  "grid": grid}}}
 
@@ -165,6 +165,9 @@ def test_the_table_holds_medians_over_seeds_the_best_point_and_the_heatmap():
     assert found.stage_one == {"a2po_runs": 8, "value_sets": 1, "sampled_runs": 1, "saved_tokens": 7000.0,
                                "saved_seconds": 210.0}
     assert "saved 7,000 completion tokens and 3m 30s of sampling" in summary.savings_line(found)
+    # A run still queued has no V* set yet: it counts in the set its spec samples, not as a set of its own.
+    waiting = [dict(r, value_set_id=None, status="queued") if r["id"] == 31 else r for r in runs]
+    assert summary.stage_one_savings(waiting, lines)["value_sets"] == 1
     # A point with a run still going is not the best yet.
     runs[2]["status"] = "running"
     lines[2] = _line(10, [0.0, 0.1], status="running")

@@ -208,6 +208,19 @@ class RayCluster:
             return ""
         return self.redact("\n".join(text.splitlines()[-lines:]))
 
+    def lost(self, job_id: str) -> bool:
+        """Whether an ended job was lost by the cluster rather than ended by its worker: stopped through the Jobs
+        API (by someone other than the studio, whose own stops the worker records first), forgotten (a restarted
+        head), or failed with no exit code of its entrypoint (its node or supervisor died)."""
+        try:
+            details = self.info(job_id)
+        except RayUnavailable:
+            return True
+        if details is None:
+            return True
+        status = _status(details)
+        return status == "STOPPED" or (status == "FAILED" and getattr(details, "driver_exit_code", None) is None)
+
     def ending(self, job_id: str) -> str:
         """How a job ended, in words ("FAILED: ...", "vanished ...")."""
         try:

@@ -57,7 +57,12 @@ The queue is the `runs` table, so it survives an app restart, and the database i
   machine is). The job's id is the run's `ray_job_id`; whether the worker lives is the job's status (not /proc), a
   stop is Ray's `stop_job` (SIGTERM, then SIGKILL after the shutdown grace), the tail of a dead worker's output is
   the job's log. Everything else (queue, limits, heartbeats, watchdog, adoption, every status change) is as for a
-  local worker. Chunked runs fork the studio's own process, so they are refused there.
+  local worker, with one difference: a job the cluster lost (stopped through Ray by someone else, forgotten by a
+  restarted head, failed with no exit code because its node died) interrupts its run, which is resumed; while the
+  cluster does not answer (`cluster_problem`) nothing starts, and a run whose heartbeat stops meanwhile is
+  interrupted and resumed once it answers. Chunked runs fork the studio's own process, so they are refused there.
+- **Stops from outside.** A worker stopped by a SIGTERM the studio did not send (no stop reason on its run) records
+  the run "interrupted" (reason "lost"), and the scheduler resumes it, as it resumes runs after a restart.
 """
 
 from __future__ import annotations
@@ -196,12 +201,14 @@ class JobManager:
         self.lock = self.store.scheduler_lock(AlreadyServing)
         self._owner: dict[str, Any] | None = None  # who took the lock; None: not taken (`tick()` runs regardless)
         self.lock_problem: str | None = None  # why this studio schedules nothing now (its lock is lost), or None
+        self.cluster_problem: str | None = None  # why the Ray cluster cannot be used now (it does not answer), or None
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
         self._fingerprints: dict[int, str | None] = {}  # run id -> its V* set (`value_fingerprint_of`); specs are fixed
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
         self._devices: dict[int, list[str]] = {}  # run id -> devices given to a worker that has not claimed yet
         self._retry_at: dict[int, float] = {}  # run id -> earliest next start after a launch failure
+        self._left_interrupted: set[int] = set()  # lost runs past `MAX_AUTO_RESUMES`, said once, left for a Resume
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
 
@@ -304,6 +311,7 @@ class JobManager:
             self._reap()
             self._ingest_chunks()
             self._supervise()
+            self._resume_lost()
             if self.zerogpu:
                 self._pause_idle()
             return self._admit()
@@ -349,6 +357,8 @@ class JobManager:
         return busy
 
     def _admit(self) -> list[int]:
+        if self.ray is not None and self.cluster_problem is not None:
+            return []  # queued runs wait for the cluster to answer: not launch failures
         started = []
         busy = self._busy_devices()
         queue = sorted(self.store.list_runs(status=lifecycle.QUEUED), key=lambda r: (r["queued_at"], r["id"]))
@@ -508,10 +518,17 @@ class JobManager:
         return token
 
     def _refresh_cluster(self) -> None:
+        """Read the cluster's devices; while it does not answer, keep the last known ones and say so once."""
         try:
             self.devices = self.ray.devices()
-        except RayUnavailable as error:  # keep the last known devices; the next pass asks again
-            logger.warning("%s", error)
+        except RayUnavailable as error:  # the next pass asks again
+            if self.cluster_problem is None:
+                logger.error("The Ray cluster does not answer: no run starts until it does (%s).", error)
+            self.cluster_problem = str(error)
+            return
+        if self.cluster_problem is not None:
+            logger.warning("The Ray cluster answers again: scheduling goes on.")
+        self.cluster_problem = None
 
     def _on_ray(self, run: dict[str, Any]) -> bool:
         """Whether the run's worker is a Ray job that this studio watches."""
@@ -639,9 +656,42 @@ class JobManager:
             self._launch_failed(run, f"(Ray job {job.job_id}) ended {how} before starting the run",
                                 output=self.worker_output(run["id"], run))
         elif run["status"] in LIVE:
-            self._end(run["id"], lifecycle.FAIL, f"The Ray job {job.job_id} of the worker ended {how} without "
-                                                 "recording an end; last lines of its output:\n"
-                                                 f"{self.worker_output(run['id'], run)}")
+            self._ray_job_gone(run, job.job_id, how)
+
+    def _ray_job_gone(self, run: dict[str, Any], job_id: str, how: str) -> None:
+        """A live run whose Ray job ended without the worker recording an end. Lost by the cluster (stopped from
+        outside, forgotten by a restarted head, its node gone): interrupted and resumed. Ended by the worker itself
+        (an exit code: a crash, a SIGKILL): failed, as a local worker that dies would."""
+        if self.ray.lost(job_id):
+            self._end(run["id"], lifecycle.INTERRUPT, f"The Ray cluster lost the worker: its job {job_id} ended {how}. "
+                                                      "Interrupted; the studio resumes it from its latest checkpoint.",
+                      stop_reason="lost")
+            return
+        self._end(run["id"], lifecycle.FAIL, f"The Ray job {job_id} of the worker ended {how} without recording an "
+                                             f"end; last lines of its output:\n{self.worker_output(run['id'], run)}")
+
+    def _resume_lost(self) -> None:
+        """Queue again, at their old place, runs interrupted while a studio watched by something other than a
+        shutdown (stop reason "lost": a stop from outside, a Ray cluster that lost the worker), as a restart resumes
+        runs: at most `MAX_AUTO_RESUMES` times in a row without progress. A process of the run still exiting holds
+        the next start back (`_admit`)."""
+        if not self.auto_resume or self._halt.is_set():
+            return
+        for run in self.store.list_runs(status=lifecycle.INTERRUPTED):
+            if run.get("stop_reason") != "lost":
+                continue
+            if not lifecycle.may_auto_resume(run):
+                if run["id"] not in self._left_interrupted:
+                    self._left_interrupted.add(run["id"])
+                    self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row without "
+                                                  "progress in between: not resumed automatically again; press "
+                                                  "Resume to continue it.", level="WARNING")
+                continue
+            self._left_interrupted.discard(run["id"])
+            if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
+                waits = " once the Ray cluster answers" if self.ray is not None and self.cluster_problem else ""
+                self.store.add_log(run["id"], f"Resumed automatically{waits} (from its latest checkpoint and stored "
+                                              "V* values).")
 
     def _claimed_since_launch(self, run: dict[str, Any]) -> bool:
         """Whether the run was claimed after its process in `_procs` started (that launch worked, whatever the run's
@@ -689,9 +739,7 @@ class JobManager:
             if self._foreign(run):
                 continue
             if not self._worker_alive(run_id, run) and self._on_ray(run):
-                self._end(run_id, lifecycle.FAIL, f"Worker died: its Ray job {run['ray_job_id']} ended "
-                                                  f"{self.ray.ending(run['ray_job_id'])}; last lines of its output:\n"
-                                                  f"{self.worker_output(run_id, run)}")
+                self._ray_job_gone(run, run["ray_job_id"], self.ray.ending(run["ray_job_id"]))
                 continue
             if not self._worker_alive(run_id, run):
                 if is_chunked(run):
@@ -704,7 +752,13 @@ class JobManager:
             beat = run["heartbeat_at"] or run["started_at"] or now
             progress = run["progress_at"] or run["started_at"] or now
             worked = (run["limit_seconds"] or 0.0) + now - (run["started_at"] or now)
-            if now - beat > self.stale_after:
+            if now - beat > self.stale_after and self._on_ray(run) and self.cluster_problem is not None:
+                # Its job cannot be asked about or stopped: the head is down, and the worker most likely with it.
+                # `_admit` starts the run again only once the cluster answers and no job of it runs any more.
+                self._end(run_id, lifecycle.INTERRUPT, f"The Ray cluster does not answer and the worker's heartbeat "
+                                                       f"stopped {now - beat:.0f} s ago: interrupted; the studio "
+                                                       "resumes it once the cluster answers.", stop_reason="lost")
+            elif now - beat > self.stale_after:
                 self._kill_worker(run_id, run)
                 self._lost(run, f"no heartbeat for {now - beat:.0f} s (pid {run['pid']} killed)")
             elif self.run_minutes is not None and run["status"] == lifecycle.RUNNING and worked > self.run_minutes * 60:

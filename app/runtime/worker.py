@@ -51,6 +51,8 @@ from storage import Store, lifecycle
 
 # Seconds between heartbeats; `app.runtime.scheduler` calls a worker dead after many missed ones.
 HEARTBEAT_INTERVAL = 2.0
+OUTSIDE_STOP = ("The worker was stopped from outside the studio (a SIGTERM nobody in the studio sent: its Ray job "
+                "stopped, its node drained, or a kill by hand); it saved a checkpoint and the studio resumes it.")
 LOG_TAIL_LINES = 20
 END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
 CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
@@ -471,10 +473,17 @@ def record_end(store: Store, run_id: int, status: str, error: str | None) -> boo
         try:
             fault_point("record_end")
             run = store.get_run(run_id)
-            event = lifecycle.end_event(status, run.get("stop_reason") if run else None)
+            reason = run.get("stop_reason") if run else None
+            event = lifecycle.end_event(status, reason)
+            outside = status == "stopped" and reason is None  # a signal from outside: interrupted, then resumed
+            if outside:
+                fields.update(stop_reason="lost", error=OUTSIDE_STOP)
             # Only a run this worker still owns: a run deleted or failed by the scheduler meanwhile stays so.
-            if store.apply(run_id, event, **fields) and status == "finished":
-                remove_checkpoints(store, run_id)
+            if store.apply(run_id, event, **fields):
+                if status == "finished":
+                    remove_checkpoints(store, run_id)
+                elif outside:
+                    store.add_log(run_id, OUTSIDE_STOP, level="WARNING")
             return True
         except Exception as failure:  # noqa: BLE001 - a locked or full disk: wait and try again
             logger.warning("Could not record the end of run %s (attempt %d): %s", run_id, attempt + 1, failure)

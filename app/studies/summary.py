@@ -164,7 +164,7 @@ def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Tim
     sets: dict[Any, list[Timeline]] = {}
     for run, line in zip(runs, timelines, strict=True):
         if line.method == "a2po":
-            sets.setdefault(run.get("value_set_id") or f"run{line.run_id}", []).append(line)
+            sets.setdefault(_value_set_of(run), []).append(line)
     saved_tokens = saved_seconds = 0.0
     sampled = 0
     for members in sets.values():
@@ -175,6 +175,17 @@ def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Tim
             saved_seconds += (len(members) - len(payers)) * statistics.median(t.stage1_seconds for t in payers)
     return {"a2po_runs": sum(len(m) for m in sets.values()), "value_sets": len(sets), "sampled_runs": sampled,
             "saved_tokens": saved_tokens, "saved_seconds": saved_seconds}
+
+
+def _value_set_of(run: Mapping[str, Any]) -> Any:
+    """The V* set a run uses or will use: its spec's stage-1 fingerprint (a queued run has no set yet), else the set
+    it has, else the run alone."""
+    from a2po.runspec import RunSpec
+
+    try:
+        return RunSpec.from_dict(dict(run.get("config") or {})).value_fingerprint()
+    except Exception:  # noqa: BLE001 - a spec of an older studio: group by what is stored
+        return run.get("value_set_id") or f"run{run.get('id')}"
 
 
 def savings_line(summary: StudySummary) -> str:

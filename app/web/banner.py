@@ -1,6 +1,7 @@
-"""The studio-wide banner, above every page: what every visitor must know whatever page they are on. Today one
-thing: the scheduler lost its lock on the database (`JobManager.lock_problem`) and starts no run until it has it
-back. Its wording is fixed: the full reason, which names hosts and addresses, is in the studio's log."""
+"""The studio-wide banner, above every page: what every visitor must know whatever page they are on. The scheduler
+lost its lock on the database (`JobManager.lock_problem`), or the Ray cluster it sends runs to does not answer
+(`JobManager.cluster_problem`), and it starts no run until that is over. Its wording is fixed: the full reason,
+which names hosts and addresses, is in the studio's log."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ LOCK_LOST = ("**This studio is not scheduling.** It lost its lock on the databas
              "or another studio took the lock) and starts no run until it has it back; runs already going on "
              "continue. The studio's log says more.")
 
+CLUSTER_DOWN = ("**This studio is not starting runs.** The Ray cluster it sends runs to does not answer; queued runs "
+                "wait, and runs it lost are resumed from their checkpoints once it answers again. The studio's log "
+                "says more.")
+
 
 def studio_problem(services: Any) -> str | None:
     """The banner's text, or None when all is well."""
-    return LOCK_LOST if getattr(services.jobs, "lock_problem", None) else None
+    if getattr(services.jobs, "lock_problem", None):
+        return LOCK_LOST
+    return CLUSTER_DOWN if getattr(services.jobs, "cluster_problem", None) else None
 
 
 def build_banner(demo: gr.Blocks, services: Any) -> gr.Markdown:
