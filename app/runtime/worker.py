@@ -13,10 +13,11 @@ own rows (`Store.set_run_values`), which every page of the run shows.
 
 SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops stage 1 after the current batch or stage 2 after
 the current step, the Trainer writes a full checkpoint, and the run ends "stopped" (or "interrupted" when the
-studio itself is shutting down, see `app.runtime.scheduler`). Queuing the same run again resumes it: stage 1 continues
-with the prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also checkpoints
-every few minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training; samples are
-functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
+studio itself is shutting down, see `app.runtime.scheduler`, or when nobody in the studio asked for the stop: a
+signal from outside, after which the scheduler resumes the run). Queuing the same run again resumes it: stage 1
+continues with the prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also
+checkpoints every few minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training;
+samples are functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
 
 The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
 scheduler sees the worker exit and writes it. Fail points (`a2po._faults`) mark where the tests kill or hang it.
