@@ -109,12 +109,11 @@ class RunCounters(TrainerCallback, ExportableState):
         self.values_tokens: dict[str, int] = {}
         self._step_started: float | None = None
         self._steps_timed = 0  # steps of this process timed so far
-        self._steady = (0, 0.0)  # (steps, seconds) of this process's steps after its first
+        self._steady_seconds = 0.0  # their seconds, the first one's left out
 
     @property
     def step_seconds(self) -> float | None:
-        steps, seconds = self._steady
-        return seconds / steps if steps else None
+        return self._steady_seconds / (self._steps_timed - 1) if self._steps_timed > 1 else None
 
     def state(self) -> dict[str, Any]:
         return {"args": {}, "attributes": {
@@ -149,7 +148,7 @@ class RunCounters(TrainerCallback, ExportableState):
         else:
             self.completion_tokens, self.train_seconds, self.eval_seconds = 0, 0.0, 0.0
         self._step_started = None
-        self._steps_timed, self._steady = 0, (0, 0.0)
+        self._steps_timed, self._steady_seconds = 0, 0.0
         # A checkpoint from before these counters has no entry, and the Trainer's save expects one.
         state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -169,7 +168,7 @@ class RunCounters(TrainerCallback, ExportableState):
         self.train_seconds += seconds
         self._step_started = None
         if self._steps_timed:
-            self._steady = (self._steady[0] + 1, self._steady[1] + seconds)
+            self._steady_seconds += seconds
         self._steps_timed += 1
         budget, every = getattr(args, "max_train_seconds", None), getattr(args, "eval_every_seconds", None)
         if every and math.floor(self.clock / every) > math.floor(before / every):

@@ -495,6 +495,17 @@ class RunSpec:
 
 # ------------------------------------------------------------------------------------------------- presets
 
+def value_fingerprint_of(spec: dict[str, Any]) -> str | None:
+    """The V* set a stored run spec samples or reads (`RunSpec.value_fingerprint`); None for a run without stage 1
+    (GRPO, an evaluation) or a spec that no longer reads."""
+    if spec.get("method", "a2po") != "a2po" or spec.get("action", "train") not in ("train", "values"):
+        return None
+    try:
+        return RunSpec.from_dict(spec).value_fingerprint()
+    except ValueError:
+        return None
+
+
 def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
     """A copy of preset `name` (a complete run spec; "none": the library's defaults, `RunSpec()`, with an empty
     config, so every setting is A2POConfig's)."""

@@ -121,19 +121,6 @@ class AlreadyServing(RuntimeError):
     """Another studio process holds this data folder's scheduler lock."""
 
 
-def value_fingerprint_of(run: dict[str, Any]) -> str | None:
-    """The V* set an A*-PO run samples or reads (`RunSpec.value_fingerprint`); None for a run without stage 1."""
-    from a2po.runspec import RunSpec
-
-    spec = run.get("config") or {}
-    if spec.get("method", "a2po") != "a2po" or spec.get("action", "train") not in ("train", "values"):
-        return None
-    try:
-        return RunSpec.from_dict(spec).value_fingerprint()
-    except ValueError:
-        return None
-
-
 def processes_of(spec: dict[str, Any]) -> int:
     """The processes a stored run spec asks for (`num_devices`: its name in specs stored before the rename)."""
     return int(spec.get("num_processes", spec.get("num_devices", 1)) or 1)
@@ -204,7 +191,7 @@ class JobManager:
         self.cluster_problem: str | None = None  # why the Ray cluster cannot be used now (it does not answer), or None
         self._lock = threading.RLock()
         self._procs: dict[int, Any] = {}  # run id -> worker (`subprocess.Popen`) or chunk (`ForkedChunk`) started here
-        self._fingerprints: dict[int, str | None] = {}  # run id -> its V* set (`value_fingerprint_of`); specs are fixed
+        self._fingerprints: dict[int, str | None] = {}  # run id -> its V* set (`runspec.value_fingerprint_of`)
         self._launched_at: dict[int, float] = {}  # run id -> when its process in `_procs` was started
         self._devices: dict[int, list[str]] = {}  # run id -> devices given to a worker that has not claimed yet
         self._retry_at: dict[int, float] = {}  # run id -> earliest next start after a launch failure
@@ -357,7 +344,7 @@ class JobManager:
         return busy
 
     def _admit(self) -> list[int]:
-        if self.ray is not None and self.cluster_problem is not None:
+        if self.cluster_problem is not None:
             return []  # queued runs wait for the cluster to answer: not launch failures
         started = []
         busy = self._busy_devices()
@@ -392,8 +379,10 @@ class JobManager:
         return started
 
     def _fingerprint(self, run: dict[str, Any]) -> str | None:
+        from a2po.runspec import value_fingerprint_of
+
         if run["id"] not in self._fingerprints:
-            self._fingerprints[run["id"]] = value_fingerprint_of(run)
+            self._fingerprints[run["id"]] = value_fingerprint_of(run.get("config") or {})
         return self._fingerprints[run["id"]]
 
     def _value_set_complete(self, fingerprint: str) -> bool:
@@ -671,27 +660,32 @@ class JobManager:
                                              f"end; last lines of its output:\n{self.worker_output(run['id'], run)}")
 
     def _resume_lost(self) -> None:
-        """Queue again, at their old place, runs interrupted while a studio watched by something other than a
-        shutdown (stop reason "lost": a stop from outside, a Ray cluster that lost the worker), as a restart resumes
-        runs: at most `MAX_AUTO_RESUMES` times in a row without progress. A process of the run still exiting holds
-        the next start back (`_admit`)."""
+        """Queue again runs interrupted while a studio watched by something other than a shutdown (stop reason
+        "lost": a stop from outside, a Ray cluster that lost the worker), as a restart resumes interrupted runs. A
+        process of the run still exiting holds the next start back (`_admit`)."""
         if not self.auto_resume or self._halt.is_set():
             return
+        waits = " once the Ray cluster answers" if self.cluster_problem else ""
         for run in self.store.list_runs(status=lifecycle.INTERRUPTED):
-            if run.get("stop_reason") != "lost":
-                continue
-            if not lifecycle.may_auto_resume(run):
-                if run["id"] not in self._left_interrupted:
-                    self._left_interrupted.add(run["id"])
-                    self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row without "
-                                                  "progress in between: not resumed automatically again; press "
-                                                  "Resume to continue it.", level="WARNING")
-                continue
-            self._left_interrupted.discard(run["id"])
-            if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
-                waits = " once the Ray cluster answers" if self.ray is not None and self.cluster_problem else ""
-                self.store.add_log(run["id"], f"Resumed automatically{waits} (from its latest checkpoint and stored "
-                                              "V* values).")
+            if run.get("stop_reason") == "lost":
+                self._auto_resume(run, f"Resumed automatically{waits} (from its latest checkpoint and stored V* "
+                                       "values).")
+
+    def _auto_resume(self, run: dict[str, Any], resumed: str) -> None:
+        """Queue an interrupted run again at its old place (`auto_resume` keeps queued_at: ahead of the runs queued
+        after it), at most `MAX_AUTO_RESUMES` times in a row without progress; past that, say so once and leave it
+        for a Resume."""
+        if not lifecycle.may_auto_resume(run):
+            if run["id"] not in self._left_interrupted:
+                self._left_interrupted.add(run["id"])
+                self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row without "
+                                              "progress in between: not resumed automatically again; press Resume "
+                                              "to continue it.", level="WARNING")
+            return
+        self._left_interrupted.discard(run["id"])
+        if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
+            self.store.add_log(run["id"], resumed)
+            self._warn_reward_changes(run)
 
     def _claimed_since_launch(self, run: dict[str, Any]) -> bool:
         """Whether the run was claimed after its process in `_procs` started (that launch worked, whatever the run's
@@ -846,16 +840,8 @@ class JobManager:
 
     def _resume_interrupted(self) -> None:
         for run in self.store.list_runs(status=lifecycle.INTERRUPTED):
-            if not lifecycle.may_auto_resume(run):
-                self.store.add_log(run["id"], f"Interrupted {run['auto_resumes'] + 1} times in a row without "
-                                              "progress in between: not resumed automatically again; press Resume "
-                                              "to continue it.", level="WARNING")
-                continue
-            # Back at its old place in the queue (`auto_resume` keeps queued_at): ahead of the runs queued after it.
-            if self.store.apply(run["id"], lifecycle.AUTO_RESUME):
-                self.store.add_log(run["id"], "Resumed automatically after the interruption (from its latest "
-                                              "checkpoint and stored V* values).")
-                self._warn_reward_changes(run)
+            self._auto_resume(run, "Resumed automatically after the interruption (from its latest checkpoint and "
+                                   "stored V* values).")
 
     def _remove_orphan_files(self) -> None:
         """Outputs, logs, journals and exports of runs that no longer exist (deleted while files were busy, or by an

@@ -180,12 +180,9 @@ def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Tim
 def _value_set_of(run: Mapping[str, Any]) -> Any:
     """The V* set a run uses or will use: its spec's stage-1 fingerprint (a queued run has no set yet), else the set
     it has, else the run alone."""
-    from a2po.runspec import RunSpec
+    from a2po.runspec import value_fingerprint_of
 
-    try:
-        return RunSpec.from_dict(dict(run.get("config") or {})).value_fingerprint()
-    except Exception:  # noqa: BLE001 - a spec of an older studio: group by what is stored
-        return run.get("value_set_id") or f"run{run.get('id')}"
+    return value_fingerprint_of(dict(run.get("config") or {})) or run.get("value_set_id") or f"run{run.get('id')}"
 
 
 def savings_line(summary: StudySummary) -> str:
