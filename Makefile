@@ -35,9 +35,13 @@ postgresql:
 app: install
 	HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False $(PY) -m app
 
+# Two pytest processes (a file's tests stay on one, with its module's studio and browser): most tests wait on
+# a worker, a studio or a browser more than they compute. Tests marked `serial` (busy loops, clocks, the Ray head
+# they stop) then run alone.
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=25
+	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
+	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, and 10 examples
 # of the run state machine against real processes (`make test` runs 3 and 2).

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A lab's studio on one machine, end to end, as docs/cluster.md sets it up: a PostgreSQL server with a password
 # (scram-sha-256 over TCP), a one-node Ray head, the studio with both (`--db postgresql+psycopg://...` and
-# `--ray-address`), the teaching demo launched through the API (what the Launch page's Train button calls), waited
-# for, its held-out accuracy before and after printed; then everything stopped again.
+# `--ray-address`), the teaching demo launched by pressing Train in Debian's chromium (`scripts/click_train.py`, the
+# Run page saved as WORK_DIR/cluster-run.png) and followed to its end, its held-out accuracy before and after
+# printed; then everything stopped again.
 #
-#   scripts/cluster_demo.sh [WORK_DIR] [--quick]     # --quick: 64 prompts, 1 epoch (a few minutes on a CPU)
+#   scripts/cluster_demo.sh [WORK_DIR] [--quick]     # --quick: 64 prompts, 1 epoch, through the API (/launch)
 #
 # Needs `make install` (or `pip install -e '.[app,cluster]'`) and PostgreSQL's server binaries
 # (`apt-get install -y postgresql`). Uses ports 55432 (PostgreSQL), 6389 and 8275 (Ray) and 7895 (the studio).
@@ -56,7 +57,12 @@ STUDIO_PID=$!
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$STUDIO_PORT/" >/dev/null && break; sleep 1; done
 head -1 "$WORK/studio.log"
 
-say "4. the teaching demo, launched as the Train button does, and followed to its end"
+if [[ $QUICK == 0 ]] && command -v chromium >/dev/null; then
+  say "4. the teaching demo: Train pressed in chromium on the form as it opens, followed to its end"
+  "$PY" scripts/click_train.py "http://127.0.0.1:$STUDIO_PORT/" --screenshot "$WORK/cluster-run.png"
+  exit
+fi
+say "4. the teaching demo, launched as the Train button does (/launch), and followed to its end"
 QUICK=$QUICK STUDIO_PORT=$STUDIO_PORT "$PY" - <<'EOF'
 import os, time
 from gradio_client import Client

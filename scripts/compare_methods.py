@@ -114,20 +114,23 @@ def report(store, name: str) -> None:
                      "grpo_to_own": to_grpo_g.seconds, "grpo_to_a2po": None if to_a2po is None else to_a2po.seconds,
                      "a2po_tokens": a2po.points[-1].tokens + a2po.stage1_tokens, "grpo_tokens": grpo.points[-1].tokens,
                      "a2po_rss": a2po.peak_memory_gb, "grpo_rss": grpo.peak_memory_gb,
-                     "equal_steps": _at_equal_steps(a2po, grpo)})
+                     "equal_steps": _at_equal_steps(a2po, grpo),
+                     "grpo_at_a2po_time": _accuracy_by(grpo, a2po.seconds_with_stage1)})
     if not rows:
         return
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
     gib = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
     when = lambda v: "not reached" if v is None else duration(v)  # noqa: E731
     print("\n| seed | A*-PO final | GRPO final | A*-PO time (stage 2 alone) | GRPO time | A*-PO to GRPO's final - 3 "
-          "| GRPO to its final - 3 | GRPO to A*-PO's final | tokens A*-PO / GRPO | peak RSS GB A*-PO / GRPO |")
-    print("| --- " * 10 + "|")
+          "| GRPO to its final - 3 | GRPO to A*-PO's final | GRPO by A*-PO's time | tokens A*-PO / GRPO "
+          "| peak RSS GB A*-PO / GRPO |")
+    print("| --- " * 11 + "|")
     for r in rows:
         print(f"| {r['seed']}{'' if r['done'] else ' (unfinished)'} | {pct(r['a2po_final'])} | {pct(r['grpo_final'])} "
               f"| {duration(r['a2po_s'])} ({duration(r['a2po_stage2_s'])}) | {duration(r['grpo_s'])} "
               f"| {when(r['a2po_to_grpo'])} | {duration(r['grpo_to_own'])} | {when(r['grpo_to_a2po'])} "
-              f"| {r['a2po_tokens']:,} / {r['grpo_tokens']:,} | {gib(r['a2po_rss'])} / {gib(r['grpo_rss'])} |")
+              f"| {pct(r['grpo_at_a2po_time'])} | {r['a2po_tokens']:,} / {r['grpo_tokens']:,} "
+              f"| {gib(r['a2po_rss'])} / {gib(r['grpo_rss'])} |")
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     reached = [r["a2po_to_grpo"] for r in rows if r["a2po_to_grpo"] is not None]
     print(f"\nmedians over {len(rows)} seeds: A*-PO {pct(med('a2po_final'))} in {duration(med('a2po_s'))} "
@@ -137,7 +140,9 @@ def report(store, name: str) -> None:
              f"{statistics.median(reached) / med('grpo_to_own'):.2f}x the {duration(med('grpo_to_own'))} GRPO took "
              f"to reach the same accuracy, {statistics.median(reached) / med('grpo_s'):.2f}x GRPO's whole training "
              f"time" if reached else "no seed") + "; at equal steps, A*-PO minus GRPO (median over the grid's points "
-          f"and seeds): {100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points", flush=True)
+          f"and seeds): {100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points; at A*-PO's "
+          f"whole time with its stage 1, GRPO was at {pct(med('grpo_at_a2po_time'))} (its last evaluation by then) "
+          f"against A*-PO's {pct(med('a2po_final'))}", flush=True)
     ratios = [r["a2po_to_grpo"] / r["grpo_s"] for r in rows if r["a2po_to_grpo"] is not None]
     if ratios:
         print("per seed, A*-PO's time to GRPO's final less 3 points over GRPO's whole training time: "
@@ -145,6 +150,11 @@ def report(store, name: str) -> None:
     if view.medians:
         a2po, grpo = view.pair()
         print(f"\nverdict on the medians: {comparison.verdict(a2po, grpo, margin=MARGIN)}", flush=True)
+
+
+def _accuracy_by(line, seconds: float) -> float:
+    """A run's held-out accuracy at its last evaluation at or before `seconds` of its own training time."""
+    return max((p for p in line.points if p.seconds <= seconds), key=lambda p: p.seconds).accuracy
 
 
 def _at_equal_steps(a2po, grpo) -> list[float]:

@@ -3,11 +3,14 @@
     python scripts/screenshots.py DATA_DIR RUN_ID [--out docs/screenshots] [--port 7874]
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID    # an "A*-PO vs GRPO" pair instead
     python scripts/screenshots.py DATA_DIR --study NAME                     # a sweep's Studies page
+    python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID --duel NAME   # Compare on a whole study
 
 Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
 writes `teaching-run.png` and `teaching-explain.png`; with `--pair`, the Compare page with both runs picked
 (`teaching-compare.png`) and the Explain page's cost section for them (`teaching-explain-costs.png`); with
-`--study`, the Studies page of the study named NAME (`teaching-studies.png`: its table, heatmap and curves).
+`--study`, the Studies page of the study named NAME (`teaching-studies.png`: its table, heatmap and curves); with
+`--duel` as well as `--pair`, Compare shows the "A*-PO vs GRPO" study named NAME (every seed, the medians and the
+per-seed table) instead of the two runs, and Explain the pair.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7874)
     parser.add_argument("--pair", type=int, help="a GRPO run to show beside RUN_ID on Compare and Explain")
     parser.add_argument("--study", help="the name of a study to show on the Studies page instead")
+    parser.add_argument("--duel", help="with --pair: the A*-PO vs GRPO study to pick on Compare")
     args = parser.parse_args()
     if (args.run_id is None) == (args.study is None):
         parser.error("give a RUN_ID or --study NAME")
@@ -57,7 +61,7 @@ def main() -> None:
                 if args.study is not None:
                     study_screenshot(page, args.study, args.out)
                 else:
-                    pair_screenshots(page, args.run_id, args.pair, args.out)
+                    pair_screenshots(page, args.run_id, args.pair, args.out, args.duel)
                 browser.close()
                 return
             page.get_by_role("tab", name="Run", exact=True).first.click()
@@ -100,10 +104,17 @@ def study_screenshot(page, name: str, out: Path) -> None:
     page.screenshot(path=str(out / "teaching-studies.png"), full_page=True)
 
 
-def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path) -> None:
-    """The Compare page with both runs picked, and the Explain page's section on why their costs differ."""
+def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path, study: str | None = None) -> None:
+    """The Compare page with both runs picked (or the study named `study`), and the Explain page's section on why
+    their costs differ."""
     page.get_by_role("tab", name="Compare", exact=True).first.click()
-    pick_runs(page, "#compare-runs", [a2po_id, grpo_id])
+    if study is None:
+        pick_runs(page, "#compare-runs", [a2po_id, grpo_id])
+    else:
+        page.set_viewport_size({"width": 1400, "height": 1100})
+        page.locator("#compare-study input").click()
+        page.get_by_role("option", name=f"{study}:", exact=False).first.click()
+        playwright.expect(page.locator("#compare-verdict")).to_contain_text("Medians of")
     playwright.expect(page.locator("#compare-verdict")).to_contain_text("GRPO")
     playwright.expect(page.locator("#compare-time .js-plotly-plot")).to_be_visible()
     time.sleep(2.0)

@@ -28,7 +28,7 @@ from tests.test_app_api import free_port, start_app, stop_app
 from tests.test_chunks import FAKE_SPACES, assert_same, chunk_spec, reference, taught_model  # noqa: F401
 from tests.test_durability import make_manager, record
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.serial]
 RUNS = int(os.environ.get("A2PO_STRESS_RUNS", "3"))
 wait_for = functools.partial(helpers.wait_for, poll=0.2)
 

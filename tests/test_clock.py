@@ -26,7 +26,7 @@ from tests.test_chunks import drive
 from tests.test_durability import make_manager, wait_status
 from tests.test_trainer import coin, config, prompts
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.serial]
 wait_for = functools.partial(helpers.wait_for, poll=0.1)
 
 

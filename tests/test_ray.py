@@ -18,7 +18,7 @@ from tests import helpers
 from tests.test_app_api import free_port, start_app, stop_app
 from tests.test_durability import MAX_STEPS, assert_same_run, durable_spec, record
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.serial]
 wait_for = functools.partial(helpers.wait_for, poll=0.1)
 
 

@@ -20,6 +20,8 @@ from tests.browser import TIMEOUT_MS
 from tests.helpers import wait_status
 from tests.test_app_api import free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir) -> Iterator[tuple[str, Path]]:
