@@ -34,15 +34,14 @@ _TEACHING = {
     # 8 epochs over the prompts stage 1 keeps (TRL's filter), at a constant 1e-5: of the recipes measured with run
     # seeds 0-2 (the filter on for 4 or 8 epochs, off for 1 or 2), the best median held-out accuracy whose click to
     # finished fits in five minutes; every prompt for 2 epochs learned as well but took longer (docs/benchmarks.md,
-    # "Choosing the teaching demo's recipe"). 2e-5 is unstable across seeds. An evaluation every 10 of its 40 steps
-    # lets a class watch held-out accuracy climb.
+    # "Choosing the teaching demo's recipe"). 2e-5 is unstable across seeds.
     # 12 completion tokens: "18 + 76 = 94" is 11 and the reward reads the last number, so a clipped answer still
     # scores; 16 cost a third more decoding for the same learning (seed 0: 0% -> 56% with 16, 0% -> 55% with 12).
     "config": {"num_value_samples": 8, "beta1": 0.5, "beta2": 1e-3, "learning_rate": 1e-5, "max_steps": -1,
                "num_train_epochs": 8.0, "lr_scheduler_type": "constant",
                "per_device_train_batch_size": 8, "max_completion_length": 12, "temperature": 1.0,
                "gradient_checkpointing": False, "value_batch_size": 16, "per_device_eval_batch_size": 32,
-               "eval_steps": 10, "logging_steps": 1, "seed": 0},
+               "logging_steps": 1, "seed": 0},
     "peft": None,
 }
 

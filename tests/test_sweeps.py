@@ -101,7 +101,7 @@ def test_method_in_the_grid_matches_grpo_under_the_papers_protocol_once_per_its_
                                                  {"method": "grpo", "learning_rate": 2e-5}]
     assert all(r["config"]["filter_all_incorrect"] is False for r in a2po)  # the paper's protocol
     assert all(r["config"]["num_generations"] == 8 and r["config"]["per_device_train_batch_size"] == 64 for r in grpo)
-    assert {r["config"]["eval_steps"] for r in runs} == {16}  # 128 steps, 8 points: one grid for both methods
+    assert {r["config"]["eval_steps"] for r in runs} == {32}  # 256 steps, 8 points: one grid for both methods
     with pytest.raises(StudyError, match="beta is not a setting of a2po runs, and this sweep runs only a2po"):
         sweep_specs(base, {"beta": [0.0, 0.04]}, [])
     with pytest.raises(StudyError, match="starts from an A\\*-PO spec"):
