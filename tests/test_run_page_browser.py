@@ -80,10 +80,11 @@ def test_the_run_page_follows_a_live_run_and_stops_when_it_ends(studio):
         expect(logs).to_have_value(re.compile(r"step \d+: loss"))
         expect(logs).not_to_have_value(logs.input_value())
 
-        # The run ends: the page shows it, then polls no more.
+        # The run ends: the page shows it, then polls no more. As a real worker does, the end is recorded before the
+        # process exits: the other order lets a scheduler pass in between fail the run as a worker that died.
+        Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
         workers["now"].stop()
         workers["now"] = None
-        Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
         expect(page.locator("#run-header")).to_contain_text("finished")
         time.sleep(1)
         seen = len(polls)
