@@ -42,8 +42,9 @@ mkdir -p "$WORK/pg"; [[ $(id -u) == 0 ]] && chown postgres "$WORK/pg" "$WORK"
 as_pg "$PG_BIN/initdb" -D "$WORK/pg" -U postgres --auth-local=trust --auth-host=scram-sha-256 >/dev/null
 as_pg "$PG_BIN/pg_ctl" -D "$WORK/pg" -l "$WORK/pg/server.log" \
   -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $WORK/pg" start >/dev/null
-as_pg "$PG_BIN/psql" -h "$WORK/pg" -p $PG_PORT -U postgres -qc \
-  "CREATE ROLE studio LOGIN PASSWORD '$PASSWORD'; CREATE DATABASE studio OWNER studio;"
+# Two commands: CREATE DATABASE cannot run inside the transaction one -c string makes.
+as_pg "$PG_BIN/psql" -h "$WORK/pg" -p $PG_PORT -U postgres -q -c "CREATE ROLE studio LOGIN PASSWORD '$PASSWORD'" \
+  -c "CREATE DATABASE studio OWNER studio"
 
 say "2. a one-node Ray head: GCS 127.0.0.1:$RAY_PORT, Jobs API http://127.0.0.1:$DASHBOARD_PORT (private address)"
 "$RAY" start --head --node-ip-address=127.0.0.1 --port=$RAY_PORT --dashboard-host=127.0.0.1 \
