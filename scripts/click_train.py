@@ -3,8 +3,8 @@ teaching-demo preset), follow the Run page to the end, and save it.
 
     python scripts/click_train.py URL [--screenshot run.png] [--timeout-minutes 30]
 
-Prints the time from the click to the first V* histogram and to "finished", and the held-out accuracy the Run page
-shows; exits non-zero if the run does not finish. `scripts/cluster_demo.sh` uses it on a studio backed by
+Prints the run the Run page follows, the time from the click to the run's end, and the held-out accuracy the Run
+page shows; exits non-zero if the run does not finish. `scripts/cluster_demo.sh` uses it on a studio backed by
 PostgreSQL and Ray; on a plain `python -m app` it measures the teaching demo as a class first meets it.
 """
 
