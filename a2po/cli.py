@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("evaluate needs held-out prompts: set --eval_size > 0.")
         say(json.dumps(trainer.evaluate()))
     say(f"Output directory: {Path(output_dir).resolve()}")
+    # Under several processes, a process group left to the interpreter's exit can abort in gloo's threads.
+    trainer.accelerator.end_training()
     return 0
 
 

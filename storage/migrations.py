@@ -358,7 +358,7 @@ def upgrade(path: str | Path, backup: bool = True) -> tuple[int, int]:
             try:
                 version = schema_version(con)  # again, under the lock: another process may have migrated
                 check_not_newer(version, path)
-                if version == LATEST:
+                if version >= LATEST:  # another process got there first (and may have gone on into Alembic's)
                     con.execute("COMMIT")
                     break
                 STEPS[version + 1](con)

@@ -28,3 +28,4 @@ report = {"losses": [h["loss"] for h in logged], "completion_tokens": logged[-1]
           "prompts_per_step": args.prompts_per_step,
           "checkpoint": sorted(p.name for p in (out / "run" / "checkpoint-3").iterdir())}
 (out / f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
+trainer.accelerator.end_training()  # destroys the process group before the interpreter exits

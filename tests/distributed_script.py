@@ -36,3 +36,4 @@ report = {"prompt_ids": list(table["prompt_id"]), "v_star": list(table["v_star"]
           "sampled_here": trainer.rollout_stats["values"]["sequences"] // args.num_value_samples,
           "seen_by_callbacks": CountSeen.seen, "global_step": trainer.state.global_step}
 (out / f"rank{rank}.json").write_text(json.dumps(report))
+trainer.accelerator.end_training()  # destroys the process group before the interpreter exits

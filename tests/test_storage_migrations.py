@@ -242,6 +242,23 @@ def test_two_processes_migrate_one_file_at_once(v0_db):
     assert migrations.upgrade(v0_db) == (migrations.USER_VERSION, migrations.USER_VERSION)
 
 
+def test_a_file_another_process_migrated_all_the_way_is_left_as_it_is(v0_db, monkeypatch):
+    """The race the test above meets at random, made certain: our first look finds the file before versions, and by
+    the time we hold the write lock another process has taken it through every step and on into Alembic's."""
+    Store(v0_db)  # the other process: the file is now past `LATEST`
+    real = migrations.schema_version
+    looks = []
+
+    def first_look_is_stale(con):
+        looks.append(1)
+        return 0 if len(looks) == 1 else real(con)
+
+    monkeypatch.setattr(migrations, "schema_version", first_look_is_stale)
+    before = table_rows(v0_db)
+    assert migrations.upgrade(v0_db, backup=False) == (0, migrations.LATEST)
+    assert table_rows(v0_db) == before
+
+
 def test_secrets_are_never_stored(tmp_path):
     store = Store(tmp_path / "studio.db")
     spec = {"config": {"hub_token": "hf_x", "learning_rate": 1e-5, "nested": {"api_key": "k", "keep": 1}},
