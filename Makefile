@@ -43,11 +43,12 @@ test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
 	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
 
-# The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, and 10 examples
-# of the run state machine against real processes (`make test` runs 3 and 2).
+# The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, 10 examples of
+# the run state machine against real processes, and 50 clicks that open a run from the Runs page under two busy
+# loops (`make test` runs 3, 2 and 4).
 stress: install
-	$(TEST_ENV) A2PO_STRESS_RUNS=20 A2PO_MACHINE_EXAMPLES=10 $(VENV)/bin/pytest -q tests/test_chunks_stress.py \
-		tests/test_lifecycle_machine.py
+	$(TEST_ENV) A2PO_STRESS_RUNS=20 A2PO_MACHINE_EXAMPLES=10 A2PO_CLICK_RUNS=50 $(VENV)/bin/pytest -q \
+		tests/test_chunks_stress.py tests/test_lifecycle_machine.py tests/test_app_browser_auth.py
 
 bench: install
 	$(PY) -m benchmarks.training --size small

@@ -6,6 +6,7 @@ tokens, final accuracies, training time with stage 1 and without, tokens, peak m
 time A*-PO needs to reach GRPO's final accuracy less 3 points and GRPO's to reach A*-PO's final accuracy.
 
     python scripts/compare_methods.py DATA_DIR [--seeds 0 1 2] [--protocol paper] [--spec '{"dataset": {...}}']
+    python scripts/compare_methods.py DATA_DIR --protocol time --budget-minutes 3 --name equal-time
     python scripts/compare_methods.py DATA_DIR --report [--name duel]    # the figures of the newest study run
 
 Starts `python -m app` on DATA_DIR. The scheduler runs one run at a time on a CPU (a run takes the machine), so runs
@@ -53,11 +54,13 @@ def with_studio(data_dir: Path, port: int, work) -> None:
         app.wait(timeout=60)
 
 
-def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protocol: str, extra: dict) -> None:
+def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protocol: str, extra: dict,
+                 budget_minutes: float = 0.0) -> None:
     """Press "A*-PO vs GRPO" with `seeds` on a studio serving `data_dir`, and wait for every run to end."""
     def work(client) -> None:
         spec = {"name": name, **extra, "dataset": {"eval_size": 128, **extra.get("dataset", {})}}
-        study = client.predict(spec=spec, protocol=protocol, budget_minutes=0.0, seeds=seeds, api_name="/launch_pair")
+        study = client.predict(spec=spec, protocol=protocol, budget_minutes=budget_minutes, seeds=seeds,
+                               api_name="/launch_pair")
         print(f"study {study['study']}: " + ", ".join(f"{m} #{p[m]['run_id']}" for p in study["pairs"]
                                                       for m in ("a2po", "grpo")), flush=True)
         for pair in study["pairs"]:
@@ -169,6 +172,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--name", default="duel")
     parser.add_argument("--protocol", default="paper", choices=("paper", "trl", "time"))
+    parser.add_argument("--budget-minutes", type=float, default=0.0,
+                        help="each run's training time under --protocol time (A*-PO's stage 1 included)")
     parser.add_argument("--port", type=int, default=7873)
     parser.add_argument("--spec", default="{}", help="JSON merged into the pair's A*-PO spec (the teaching demo's)")
     parser.add_argument("--report", action="store_true", help="only report the newest study already in DATA_DIR")
@@ -179,7 +184,7 @@ def main() -> None:
 
     if not options.report:
         launch_study(options.data_dir, options.port, options.name, options.seeds, options.protocol,
-                     json.loads(options.spec))
+                     json.loads(options.spec), options.budget_minutes)
     report(Store(options.data_dir / "studio.db"), options.name)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 120.0, what: str = "condition", poll: float = 0.25):
@@ -40,3 +43,15 @@ def put_in(store, run_id: int, status: str, **fields) -> dict:
     if fields:
         store.update_run(run_id, **fields)
     return store.get_run(run_id)
+
+
+@contextlib.contextmanager
+def busy_cpus(count: int = 2) -> Iterator[None]:
+    """`count` processes spinning beside the block, as CI's machine may be busy."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()

@@ -49,6 +49,8 @@ def test_launch_a_two_seed_pair_and_read_the_medians_back(studio, tiny_model_dir
             expect.set_options(timeout=TIMEOUT_MS)
             page.goto(url, wait_until="load")
             page.wait_for_selector("#main-tabs")
+            # Before any click, the page plans the pair the form would start: the teaching demo's, at first.
+            expect(page.locator("#pair-plan")).to_contain_text("This pair:")
 
             # Switching the method shows that method's settings only.
             expect(page.locator("#field-num_generations")).to_be_hidden()
@@ -72,6 +74,9 @@ def test_launch_a_two_seed_pair_and_read_the_medians_back(studio, tiny_model_dir
             set_field(page, "field-seeds", "0, 1")
             # The paper's protocol is the default, and the page says what it does.
             expect(page.locator("#pair-protocol-note")).to_contain_text("filter_all_incorrect off")
+            expect(page.locator("#pair-plan")).to_contain_text(
+                "4 runs (2 seeds x A*-PO and GRPO), one after another: 4 optimizer steps each; 5 evaluations of 4 "
+                "held-out prompts each")
             page.locator("#action-pair").click()
             expect(page.locator("#launch-status")).to_contain_text("Started A*-PO vs GRPO")
             status = page.locator("#launch-status").inner_text()

@@ -15,7 +15,6 @@ import functools
 import importlib
 import os
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -36,11 +35,8 @@ wait_for = functools.partial(helpers.wait_for, poll=0.2)
 @pytest.fixture
 def busy_cpus():
     """Two processes that keep both cores busy for the test's whole length."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for loop in loops:
-        loop.kill()
-        loop.wait()
+    with helpers.busy_cpus():
+        yield
 
 
 def integrity(path: Path) -> str:

@@ -33,13 +33,8 @@ wait_for = functools.partial(helpers.wait_for, poll=0.1)
 @pytest.fixture
 def busy_loops() -> Iterator[None]:
     """Two processes spinning on the 2 cores beside the test, as CI's machine may be."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
+    with helpers.busy_cpus():
         yield
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
 
 
 class Logs(TrainerCallback):

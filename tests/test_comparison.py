@@ -248,3 +248,29 @@ def test_grpo_s_share_of_groups_with_equal_rewards_is_read_from_its_metrics():
     line = comparison.timeline(run, [], [{"step": 1, "name": "frac_reward_zero_std", "value": 0.5},
                                          {"step": 2, "name": "frac_reward_zero_std", "value": 0.25}])
     assert line.zero_std_share == 0.375 and line.prompts is None
+
+
+def test_the_launch_page_plans_a_pair_before_it_starts():
+    """Under the "A*-PO vs GRPO" button: the runs, their steps and evaluations, and each method's training time at
+    the rates of finished runs (A*-PO: 0.25 s a sequence, 0.1 s a stage-1 sample; GRPO: 1 s a completion trained)."""
+    from app.web.pages.launch import pair_plan_text
+
+    done_a2po = {**SPEC, "config": {**SPEC["config"], "max_steps": 20}}
+    done_grpo = {**SPEC, "method": "grpo", "config": {"max_steps": 10, "per_device_train_batch_size": 64}}
+    history = [(done_a2po, {"train_seconds": 40.0, "step": 20.0, "values/train/runtime": 204.8}),
+               (done_grpo, {"train_seconds": 640.0, "step": 10.0})]
+    # 128 steps: A*-PO 128 x 8 x 0.25 + 256 x 8 x 0.1 = 460.8 s; GRPO 128 x 64 x 1 = 8192 s.
+    assert pair_plan_text(SPEC, "paper", "", None, history) == (
+        "**This pair:** 2 runs (1 seed x A*-PO and GRPO), one after another: 128 optimizer steps each; 9 evaluations "
+        "of 128 held-out prompts each. Training time per seed, from this studio's finished runs: A*-PO about 7m 41s "
+        "(stage 1 included); GRPO about 2h 16m; evaluations and loading add to it.")
+    assert pair_plan_text(SPEC, "paper", "0, 1, 2", None, history).endswith(
+        "evaluations and loading add to it. All 6 runs: about 7h 12m.")  # each seed samples its own stage 1
+    fresh = pair_plan_text(SPEC, "paper", "0, 1", None, history[:1])
+    assert fresh.startswith("**This pair:** 4 runs (2 seeds x A*-PO and GRPO)")
+    assert "GRPO: no estimate yet (no finished GRPO run of this model on this studio)" in fresh
+    assert pair_plan_text(SPEC, "time", "0, 1, 2", 10, []) == (
+        "**This pair:** 6 runs (3 seeds x A*-PO and GRPO), one after another, each stopped after 10m 00s of training "
+        "(A*-PO's stage 1 included): about 1h 00m in all, plus evaluations and loading.")
+    assert pair_plan_text(SPEC, "time", "", None, []).startswith("⚠ The equal-time protocol needs a budget")
+    assert pair_plan_text(SPEC, "paper", "0, x", None, []).startswith("⚠ seeds:")

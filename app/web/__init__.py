@@ -73,6 +73,7 @@ def build_demo(services: Services) -> gr.Blocks:
                 return gr.skip()
             return gr.Dropdown(choices=run_choices(services.store), value=[int(i) for i in ids])
 
+        launch.plan_pair_on([demo.load, launch_tab.select])  # its time estimate reads the runs finished since
         launch.pair_event.then(compare_pair, launch.pair, compare_picker, **private)
         launch.pair_event.then(compare_pair, launch.pair, explain_pair, **private)
 

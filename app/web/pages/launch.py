@@ -22,7 +22,15 @@ from a2po.names import ACTIONS
 from app.access import allowlist
 from app.access.gate import Refused, Services, offline
 from app.studies import sweeps
-from app.studies.protocols import DEFAULT_PROTOCOL, PROTOCOL_LABELS, PROTOCOLS, StudyError, parse_seeds
+from app.studies.protocols import (
+    DEFAULT_PROTOCOL,
+    PROTOCOL_LABELS,
+    PROTOCOLS,
+    StudyError,
+    parse_seeds,
+    planned_steps,
+    study_specs,
+)
 from app.web import forms, saved_presets
 from app.web.common import format_duration, model_choices, short
 
@@ -51,13 +59,17 @@ def sweep_fields() -> list[tuple[str, str]]:
                                                  if p.key != "seed")]
 
 
-def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
-    """The sweep's size and, from this studio's finished runs, an estimate of its training time."""
+def finished_history(services: Services) -> list[tuple[dict[str, Any], dict[str, float]]]:
+    """(spec, clock) of this studio's latest finished runs: what time estimates go by."""
     store = services.store
     finished = store.list_runs(status="finished")[:200]
     clocks = store.run_clocks(r["id"] for r in finished)
-    history = [(r["config"], clocks[r["id"]]) for r in finished if r["id"] in clocks]
-    seconds = sweeps.estimate_seconds(specs, history)
+    return [(r["config"], clocks[r["id"]]) for r in finished if r["id"] in clocks]
+
+
+def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
+    """The sweep's size and, from this studio's finished runs, an estimate of its training time."""
+    seconds = sweeps.estimate_seconds(specs, finished_history(services))
     tag = specs[0]["study"]
     points = len({repr(sorted(s["study"]["point"].items())) + s.get("method", "a2po") for s in specs})
     shared = sweeps.shared_stage_one(specs)
@@ -66,6 +78,41 @@ def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
                 "no estimate yet: this studio has no finished run of this model and method to measure from")
     return (f"**{len(specs)} runs**: {points} grid point(s) x {tag['seeds']} seed(s); stage 1 sampled for "
             f"{shared['value_sets']} V* set(s) and read by {shared['saved_runs']} other run(s); {estimate}.")
+
+
+def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minutes: float | None,
+                   history: list[tuple[dict[str, Any], dict[str, float]]]) -> str:
+    """What "A*-PO vs GRPO" would start from the A*-PO `spec`: its runs, their optimizer steps and evaluations, and
+    each method's training time estimated from finished runs (`history`, as `finished_history` gives it)."""
+    try:
+        specs = study_specs(spec, parse_seeds(seeds), pair=True, protocol=protocol,
+                            budget_seconds=float(budget_minutes or 0) * 60 or None)
+    except StudyError as exc:
+        return f"⚠ {exc}"
+    a2po, grpo = specs[0], specs[1]
+    count = len(specs) // 2
+    runs = f"**This pair:** {len(specs)} runs ({count} seed{'s' if count > 1 else ''} x A*-PO and GRPO), one after " \
+           "another"
+    if protocol == "time":
+        budget = a2po["config"]["max_train_seconds"]
+        return (f"{runs}, each stopped after {format_duration(budget)} of training (A*-PO's stage 1 included): about "
+                f"{format_duration(budget * len(specs))} in all, plus evaluations and loading.")
+    steps = planned_steps(a2po)
+    if steps is None:
+        return f"{runs}; their length is known once the dataset is loaded (a whole file), so no estimate yet."
+    every = a2po["config"].get("eval_steps")
+    held_out = (a2po.get("dataset") or {}).get("eval_size", 64)
+    evaluations = (f"; {1 + steps // int(every)} evaluations of {held_out} held-out prompts each"
+                   if isinstance(every, (int, float)) and every >= 1 else "")
+    times = []
+    for label, method_spec, extra in [("A*-PO", a2po, " (stage 1 included)"), ("GRPO", grpo, "")]:
+        seconds = sweeps.estimate_seconds([method_spec], history)
+        times.append(f"{label} about {format_duration(seconds)}{extra}" if seconds is not None else
+                     f"{label}: no estimate yet (no finished {label} run of this model on this studio)")
+    total = sweeps.estimate_seconds(specs, history) if count > 1 else None
+    in_all = f" All {len(specs)} runs: about {format_duration(total)}." if total is not None else ""
+    return (f"{runs}: {steps} optimizer steps each{evaluations}. Training time per seed, from this studio's finished "
+            f"runs: {'; '.join(times)}; evaluations and loading add to it.{in_all}")
 
 
 def preset_choices(services: Services) -> list[tuple[str, str]]:
@@ -95,6 +142,8 @@ class LaunchPage:
     # "A*-PO vs GRPO": the ids [A*-PO's, GRPO's] of the pair this session launched last, and its event.
     pair: gr.State | None = None
     pair_event: Any = None
+    # `plan_pair_on(triggers)`: refresh the pair's plan (runs, steps, time per method) on these events too.
+    plan_pair_on: Any = None
     # "Launch sweep": the id of the study this session launched last, and its event.
     sweep_study: gr.State | None = None
     sweep_event: Any = None
@@ -346,6 +395,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
             budget_box = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)",
                                    minimum=0.1, visible=False, elem_id="pair-budget")
             protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
+            pair_plan = gr.Markdown(elem_id="pair-plan")
             gr.Markdown(PAIR_NOTE, elem_id="pair-note")
             with gr.Accordion("Sweep: the form's run over a grid of settings", open=False, elem_id="sweep-panel"):
                 sweep_field = gr.Dropdown(sweep_fields(), value=None, label="Add a setting to the grid",
@@ -452,6 +502,15 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         return [*error_updates({}), f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. "
                 "The Compare page shows them.", pairs[0][0], ids]
 
+    def plan_pair(data: dict) -> str:
+        """The pair the form would start (`pair_plan_text`): runs, steps, evaluations, time per method."""
+        values = tuple(data[inputs[k]] for k in keys)
+        result = validate(services, {**_form_values(keys, values, reward_names), "action": "train", "method": "a2po"})
+        if not result.ok:
+            return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
+        return pair_plan_text(result.spec, data[protocol_box], data[seeds_box], data[budget_box],
+                              finished_history(services))
+
     def form_spec(data: dict) -> forms.FormResult:
         values = tuple(data[inputs[k]] for k in keys)
         return validate(services, {**_form_values(keys, values, reward_names), "action": "train"})
@@ -515,6 +574,16 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     protocol_box.change(lambda protocol: (gr.update(visible=protocol == "time"), protocol_note(protocol)),
                         protocol_box, [budget_box, protocol_text], api_visibility="private")
     events.append(pair_event)
+    # The fields that change a pair's length; the rest are read when one of these, or the page, changes.
+    lengths = ["model", "num_prompts", "eval_size", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+               "gradient_accumulation_steps", "num_value_samples", "eval_steps"]
+
+    def plan_pair_on(triggers: list[Any]) -> None:
+        gr.on(triggers, plan_pair, {seeds_box, protocol_box, budget_box, *all_inputs}, pair_plan,
+              api_visibility="private", trigger_mode="always_last")
+
+    plan_pair_on([protocol_box.change, seeds_box.change, budget_box.change,
+                  *(inputs[k].change for k in lengths if k in inputs)])
     sweep_study = gr.State(None)
     plan_inputs = {sweep_grid, seeds_box, *all_inputs}
     sweep_grid.change(plan_sweep, plan_inputs, sweep_plan, api_visibility="private", trigger_mode="always_last")
@@ -629,7 +698,7 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
     return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
                       sweep_study=sweep_study, sweep_event=sweep_event,
                       fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec, pair=pair,
-                      pair_event=pair_event)
+                      pair_event=pair_event, plan_pair_on=plan_pair_on)
 
 
 def reward_choices() -> dict[str, str]:

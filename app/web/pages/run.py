@@ -661,7 +661,14 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
                   "delete": delete_btn, "picker": picker}
     outputs = [components[name] for name in OUTPUTS]
 
+    # Only a change of the picker draws the page without a run. Any other event that finds no run picked was
+    # triggered before the picker's new value reached it (the Run tab opening from a click on the Runs page); run
+    # beside the picker's reload, it could finish last and blank the page that reload drew.
+    nothing = [gr.skip()] * len(outputs)
+
     def update(run_id, state, smoothing, x_axis, log_y, *rest):
+        if run_id is None:
+            return nothing
         return refresh(services, run_id, state, ChartOptions.of(smoothing, x_axis, log_y), *rest)
 
     def reload(run_id, state, smoothing, x_axis, log_y, *rest):
@@ -670,6 +677,8 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
 
     def select(tab: str):
         def handler(run_id, state, smoothing, x_axis, log_y, *rest):
+            if run_id is None:  # remember the tab for the run picked next; draw nothing
+                return [{**(state or new_state(None)), "tab": tab}, *nothing[1:]]
             return refresh(services, run_id, state, ChartOptions.of(smoothing, x_axis, log_y), *rest, tab=tab)
         return handler
 
