@@ -118,7 +118,10 @@ def reference(tmp_path_factory, model_dir) -> dict:
 
 
 def test_stop_reaches_every_process_and_resume_and_crashes_work_as_for_one(tmp_path, model_dir, reference):
-    store, manager = make_manager(tmp_path / "data")
+    # From the 3rd step on, each step takes a second more: the stop, sent after step 2, lands well before the run's
+    # last step however busy the machine (a tiny step is faster than a stop's way to the processes under load).
+    store, manager = make_manager(tmp_path / "data", faults="train_step@3+=delay")
+    manager.worker_env["A2PO_FAULT_DELAY"] = "1"
     run_id = manager.submit(studio_spec(model_dir, "two", processes=2))
     manager.start()
     try:
