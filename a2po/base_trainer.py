@@ -71,6 +71,15 @@ def frozen_gc(method: Callable) -> Callable:
     return wrapper
 
 
+def autocast_dtype(accelerator: Any) -> torch.dtype | None:
+    """The dtype that the Trainer's mixed precision (accelerate's autocast around the policy's forward) computes in,
+    or None where the forward runs in its weights' dtype: no `bf16`/`fp16`, or `fp16` on a CPU, which accelerate
+    leaves in fp32."""
+    if not getattr(accelerator, "native_amp", False):
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(accelerator.mixed_precision))
+
+
 def peak_memory_gb(device: torch.device) -> float:
     """Peak memory of this process in GiB: the CUDA allocator's peak on a GPU, else the peak resident set size."""
     if device.type == "cuda":
@@ -123,6 +132,13 @@ class BaseTrainer(Trainer):
             model_path = resolve_model(model)
             init_kwargs = dict(args.model_init_kwargs or {})
             init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+            if "dtype" not in init_kwargs and "torch_dtype" not in init_kwargs:
+                # transformers 5 loads a checkpoint in its stored dtype (bf16 for most hub models), and an optimizer
+                # step on bf16 weights rounds away every update under half a bf16 step (2**-9 to 2**-8 of the
+                # weight), most of them at a small learning rate: fp32 master weights, computed in bf16 or fp16 by
+                # autocast (`bf16`, `fp16`). A dtype the user sets is their choice and is kept (TRL keeps the
+                # checkpoint's dtype by default).
+                init_kwargs["dtype"] = torch.float32
             model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
         else:
             model_path = model_id
@@ -155,10 +171,17 @@ class BaseTrainer(Trainer):
             if args.gradient_checkpointing:
                 model.enable_input_require_grads()
         elif self._needs_reference(args):
-            # A frozen copy; in bf16 runs it is kept in bf16, half the memory of an fp32 copy.
+            # A frozen copy in the policy's dtype: a bf16 copy of fp32 weights computes another function (bf16
+            # norms and residual stream), so log pi - log pi_ref would not start at 0.
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            if args.bf16:
-                self.ref_model.to(torch.bfloat16)
+
+        half = sorted({str(p.dtype) for p in model.parameters()
+                       if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
+        explicit = {"dtype", "torch_dtype"} & set(args.model_init_kwargs or {})
+        if half and not explicit:
+            warnings.warn(f"The model's trainable weights are {', '.join(half)}: the optimizer updates them in that "
+                          "precision, where small updates round away. Load the model in float32 (bf16=True or "
+                          "fp16=True still computes in half precision).", stacklevel=2)
 
         gen_config = getattr(model, "generation_config", None)
         eos = getattr(gen_config, "eos_token_id", None) or processing_class.eos_token_id
@@ -184,7 +207,12 @@ class BaseTrainer(Trainer):
             raise ValueError("eval_every_seconds evaluates held-out prompts: pass an eval_dataset, or set "
                              "eval_every_seconds to None.")
         if self.ref_model is not None:
-            self.ref_model.to(self.accelerator.device)
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+                self.ref_model.to(self.accelerator.device)
+            else:
+                # Wrapped as the Trainer wraps the policy (the same autocast, outputs cast to fp32), as in TRL: the
+                # reference computes in the policy's precision.
+                self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
         self._metrics: dict[str, list[float]] = defaultdict(list)
         # Evaluate right after restoring a checkpoint in `train` (see there).
         self.evaluate_on_resume = False
@@ -325,8 +353,10 @@ class BaseTrainer(Trainer):
                 num_samples: int = 1, greedy: bool = False, phase: str = "train",
                 row_keys: Sequence[tuple] | None = None, greedy_samples: int = 0) -> torch.Tensor:
         args = self.args
-        autocast = (torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16) if args.bf16
-                    else nullcontext())
+        # The decoders call the model's modules, not its (autocast-wrapped) forward: sample in the precision the
+        # policy trains in, fp16 included.
+        dtype = autocast_dtype(self.accelerator)
+        autocast = torch.autocast(self.accelerator.device.type, dtype=dtype) if dtype else nullcontext()
         start = time.perf_counter()
         with autocast:
             out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=self.max_completion_length,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +125,8 @@ class LlamaDecoder:
     remembers where the rest came from). A new token's query attends to both parts under one softmax: against
     the prompt part the N samples' queries of a prompt are stacked into one (N * groups, d) matrix per key/value
     head, so the prompt is read once for all of them; against the generated part each row has its own keys.
+    Keys are stored in fp32 whatever the compute dtype (values in the compute dtype): a step's scores are fp32
+    products, as in the fused attention kernels of the training forward, without upcasting the keys every step.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int):
@@ -165,7 +168,7 @@ class LlamaDecoder:
         dtype = torch.get_autocast_dtype(weight.device.type) if torch.is_autocast_enabled(weight.device.type) \
             else weight.dtype
         shape = (prompts * repeats, self.num_kv_heads, max(1, self.capacity - length), self.head_dim)
-        self.keys = [weight.new_empty(shape, dtype=dtype) for _ in self.layers]
+        self.keys = [weight.new_empty(shape, dtype=torch.promote_types(dtype, torch.float32)) for _ in self.layers]
         self.values = [weight.new_empty(shape, dtype=dtype) for _ in self.layers]
         self.prompt_keys: list[torch.Tensor] = []
         self.prompt_values: list[torch.Tensor] = []
@@ -265,8 +268,12 @@ class LlamaDecoder:
         prompt_keys, prompt_values = self.prompt_keys[layer], self.prompt_values[layer]
         new_keys = self.keys[layer][:, :, :self.generated + 1]
         new_values = self.values[layer][:, :, :self.generated + 1]
-        prompt_scores = self._by_row(torch.matmul(self._by_prompt(q), prompt_keys.transpose(-1, -2)))
-        scores = torch.cat([prompt_scores, torch.matmul(q, new_keys.transpose(-1, -2))], dim=-1).float()
+        # Under autocast a matmul would round the scores to bf16 (8 significant bits) before the softmax.
+        device = q.device.type
+        with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
+            q = q.to(new_keys.dtype)
+            prompt_scores = self._by_row(torch.matmul(self._by_prompt(q), prompt_keys.transpose(-1, -2)))
+            scores = torch.cat([prompt_scores, torch.matmul(q, new_keys.transpose(-1, -2))], dim=-1)
         scores = scores * self.scaling
         prompt_length = prompt_keys.shape[2]
         if padding is not None:

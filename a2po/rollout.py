@@ -128,19 +128,21 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
             if do_sample:
                 tokens = sample_tokens(process_logits(logits, temperature, top_k, top_p).softmax(-1), generator,
                                        None if uniforms is None else uniforms[active, step])
-                if greedy_samples:
-                    greedy = active % num_samples < greedy_samples
-                    tokens[greedy] = logits[greedy].argmax(-1)
+                if greedy_samples:  # a `where`, not a boolean index: that would read the mask on the host
+                    tokens = torch.where(active % num_samples < greedy_samples, logits.argmax(-1), tokens)
             else:
                 tokens = logits.argmax(-1)
             completions[active, step] = tokens
             length = step + 1
-            alive = ~torch.isin(tokens, eos)
-            if not alive.any() or step == max_new_tokens - 1:
+            if step == max_new_tokens - 1:
                 break
-            if not alive.all():
+            # The step's one read on the host (a GPU waits for it): the rows still decoding, whose count says both
+            # whether any is left and whether some finished.
+            keep = (~torch.isin(tokens, eos)).nonzero().squeeze(-1)
+            if len(keep) == 0:
+                break
+            if len(keep) < len(tokens):
                 # Drop finished rows so the rest of the decode only pays for live sequences.
-                keep = alive.nonzero().squeeze(-1)
                 decoder.select(keep)
                 active, tokens = active[keep], tokens[keep]
             logits = decoder.step(tokens)

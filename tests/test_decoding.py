@@ -91,6 +91,45 @@ def test_llama_decoder_under_bf16_autocast_stays_close_to_the_model():
         torch.testing.assert_close(f.float(), p.float(), atol=0.1, rtol=0.05)
 
 
+
+def test_llama_decoder_scores_a_step_in_fp32_under_bf16_autocast():
+    """The scores reach the softmax as fp32 products of the bf16 query and keys (as in the fused attention kernels of
+    the training forward), not rounded to bf16 first; the step's output stays in the compute dtype."""
+    from torch.overrides import TorchFunctionMode
+
+    model, tokenizer = make_tiny_model(seed=4)
+    batch = padded_batch(tokenizer)
+    decoder = LlamaDecoder(model.eval(), 64)
+    generator = torch.Generator().manual_seed(0)
+    softmax_inputs = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.softmax:
+                softmax_inputs.append(args[0].detach().clone())
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        decoder.prefill(batch.input_ids, batch.attention_mask, 2)
+        rows, kv_heads, groups, d = 6, decoder.num_kv_heads, decoder.groups, decoder.head_dim
+        decoder.keys[0][:, :, 0] = torch.randn(rows, kv_heads, d, generator=generator).bfloat16()
+        decoder.values[0][:, :, 0] = torch.randn(rows, kv_heads, d, generator=generator).bfloat16()
+        # Scores of tens of units, where bf16 keeps about a tenth of a unit.
+        q = (8 * torch.randn(rows, kv_heads * groups, 1, d, generator=generator)).bfloat16()
+        padding = decoder.prompt_padding[decoder.slots // decoder.repeats][:, None, None, :]
+        with Spy():
+            out = decoder._attend_one(q, 0, padding)
+    keys = torch.cat([decoder.prompt_keys[0].repeat_interleave(2, 0), decoder.keys[0][:, :, :1]], 2).double()
+    values = torch.cat([decoder.prompt_values[0].repeat_interleave(2, 0), decoder.values[0][:, :, :1]], 2).double()
+    expected = q.double().reshape(rows, kv_heads, groups, d) @ keys.transpose(-1, -2) * decoder.scaling
+    expected[..., :-1] = expected[..., :-1].masked_fill(padding, float("-inf"))
+    (scores,) = softmax_inputs
+    assert scores.dtype == torch.float32 and expected[expected.isfinite()].abs().max() > 20
+    assert torch.equal(scores.isfinite(), expected.isfinite())
+    assert (scores.double() - expected)[expected.isfinite()].abs().max() < 1e-3
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), (expected.softmax(-1) @ values).reshape(rows, 1, -1), atol=0.05, rtol=0.02)
+
 def test_other_architectures_and_sliding_windows_use_the_model_forward(monkeypatch):
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2,
                                                        eos_token_id=1, pad_token_id=0))

@@ -282,3 +282,18 @@ def test_remove_unused_columns_keeps_the_prompts(tmp_path, tiny_model_dir):
     trainer = GRPOTrainer(tiny_model_dir, coin, args=config(tmp_path, remove_unused_columns=True, max_steps=1),
                           train_dataset=prompts(4))
     assert trainer.train().global_step == 1
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_the_kl_is_zero_before_the_first_update_in_every_precision(tmp_path, tiny_model_dir, bf16, lora):
+    """The reference computes in the policy's precision (with bf16, bf16 autocast on the CPU here): before any
+    update the KL term is 0, where a bf16 copy of the reference beside an fp32 policy was not."""
+    from peft import LoraConfig
+
+    trainer = GRPOTrainer(tiny_model_dir, coin, train_dataset=prompts(4),
+                          args=config(tmp_path, bf16=bf16, beta=0.04, max_steps=1, max_completion_length=16,
+                                      temperature=0.7),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None)
+    trainer.train()
+    assert [h["kl"] for h in trainer.state.log_history if "loss" in h] == [pytest.approx(0.0, abs=1e-7)]

@@ -122,3 +122,81 @@ def test_row_keys_make_each_sequence_independent_of_its_batch(model_and_batch):
     assert not torch.equal(other, together)
     with pytest.raises(ValueError, match="one key per sequence"):
         sample_completions(model, input_ids, attention_mask, row_keys=keys[:3], **sampling)
+
+
+class HostReads:
+    """Counts the operations that read tensor values on the host, each of which makes a GPU wait for the device (a
+    sync): at the aten level `_local_scalar_dense` (item(), bool(), int() of a tensor), the ops whose output size
+    depends on the values (nonzero, masked_select, unique, repeat_interleave by a tensor) and indexing by a boolean
+    mask (a nonzero inside); tolist() and numpy() are not aten ops and are counted at the Python level. On a CPU this
+    is what the code asks for, not a measurement of a GPU's syncs (an op's own kernels may sync there)."""
+
+    SIZED_BY_VALUES = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+                       "unique_consecutive"}
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Aten(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if name in HostReads.SIZED_BY_VALUES or (
+                        name == "repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor")) or (
+                        name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                         for i in (args[1] if len(args) > 1 else []) or [])):
+                    counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        class Python(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") in ("tolist", "numpy", "__array__"):
+                    counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count = 0
+        self.modes = (Python(), Aten())
+
+    def __enter__(self):
+        for mode in self.modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for mode in reversed(self.modes):
+            mode.__exit__(*exc)
+
+
+def test_host_reads_are_counted():
+    with HostReads() as reads:
+        x = torch.arange(6)
+        bool(x[0]), x.sum().item(), x.tolist(), x.nonzero(), x[x > 2]
+        x[x > 4] = 0
+        x[torch.tensor([1, 2])], x + 1, len(x)  # neither reads values
+    assert reads.count == 6
+
+
+def test_a_decode_step_reads_the_device_at_most_once(monkeypatch):
+    """Sampling (top-k, top-p, greedy rows next to sampled ones) and dropping finished rows need the device's values
+    on the host once per step: the rows still decoding. The prefill adds one read (whether any prompt is padded)."""
+    from a2po.decoding import LlamaDecoder
+
+    model, tokenizer = make_tiny_model(seed=1)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in ("What is 12 + 7?", "1+1", "Say something long please")]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    marks = []
+    step = LlamaDecoder.step
+    monkeypatch.setattr(LlamaDecoder, "step", lambda self, tokens: (marks.append(reads.count), step(self, tokens))[1])
+    eos = list(range(30, 60))  # about a third of the vocabulary: rows end at different steps
+    with HostReads() as reads:
+        out = sample_completions(model.eval(), batch.input_ids, batch.attention_mask, max_new_tokens=24,
+                                 eos_token_ids=eos, pad_token_id=0, num_samples=4, greedy_samples=1, top_k=40,
+                                 top_p=0.95, row_keys=[("k", i) for i in range(12)])
+    marks.append(reads.count)
+    lengths = completion_mask(out, eos).sum(-1)
+    assert len(set(lengths.tolist())) > 2 and out.shape[1] > 3  # rows were dropped at several steps
+    assert marks[0] <= 2  # the prefill's padding check and the first step's rows
+    assert max(b - a for a, b in zip(marks, marks[1:])) <= 1
