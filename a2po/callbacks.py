@@ -32,11 +32,12 @@ A*-PO events (all arguments are keyword arguments; the library never imports a d
 
 - `on_values_begin(split, num_prompts, num_pending)`: stage 1 starts for `split` ("train", "eval", or the
   name of an eval set); `num_pending` prompts still need sampling (the others carried a V* already).
-- `on_values_batch(split, records, done, total, seconds, completion_tokens)`: one stage-1 batch finished (of every
-  process); `records` holds one dict per prompt with the keys of `VALUE_COLUMNS` (see `a2po.values`): `prompt_id`,
-  `prompt`, `prompt_text`, `v_star`, `rewards` (N floats), `completions` (N strings), `num_correct`, `filtered`;
-  `seconds` and `completion_tokens` are what the split's stage 1 has cost so far (`RunCounters`), earlier starts
-  included when the caller restored them.
+- `on_values_batch(split, records, done, total, seconds, completion_tokens, batch_seconds, batch_tokens)`: one
+  stage-1 batch finished (of every process); `records` holds one dict per prompt with the keys of `VALUE_COLUMNS`
+  (see `a2po.values`): `prompt_id`, `prompt`, `prompt_text`, `v_star`, `rewards` (N floats), `completions` (N
+  strings), `num_correct`, `filtered`; `seconds` and `completion_tokens` are what the split's stage 1 has cost so
+  far (`RunCounters`), earlier starts included when the caller restored them; `batch_seconds` and `batch_tokens`
+  what this batch cost.
 - `on_values_end(split, values, summary)`: `values` is the full table (`datasets.Dataset`) for the split;
   `summary` holds `num_prompts`, `num_filtered`, `mean_v_star`, `pass_at_1`, `pass_at_n`, `num_value_samples`.
 - `on_samples(samples)`: the completions of one training step (or evaluation), one dict per completion with
@@ -68,7 +69,8 @@ class A2POCallback(TrainerCallback):
         pass
 
     def on_values_batch(self, args, state, control, *, split: str, records: list[dict[str, Any]], done: int,
-                        total: int, seconds: float = 0.0, completion_tokens: int = 0, **kwargs):
+                        total: int, seconds: float = 0.0, completion_tokens: int = 0, batch_seconds: float = 0.0,
+                        batch_tokens: int = 0, **kwargs):
         pass
 
     def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
@@ -96,7 +98,11 @@ class RunCounters(TrainerCallback, ExportableState):
       time left. Not kept in checkpoints: each start has its own first step.
     - `values_seconds[split]`, `values_tokens[split]`: A*-PO's stage 1, seconds spent sampling and scoring reference
       completions and their tokens, per split. Rows found already stored cost nothing and add nothing; a caller that
-      resumes a stage 1 from stored rows hands in what its earlier starts spent (`restore_values`).
+      resumes a stage 1 from stored rows hands in what its earlier starts spent (`restore_values`), and a caller
+      that reuses rows another run sampled hands in what sampling them cost, so equal time stays equal.
+    - `evaluation_due`: the step whose evaluation was asked for (every `eval_steps`, on the time grid, at the end of
+      the budget) and has not run: a checkpoint saved then (a chunk that left the evaluation for the next one) says
+      so, and a caller that resumes from it can have that evaluation run first (`evaluate_on_resume`).
 
     Together they are the run's training time, as comparisons read it: `values_seconds["train"] + train_seconds`.
     """
@@ -107,6 +113,7 @@ class RunCounters(TrainerCallback, ExportableState):
         self.eval_seconds = 0.0
         self.values_seconds: dict[str, float] = {}
         self.values_tokens: dict[str, int] = {}
+        self.evaluation_due: int | None = None
         self._step_started: float | None = None
         self._steps_timed = 0  # steps of this process timed so far
         self._steady_seconds = 0.0  # their seconds, the first one's left out
@@ -119,7 +126,20 @@ class RunCounters(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {
             "completion_tokens": self.completion_tokens, "train_seconds": round(self.train_seconds, 4),
             "eval_seconds": round(self.eval_seconds, 4), "values_seconds": dict(self.values_seconds),
-            "values_tokens": dict(self.values_tokens)}}
+            "values_tokens": dict(self.values_tokens), "evaluation_due": self.evaluation_due}}
+
+    @classmethod
+    def saved(cls, stateful_callbacks: dict[str, Any]) -> dict[str, Any]:
+        """The counters kept in a checkpoint's trainer state (its `stateful_callbacks`; {} when it has none)."""
+        saved = stateful_callbacks.get(cls.__name__, {})
+        saved = saved[-1] if isinstance(saved, list) else saved
+        return saved.get("attributes", {})
+
+    @staticmethod
+    def saved_clock(attributes: dict[str, Any]) -> float:
+        """`clock` as kept in a checkpoint (`saved`)."""
+        return float((attributes.get("values_seconds") or {}).get("train", 0.0)) + float(
+            attributes.get("train_seconds", 0.0))
 
     def restore_values(self, split: str, seconds: float, tokens: int) -> None:
         """What earlier starts of this run spent on `split`'s stage 1 (e.g. read back from a store)."""
@@ -136,17 +156,17 @@ class RunCounters(TrainerCallback, ExportableState):
     def load(self, state) -> None:
         """Continue from the counters saved in `state` (a `TrainerState` read from a checkpoint), or start training's
         counters at 0 for a fresh run (global step 0); stage 1's are kept either way."""
-        saved = state.stateful_callbacks.get(type(self).__name__, {})
-        saved = saved[-1] if isinstance(saved, list) else saved
-        attributes = saved.get("attributes", {})
+        attributes = self.saved(state.stateful_callbacks)
         if state.global_step > 0:  # resumed from a checkpoint; a fresh run starts at 0 (a second `train()` too)
             self.completion_tokens = int(attributes.get("completion_tokens", 0))
             self.train_seconds = float(attributes.get("train_seconds", 0.0))
             self.eval_seconds = float(attributes.get("eval_seconds", 0.0))
+            self.evaluation_due = attributes.get("evaluation_due")
             for split, seconds in (attributes.get("values_seconds") or {}).items():
                 self.restore_values(split, seconds, (attributes.get("values_tokens") or {}).get(split, 0))
         else:
             self.completion_tokens, self.train_seconds, self.eval_seconds = 0, 0.0, 0.0
+            self.evaluation_due = None
         self._step_started = None
         self._steps_timed, self._steady_seconds = 0, 0.0
         # A checkpoint from before these counters has no entry, and the Trainer's save expects one.
@@ -177,6 +197,12 @@ class RunCounters(TrainerCallback, ExportableState):
             control.should_training_stop = True
             control.should_evaluate = True  # the accuracy at the end of the budget
             control.should_save = True
+        # Callbacks after this one may still leave the evaluation out (a chunk near its deadline); `on_evaluate`
+        # clears it when it runs, so a checkpoint saved after this step tells whether it did.
+        self.evaluation_due = state.global_step if control.should_evaluate else None
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluation_due = None
 
 
 class TimedCheckpoints(TrainerCallback):

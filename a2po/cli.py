@@ -6,6 +6,7 @@
     python -m a2po train --dataset reasoning-gym --task chain_sum --task_settings '{"max_terms": 3}'
     python -m a2po train --dataset reasoning-gym --tasks '[{"task": "chain_sum", "weight": 2}, {"task": "countdown"}]'
     python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
+    python -m a2po train ... --resume_from_checkpoint outputs/demo/checkpoint-40   # or `true`: newest in output_dir
     python -m a2po train --method grpo --num_generations 8 --beta 0.0 --loss_type dapo   # GRPO, same engine
     python -m a2po train --reward-module my_rewards.py --reward my_check   # a reward of your own (a file's function)
     python -m a2po train --reward my_lib.rewards.check                      # ... or its dotted import path
@@ -229,6 +230,36 @@ def register_rewards(script: ScriptArguments) -> None:
         raise SystemExit(f"--reward-module / --reward: {error}") from None
 
 
+def resume_checkpoint(command: str, value: str | None, output_dir: str) -> str | None:
+    """The checkpoint folder `--resume_from_checkpoint` names, as `trainer.train(resume_from_checkpoint=...)` takes
+    it: a folder, or `true` for the newest complete checkpoint in `output_dir` (transformers' `True`). Exits naming
+    the problem when there is none to resume, before anything is written."""
+    if value is None or (str(value).strip().lower() in ("", "false", "none") and not Path(str(value)).exists()):
+        return None
+    if command != "train":
+        raise SystemExit(f"--resume_from_checkpoint continues training: it applies to `train`, not `{command}` "
+                         "(to use a checkpoint's weights, pass it as --model).")
+    value = str(value).strip()
+    if value.lower() == "true" and not Path(value).exists():
+        folder = Path(output_dir)
+        complete = [p for p in folder.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()
+                    and (p / "trainer_state.json").is_file()] if folder.is_dir() else []
+        if not complete:
+            raise SystemExit(f"--resume_from_checkpoint true: no complete checkpoint (a checkpoint-N folder with "
+                             f"trainer_state.json) in the output directory {folder}; pass --output_dir of the run "
+                             "to resume, or the checkpoint folder itself.")
+        return str(max(complete, key=lambda p: int(p.name.split("-", 1)[1])))
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise SystemExit(f"--resume_from_checkpoint {value}: no such folder. Pass a checkpoint folder of an earlier "
+                         "run (e.g. outputs/my-run/checkpoint-40), or `true` for the newest one in --output_dir.")
+    if not (folder / "trainer_state.json").is_file():
+        raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (it has no "
+                         "trainer_state.json, written last by a save). Pass a checkpoint-N folder of an earlier "
+                         "run, or `true` for the newest complete one in --output_dir.")
+    return str(folder)
+
+
 def launch_command(num_processes: int, argv: list[str]) -> list[str]:
     """`python -m a2po ARGV` under `accelerate launch` with `num_processes` processes (DDP; gloo on the CPU without
     GPUs): every setting explicit, so an accelerate config file of the user's changes nothing; port 0 lets the
@@ -241,6 +272,9 @@ def launch_command(num_processes: int, argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, script, config, fields = parse(argv)
+    output_dir = config.output_dir or str(Path("outputs") / (fields.get("run_name") or f"{command}-run"))
+    # Checked before anything is written: a wrong folder must not start a fresh run that overwrites the checkpoints.
+    resume = resume_checkpoint(command, fields.pop("resume_from_checkpoint", None), output_dir)
     register_rewards(script)
     if script.num_processes < 1:
         raise SystemExit(f"--num_processes must be >= 1 (got {script.num_processes}).")
@@ -249,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
         launch = launch_command(script.num_processes, argv)
         print(f"Running under accelerate: {shlex.join(launch)}", file=sys.stderr, flush=True)
         os.execv(sys.executable, launch)
-    output_dir = config.output_dir or str(Path("outputs") / (fields.get("run_name") or f"{command}-run"))
     fields.pop("output_dir", None)
     spec = spec_from_args(command, script, fields)
     trainer = spec.build_trainer(output_dir=output_dir)
@@ -264,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             say(json.dumps({"split": split, **summarize(table.to_list(), trainer.args.num_value_samples)}))
             say(f"V* table: {path}")
     elif command == "train":
-        trainer.train()  # evaluates at step 0 first when prompts are held out (`eval_on_start`)
+        # Evaluates at step 0 first when prompts are held out (`eval_on_start`); a resumed run had that evaluation.
+        trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(output_dir)
         if trainer.eval_dataset is not None:
             after = trainer.evaluate()

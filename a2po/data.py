@@ -95,7 +95,8 @@ def arithmetic_dataset(num_prompts: int = 256, operations: str | Sequence[str] =
 
 def with_system_prompt(dataset: Dataset, system_prompt: str | None) -> Dataset:
     """Conversational prompts with `system_prompt` as their system message (replacing one they have); None leaves
-    the prompts as they are. Plain-text prompts are left alone: no chat template is applied to them.
+    the prompts as they are. Plain-text prompts get no chat template, so a non-empty `system_prompt` for them is an
+    error rather than a setting silently dropped.
 
     Why a run sets it: without a system message some chat templates insert their own (SmolLM2's, 16 tokens of "You
     are a helpful AI assistant named SmolLM, ..." before a 14-token question), and every prompt token is computed
@@ -106,6 +107,10 @@ def with_system_prompt(dataset: Dataset, system_prompt: str | None) -> Dataset:
     if not isinstance(system_prompt, str):
         raise ValueError(f"system_prompt must be a string (\"\" for an empty system message) or None, got "
                          f"{system_prompt!r:.80}.")
+    if system_prompt and "prompt" in dataset.column_names and any(isinstance(p, str) for p in dataset["prompt"]):
+        raise ValueError("system_prompt is set, but this dataset's `prompt` column holds plain text, which is used "
+                         "verbatim (TRL's standard format) with no chat template to put a system message in. Drop "
+                         "system_prompt, or write the prompts as message lists.")
 
     def convert(row: dict) -> dict:
         prompt = row["prompt"]
@@ -166,10 +171,12 @@ def _final_answer(value: Any) -> str:
 
 def normalize_prompt_dataset(dataset: Dataset, prompt_column: str | None = None,
                              answer_column: str | None = None) -> Dataset:
-    """Add `prompt` (conversational) and `ground_truth` columns to a question/answer dataset, keeping the rest.
+    """Add `prompt` and `ground_truth` columns to a question/answer dataset, keeping the rest.
 
-    Recognises GSM8K (`question`/`answer` ending in `#### 42`) and MATH (`problem` with `answer`, or `solution`
-    holding `\\boxed{...}`), and asks for the matching answer format in the prompt.
+    A `prompt` column is used as TRL uses it: a string as it is (the "standard" format, no chat template), a list of
+    messages as a conversation. Any other question column (`question`, `problem`, ... or a named `prompt_column`)
+    becomes one user message. Recognises GSM8K (`question`/`answer` ending in `#### 42`) and MATH (`problem` with
+    `answer`, or `solution` holding `\\boxed{...}`), and asks for the matching answer format in such a message.
     """
     columns = dataset.column_names
     prompt_col = _pick_column(columns, prompt_column, PROMPT_COLUMNS, "prompt")
@@ -186,7 +193,8 @@ def normalize_prompt_dataset(dataset: Dataset, prompt_column: str | None = None,
 
     def convert(row: dict) -> dict:
         prompt = row[prompt_col]
-        if isinstance(prompt, str):
+        # A bare question is not a prompt yet; a `prompt` string is one, and a base model has no template to wrap it.
+        if isinstance(prompt, str) and prompt_col != "prompt":
             has_format = "####" in prompt or "\\boxed" in prompt
             content = f"{prompt.strip()}\n\n{instruction}" if instruction and not has_format else prompt
             prompt = [{"role": "user", "content": content}]

@@ -55,6 +55,12 @@ METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} for me
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
                                        "save_every_seconds": 300.0, "save_total_limit": 2}
 _CHECK_DIR = "/tmp/a2po-spec-check"  # an output_dir for building a config only to check it (nothing is written)
+# What building a config only to check it overrides, so that the check touches no device: TrainingArguments sets up
+# its device, checks bf16 support and (with TF32 or torch_compile) the GPU's generation through CUDA, and the studio
+# checks specs in the process it forks chunked runs from, where a started CUDA cannot be used by a forked child.
+# These settings are still type-checked here; what they need of the device is checked where the run trains.
+_DEVICE_FREE_CHECK = {"use_cpu": True, "tf32": None, "torch_compile": False, "torch_compile_backend": None,
+                      "torch_compile_mode": None}
 
 
 def config_default(name: str) -> Any:
@@ -303,8 +309,10 @@ class RunSpec:
         problems = {f"config.{k}": f"{k} is not a {name} field" for k in self.config if k not in fields}
         known = {k: v for k, v in self.config.items() if k in fields}
         probe = self if valid else dataclasses.replace(self, name="a2po-run", dataset={}, rewards=[])
+        problems.update({f"config.{k}": problem for k in _DEVICE_FREE_CHECK.keys() & known
+                         if (problem := coerce_field(k, known[k], self.config_class)[1])})
         try:
-            dataclasses.replace(probe, config=known).build_config(_CHECK_DIR)
+            dataclasses.replace(probe, config=known).build_config(_CHECK_DIR, **_DEVICE_FREE_CHECK)
         except ConfigError as error:
             problems.update({f"config.{k}": message for k, message in error.problems.items()})
         except (ValueError, TypeError) as error:  # TrainingArguments' own checks, which name no field
@@ -408,6 +416,8 @@ class RunSpec:
     def value_fingerprint(self) -> str:
         """Identifies a V* set: the same model, dataset, rewards, sampling settings and seed give the same V*
         samples (each is a function of the seed, the prompt and the sample index)."""
+        from a2po.values import loading_key
+
         defaults = A2POConfig.__dataclass_fields__
         sampling = {k: self.config.get(k, defaults[k].default) for k in (*SAMPLING_FIELDS, "seed")}
         if self.config.get("values_seed") is not None:  # stage 1's own seed (a sweep's runs share one)
@@ -417,6 +427,8 @@ class RunSpec:
                     **({"sha256": r["source"].get("sha256")} if isinstance(r.get("source"), dict) else {})}
                    for r in self.rewards]
         key = {"model": self.model, "dataset": self.dataset, "rewards": rewards, "sampling": sampling}
+        if loading := loading_key(self.config.get):  # how the model loads (revision, dtype, ...) and its precision
+            key["loading"] = loading
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_config_dict(self) -> dict[str, Any]:

@@ -10,9 +10,12 @@ with the base's seed (`values_seed`; the run seeds vary stage 2), so the runs ha
 grid, e.g. N or the temperature).
 
 Every other flag is `python -m a2po train`'s (the preset, then the flags). The runs go one after another in this
-process; each writes `<output_dir>/<run name>/`, and `<output_dir>/sweep.jsonl` gets one line per finished run (a
-sweep started again skips the runs already there). At the end: one row per grid point with the median over seeds of
-the final held-out accuracy, its range, the best accuracy and its step, training time and completion tokens.
+process; each writes `<output_dir>/<run name>/`, and `<output_dir>/sweep.jsonl` gets one line per finished run, with
+its whole spec. A sweep started again skips the runs whose spec is there; a folder keeps the base flags it was started
+with (`<output_dir>/sweep_flags.json`) and refuses others. At the end: one row per grid point with the median over
+seeds of the final held-out accuracy, its range, the best accuracy and its step, training time and completion tokens.
+Time and tokens are stage 1 (the train split's) and stage 2: every run that reads a V* set is charged what sampling it
+cost, on its clock too (`max_train_seconds`), whichever run sampled it, so points compare on what each would cost alone.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def parse_grid(grid: Any, allow_method: bool = True) -> dict[str, list[Any]]:
     parsed: dict[str, list[Any]] = {}
     for name, values in grid.items():
         name = str(name).strip()
+        if name in parsed:
+            raise GridError(f"grid: {name!r:.40} is given twice; put all its values under one name.")
         if name in NOT_SWEPT:
             raise GridError(f"grid: {name} cannot be swept: {NOT_SWEPT[name]}.")
         if name == "method" and not allow_method:
@@ -172,18 +177,20 @@ def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], list[str]]
     return grid, seeds, rest
 
 
-def _final_figures(trainer: Any) -> dict[str, Any]:
-    """What a sweep's table reads of a finished run: held-out accuracy (final, best and its step) and its clock."""
+def _final_figures(trainer: Any, charged: tuple[float, int]) -> dict[str, Any]:
+    """What a sweep's table reads of a finished run: held-out accuracy (final, best and its step) and its clock,
+    stage 1 included (what this run sampled of it, `stage1_*`, and what its V* set cost, `charged` before it ran)."""
     evals = [(h["step"], h["eval_accuracy"]) for h in trainer.state.log_history if "eval_accuracy" in h]
     counters = trainer.run_counters
     best = max(evals, key=lambda p: p[1], default=(None, None))
     stage_one = counters.values_seconds.get("train", 0.0)
+    stage_one_tokens = counters.values_tokens.get("train", 0)
     return {"final_accuracy": evals[-1][1] if evals else None, "best_accuracy": best[1], "best_step": best[0],
-            "steps": trainer.state.global_step, "stage1_seconds": round(stage_one, 2),
-            "train_seconds": round(counters.train_seconds, 2),
+            "steps": trainer.state.global_step, "stage1_seconds": round(stage_one - charged[0], 2),
+            "stage1_tokens": stage_one_tokens - charged[1], "train_seconds": round(counters.train_seconds, 2),
+            "train_tokens": counters.completion_tokens,
             "training_seconds": round(stage_one + counters.train_seconds, 2),
-            "completion_tokens": counters.completion_tokens + sum(counters.values_tokens.values()),
-            "stage1_tokens": counters.values_tokens.get("train", 0)}
+            "completion_tokens": counters.completion_tokens + stage_one_tokens}
 
 
 def summarize_sweep(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -211,21 +218,30 @@ def summarize_sweep(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
-    """The sweep's table as text, the best final median marked with *."""
+    """The sweep's table as text: the best final median marked with *, or every point tied at it with = (no point
+    is better than another there), and footnotes that say so and what time and tokens count."""
     def pct(v: float | None) -> str:
         return "–" if v is None else f"{100 * v:.1f}%"
 
     best = max((r["final_accuracy"] for r in table if r["final_accuracy"] is not None), default=None)
+    tied = sum(best is not None and r["final_accuracy"] == best for r in table)
     lines = [f"{'grid point':<40} {'seeds':>5} {'final (median)':>14} {'range':>15} {'best (step)':>14} "
              f"{'train time':>10} {'tokens':>9}"]
     for r in table:
-        mark = "*" if best is not None and r["final_accuracy"] == best else " "
+        mark = ("*" if tied == 1 else "=") if best is not None and r["final_accuracy"] == best else " "
         spread = f"{pct(r['final_min'])}-{pct(r['final_max'])}"
         step = "" if r["best_step"] is None else f" ({r['best_step']:g})"
         time_s = "–" if r["training_seconds"] is None else f"{r['training_seconds']:.0f} s"
         tokens = "–" if r["completion_tokens"] is None else f"{r['completion_tokens']:,.0f}"
         lines.append(f"{mark}{r['point'][:39]:<39} {r['seeds']:>5} {pct(r['final_accuracy']):>14} {spread:>15} "
                      f"{pct(r['best_accuracy']) + step:>14} {time_s:>10} {tokens:>9}")
+    if tied == 1:
+        lines.append("* the best final median")
+    elif tied > 1:
+        lines.append(f"= {tied} grid points tie for the best final median ({pct(best)}): more seeds or held-out "
+                     "prompts may tell them apart")
+    lines.append("train time, tokens: medians of stage 1 (sampling the V* set for the train split, charged in full to "
+                 "every run that reads it) plus stage 2 (training); evaluations not counted")
     return "\n".join(lines)
 
 
@@ -239,6 +255,33 @@ def _saved_tables(root: Path, fingerprint: str) -> dict[str, list[dict[str, Any]
         for row in read_jsonl(path):
             found.setdefault(split, {})[row["prompt_id"]] = row
     return {split: list(rows.values()) for split, rows in found.items()}
+
+
+def _spec_flags(spec: Any) -> dict[str, Any]:
+    """The flags that make a run what it is (`RunSpec.to_config_dict`, as JSON reads them back), not its folder."""
+    flags = json.loads(json.dumps(spec.to_config_dict(), default=str))
+    flags.pop("output_dir", None)
+    return flags
+
+
+def _check_folder(root: Path, base: dict[str, Any]) -> None:
+    """Record the base flags of the sweep in `root`, or exit naming those that differ from the ones recorded: the
+    finished runs there are another sweep's."""
+    path = root / "sweep_flags.json"
+    if not path.exists():
+        path.write_text(json.dumps(base, indent=2))
+        return
+    there = json.loads(path.read_text())
+
+    def show(flags: dict[str, Any], name: str) -> str:
+        return json.dumps(flags[name]) if name in flags else "not given"
+
+    differ = [name for name in {**there, **base} if show(there, name) != show(base, name)]
+    if differ:
+        listed = "; ".join(f"--{name} {show(there, name)} there, {show(base, name)} now" for name in differ)
+        raise SystemExit(f"{root} holds a sweep started with other flags ({listed}), so its finished runs are not "
+                         f"this sweep's. Give this sweep another --output_dir, or continue that one with the flags "
+                         f"in {path}.")
 
 
 def run_sweep(argv: list[str]) -> int:
@@ -256,6 +299,9 @@ def run_sweep(argv: list[str]) -> int:
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds: each seed once (got {' '.join(map(str, seeds))}).")
     _, script, config, fields = parse(["train", *rest])
+    if fields.get("resume_from_checkpoint") not in (None, "", False):
+        raise SystemExit("A sweep continues by itself: run the same command again and it skips the runs it finished "
+                         "(an interrupted run starts over); drop --resume_from_checkpoint.")
     for name in grid:
         if name not in type(config).__dataclass_fields__:
             raise SystemExit(f"--grid {name}: not a setting of {type(config).__name__} (--method {script.method}).")
@@ -265,14 +311,19 @@ def run_sweep(argv: list[str]) -> int:
     base_name = fields.get("run_name") or "sweep"
     root = Path(config.output_dir or Path("outputs") / base_name)
     root.mkdir(parents=True, exist_ok=True)
-    log_path = root / "sweep.jsonl"
-    done = {}
-    if log_path.exists():
-        for line in log_path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                done[(row["point_label"], row["seed"])] = row
     base = spec_from_args("train", script, dict(fields))
+    _check_folder(root, {k: v for k, v in _spec_flags(base).items() if k != "run_name"})
+    log_path = root / "sweep.jsonl"
+    done: dict[str, dict[str, Any]] = {}  # finished runs by their whole spec (an older version's rows have none)
+    costs: dict[str, tuple[float, int]] = {}  # what sampling each V* set (by fingerprint) has cost: seconds, tokens
+    for line in log_path.read_text().splitlines() if log_path.exists() else []:
+        if line.strip():
+            row = json.loads(line)
+            if "spec" in row:
+                done[json.dumps(row["spec"], sort_keys=True)] = row
+            if row.get("values_set"):
+                seconds, tokens = costs.get(row["values_set"], (0.0, 0))
+                costs[row["values_set"]] = (seconds + row["stage1_seconds"], tokens + row["stage1_tokens"])
     # One stage 1 for the whole sweep: every run samples its reference completions with the base's seed.
     stage_one_seed = base.config.get("values_seed")
     stage_one_seed = base.config.get("seed", config.seed) if stage_one_seed is None else stage_one_seed
@@ -285,14 +336,15 @@ def run_sweep(argv: list[str]) -> int:
     for index, (point, seed) in enumerate(plan, 1):
         label = point_label(point)
         name = f"{base_name}-{point_slug(point)}-s{seed}"
-        if (label, seed) in done:
-            print(f"[{index}/{len(plan)}] {label}, seed {seed}: done earlier ({log_path})", flush=True)
-            results.append(done[(label, seed)])
-            continue
-        print(f"[{index}/{len(plan)}] {label}, seed {seed}", flush=True)
         run_fields = {**values_seed, **fields, **point, "seed": seed, "run_name": name}
         run_fields.pop("output_dir", None)
         spec = spec_from_args("train", script, dict(run_fields))
+        flags = _spec_flags(spec)
+        if (earlier := done.get(json.dumps(flags, sort_keys=True))) is not None:
+            print(f"[{index}/{len(plan)}] {label}, seed {seed}: done earlier ({log_path})", flush=True)
+            results.append(earlier)
+            continue
+        print(f"[{index}/{len(plan)}] {label}, seed {seed}", flush=True)
         trainer = spec.build_trainer(output_dir=str(root / name))
         shared = getattr(trainer, "value_fingerprint", None)
         key = shared() if shared else None
@@ -300,6 +352,9 @@ def run_sweep(argv: list[str]) -> int:
             tables[key] = _saved_tables(root, key)
         for split, table in tables.get(key, {}).items():
             trainer.set_optimal_values(table, split)
+        charged = costs.get(key, (0.0, 0))
+        if key is not None:  # whichever run sampled the V* set, each run that reads it pays for it, as it would alone
+            trainer.run_counters.restore_values("train", *charged)
         trainer.train()
         if trainer.eval_dataset is not None and not any(
                 h.get("step") == trainer.state.global_step and "eval_accuracy" in h for h in trainer.state.log_history):
@@ -307,7 +362,11 @@ def run_sweep(argv: list[str]) -> int:
         trainer.save_model(str(root / name))
         if key is not None:
             tables.setdefault(key, {}).update(trainer.value_tables)
-        result = {"point": point, "point_label": label, "seed": seed, "run_name": name, **_final_figures(trainer)}
+        figures = _final_figures(trainer, charged)
+        if key is not None:
+            costs[key] = (charged[0] + figures["stage1_seconds"], charged[1] + figures["stage1_tokens"])
+        result = {"point": point, "point_label": label, "seed": seed, "run_name": name, "spec": flags,
+                  "values_set": key, **figures}
         with log_path.open("a") as log:
             log.write(json.dumps(result) + "\n")
         results.append(result)

@@ -31,6 +31,7 @@ from a2po.rollout import sequence_logprobs
 from a2po.values import (
     known_value_record,
     load_optimal_values,
+    loading_key,
     prompt_id_for,
     read_jsonl,
     rescore,
@@ -100,7 +101,9 @@ class A2POTrainer(BaseTrainer):
                "seed": self.values_seed,
                "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                "max_prompt_length": a.max_prompt_length, "max_completion_length": self.max_completion_length}
-        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        if loading := loading_key(lambda name: getattr(a, name, None)):
+            key["loading"] = loading
+        return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def _values_cache_path(self, split: str) -> Path | None:
         if not self.args.save_values or not self.args.output_dir:
@@ -214,7 +217,8 @@ class A2POTrainer(BaseTrainer):
                 done += len(batch_records)
                 bar.update(len(batch_records))
                 self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows),
-                             seconds=counters.values_seconds[split], completion_tokens=counters.values_tokens[split])
+                             seconds=counters.values_seconds[split], completion_tokens=counters.values_tokens[split],
+                             batch_seconds=float(spent[0]), batch_tokens=int(spent[1]))
                 self._agree_on_control("should_training_stop")
                 if self.control.should_training_stop:
                     bar.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,15 @@ from a2po.core import optimal_value, pass_at_k
 
 PROMPT_IS_JSON = "prompt_is_json"  # a parquet V* table's column: the prompt is a JSON list of messages
 VALUE_COLUMNS = ("prompt_id", "prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
+# Beyond the sampling settings, what changes the reference's samples: how the model is loaded (revision, dtype,
+# attention, remote code) and the precision it samples in.
+LOADING_FIELDS = ("model_init_kwargs", "trust_remote_code", "bf16", "fp16")
+
+
+def loading_key(setting: Callable[[str], Any]) -> dict[str, Any]:
+    """The `LOADING_FIELDS` a V* fingerprint counts, read with `setting(name)`: only those set (not empty or
+    False), so a V* set sampled at the defaults keeps the fingerprint it had before these counted."""
+    return {name: value for name in LOADING_FIELDS if (value := setting(name))}
 
 
 def prompt_id_for(row: dict[str, Any]) -> str:

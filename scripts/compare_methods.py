@@ -134,16 +134,19 @@ def report(store, name: str) -> None:
               f"| {when(r['a2po_to_grpo'])} | {duration(r['grpo_to_own'])} | {when(r['grpo_to_a2po'])} "
               f"| {pct(r['grpo_at_a2po_time'])} | {r['a2po_tokens']:,} / {r['grpo_tokens']:,} "
               f"| {gib(r['a2po_rss'])} / {gib(r['grpo_rss'])} |")
-    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    reached = [r["a2po_to_grpo"] for r in rows if r["a2po_to_grpo"] is not None]
-    print(f"\nmedians over {len(rows)} seeds: A*-PO {pct(med('a2po_final'))} in {duration(med('a2po_s'))} "
-          f"({duration(med('a2po_stage2_s'))} without stage 1); GRPO {pct(med('grpo_final'))} in "
-          f"{duration(med('grpo_s'))}; A*-PO reached GRPO's final less 3 points in "
-          + (f"{duration(statistics.median(reached))} with its stage 1 ({len(reached)} of {len(rows)} seeds): "
+    done = [r for r in rows if r["done"]]  # an unfinished seed's latest point is not its end: in the table only
+    if not done:
+        return
+    med = lambda key: statistics.median(r[key] for r in done)  # noqa: E731
+    reached = [r["a2po_to_grpo"] for r in done if r["a2po_to_grpo"] is not None]
+    print(f"\nmedians over the {len(done)} of {len(rows)} seeds that finished: A*-PO {pct(med('a2po_final'))} in "
+          f"{duration(med('a2po_s'))} ({duration(med('a2po_stage2_s'))} without stage 1); GRPO "
+          f"{pct(med('grpo_final'))} in {duration(med('grpo_s'))}; A*-PO reached GRPO's final less 3 points in "
+          + (f"{duration(statistics.median(reached))} with its stage 1 ({len(reached)} of {len(done)} seeds): "
              f"{statistics.median(reached) / med('grpo_to_own'):.2f}x the {duration(med('grpo_to_own'))} GRPO took "
              f"to reach the same accuracy, {statistics.median(reached) / med('grpo_s'):.2f}x GRPO's whole training "
              f"time" if reached else "no seed") + "; at equal steps, A*-PO minus GRPO (median over the grid's points "
-          f"and seeds): {100 * statistics.median(d for r in rows for d in r['equal_steps']):+.1f} points; at A*-PO's "
+          f"and seeds): {100 * statistics.median(d for r in done for d in r['equal_steps']):+.1f} points; at A*-PO's "
           f"whole time with its stage 1, GRPO was at {pct(med('grpo_at_a2po_time'))} (its last evaluation by then) "
           f"against A*-PO's {pct(med('a2po_final'))}", flush=True)
     ratios = [r["a2po_to_grpo"] / r["grpo_s"] for r in rows if r["a2po_to_grpo"] is not None]

@@ -42,27 +42,24 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from a2po.answers import CORRECT_THRESHOLD
+from storage.secrets import scrub_secrets
 
 LATEST = 5
-HEAD = "0004"  # the newest Alembic revision (storage/revisions/versions); a test checks they agree
+HEAD = "0005"  # the newest Alembic revision (storage/revisions/versions); a test checks they agree
 # What SQLite's header says of a file at `HEAD`: above `LATEST` once a revision renamed or dropped a column, so a
 # studio of before Alembic (which knows versions up to 5) refuses the file; a revision that does so raises it.
 USER_VERSION = 6
 BASELINE = "0001"  # the revision whose schema is the chain's `LATEST`
 REVISIONS = Path(__file__).parent / "revisions"
 BUSY_TIMEOUT_S = 30.0
-# Keys of a run spec that hold credentials: never kept in the database (anywhere in the spec, at any depth).
-SECRET_KEY = re.compile(r"(^|_)(token|password|passwd|secret|api_?key|credentials?)($|_)", re.IGNORECASE)
 
 logger = logging.getLogger("storage.migrations")
 
@@ -73,15 +70,6 @@ class SchemaTooNew(RuntimeError):
 
 class NotAStudio(RuntimeError):
     """The database holds tables of the studio's names but no version this studio can place."""
-
-
-def scrub_secrets(value: Any) -> Any:
-    """`value` without the dict entries whose key names a credential (see `SECRET_KEY`), recursively."""
-    if isinstance(value, dict):
-        return {k: scrub_secrets(v) for k, v in value.items() if not SECRET_KEY.search(str(k))}
-    if isinstance(value, list):
-        return [scrub_secrets(v) for v in value]
-    return value
 
 
 def _script(con: sqlite3.Connection, sql: str) -> None:

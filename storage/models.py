@@ -42,6 +42,10 @@ class ValueSet(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # Stored prompts per split ({"train": 128, "eval": 32}), kept up to date by each write: polls never count rows.
     counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # What sampling the stored prompts cost, per split ({"train": {"seconds", "tokens", "prompts"}}), added by each
+    # write of new prompts: a run that reuses them is charged their share (equal time counts stage 1). None: not
+    # known (sampled before it was recorded, by runs since deleted).
+    cost: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Run(Base):

@@ -61,6 +61,7 @@ from storage.models import (
     Sample,
     ValueSet,
 )
+from storage.secrets import scrub_secrets
 
 BUSY_TIMEOUT_MS = 30_000
 RUN_CHILD_TABLES = (RunValue, Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
@@ -324,7 +325,7 @@ class Store:
             if admission is not None:
                 dialects.serialize(s, "admission")  # the count and the insert, one launch at a time
                 admission.check(s, owner)
-            run = Run(name=name, action=action, status="queued", config=_json_safe(migrations.scrub_secrets(spec)),
+            run = Run(name=name, action=action, status="queued", config=_json_safe(scrub_secrets(spec)),
                       model=model, dataset=dataset, created_at=now, queued_at=now, parent_run_id=parent_run_id,
                       progress=0.0, owner=owner, num_processes=int(num_processes), auto_resumes=0, launch_failures=0)
             s.add(run)
@@ -369,7 +370,7 @@ class Store:
         if fields.get("stop_reason") is not None and fields["stop_reason"] not in lifecycle.STOP_REASONS:
             raise ValueError(f"Unknown stop reason {fields['stop_reason']!r}: use one of "
                              f"{', '.join(lifecycle.STOP_REASONS)}.")
-        return {k: _json_safe(migrations.scrub_secrets(v)) if k == "config" else v for k, v in fields.items()}
+        return {k: _json_safe(scrub_secrets(v)) if k == "config" else v for k, v in fields.items()}
 
     def update_run(self, run_id: int, **fields: Any) -> bool:
         """Set columns of a run (e.g. `progress=0.5`), never its status or counters (`apply` changes those).
@@ -472,14 +473,22 @@ class Store:
 
     # ------------------------------------------------------------------ prompt values
 
-    def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]]) -> int:
-        """Store stage-1 records (as delivered by `on_values_batch`).
+    def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
+                   seconds: float = 0.0, tokens: int = 0) -> int:
+        """Store stage-1 records (as delivered by `on_values_batch`), which cost `seconds` and `tokens` to sample.
 
         Re-adding a stored prompt_id keeps the stored row (unless its V* was missing), so nothing is duplicated.
-        Returns how many prompts were new to this value set and split.
+        The set's `cost` of the split grows by the share of the new prompts. Returns how many prompts were new to
+        this value set and split.
         """
         with self._write() as s:
-            return _add_values(s, value_set_id, split, records)
+            return _add_values(s, value_set_id, split, records, seconds, tokens)
+
+    def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
+        """What sampling the set's stored prompts cost, per split: `seconds`, `tokens` and the `prompts` they
+        sampled ({} when not known: see `storage.models.ValueSet.cost`)."""
+        with self._read() as s:
+            return s.scalar(select(ValueSet.cost).where(ValueSet.id == value_set_id)) or {}
 
     def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
                        replace: bool = False) -> int:
@@ -1027,7 +1036,8 @@ def _update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, 
     s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(summary={**current, **_json_safe(summary)}))
 
 
-def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]]) -> int:
+def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
+                seconds: float = 0.0, tokens: int = 0) -> int:
     rows = []
     for r in records:
         if r.get("prompt_id") is None:
@@ -1062,9 +1072,17 @@ def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Map
     s.execute(stmt, rows)
     added = len(ids) - len(stored)
     if added:
-        counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
-        s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
-                  .values(counts={**counts, split: int(counts.get(split, 0)) + added}))
+        counts, cost = s.execute(select(ValueSet.counts, ValueSet.cost).where(ValueSet.id == value_set_id)).one()
+        counts = counts or {}
+        fields: dict[str, Any] = {"counts": {**counts, split: int(counts.get(split, 0)) + added}}
+        if seconds or tokens:
+            # Prompts another run stored meanwhile were paid by that run: only the new ones' share is added.
+            share, paid = added / len(ids), (cost or {}).get(split) or {}
+            fields["cost"] = {**(cost or {}), split: {
+                "seconds": float(paid.get("seconds") or 0.0) + float(seconds) * share,
+                "tokens": int(paid.get("tokens") or 0) + round(int(tokens) * share),
+                "prompts": int(paid.get("prompts") or 0) + added}}
+        s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(**fields))
     return added
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -155,6 +157,43 @@ def test_run_chunk_is_a_plain_function_and_only_the_parent_claims(tmp_path, tiny
     assert chunks.claim(store, data, store.get_run(chunked), pid=os.getpid()) is None
     assert not journal.input_path(data, chunked).exists()
     assert not is_chunk_of(os.getpid(), chunked)  # no thread of this process runs a chunk of it
+
+
+def test_equal_time_on_chunks_ends_at_the_budget_and_runs_every_evaluation_left_for_the_next_chunk(
+        tmp_path, tiny_model_dir):
+    # Chunks of ~0 s: each does one stage-1 batch, or the evaluation the chunk before left and one step, so every
+    # evaluation the time grid asks for is left for the next chunk, and the budget runs out in a chunk's last step.
+    budget = 1.0
+    spec = chunk_spec(tiny_model_dir, "equal-time", max_steps=-1, num_train_epochs=20.0, save_steps=1000,
+                      max_train_seconds=budget, eval_every_seconds=budget / 3)
+    store, manager = make_manager(tmp_path / "data", chunk_seconds=0.01)
+    run_id = manager.submit(spec)
+    try:
+        run = drive(manager, store, run_id, lambda r: r["status"] in ("finished", "failed"), timeout=900)
+    finally:
+        manager.close()
+    assert run["status"] == "finished", run["error"]
+    logs = [line["message"] for line in store.get_logs(run_id, limit=None)]
+    stage1 = store.latest_metrics(run_id)["values/train/runtime"]["value"]
+    clocks = {m["step"]: stage1 + m["value"] for m in store.get_metrics(run_id, names=["train_seconds"])}
+    steps = sorted(s for s in clocks if s > 0)
+    assert steps and steps == list(range(1, steps[-1] + 1)) and steps[-1] < 60  # 20 epochs of 3 steps: never reached
+    # The run's clock, carried by its checkpoints from chunk to chunk, ended it at the first step past the budget.
+    assert clocks[steps[-1]] >= budget - 1e-3, (clocks, logs[-20:])
+    assert all(clocks[step] < budget + 1e-3 for step in steps[:-1]), (clocks, logs[-20:])
+    evaluated = {e["step"] for e in store.get_evaluations(run_id)}
+    left = {int(m.group(1)) for line in logs if (m := re.search(r"The evaluation of step (\d+) is left", line))}
+    assert left - {steps[-1]}, f"no time-grid evaluation was left for a next chunk: {logs[-20:]}"
+    assert left <= evaluated and {0, steps[-1]} <= evaluated, (left, evaluated)
+    # Every step whose clock passed a multiple of eval_every_seconds was evaluated (steps within rounding of one
+    # are left out: the logged clock is rounded).
+    every, before, crossed = budget / 3, stage1, set()
+    for step in steps:
+        near = abs(clocks[step] / every - round(clocks[step] / every)) * every < 1e-3
+        if math.floor(clocks[step] / every) > math.floor(before / every) and not near:
+            crossed.add(step)
+        before = clocks[step]
+    assert crossed and crossed <= evaluated, (crossed, evaluated)
 
 
 def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tiny_model_dir):

@@ -133,6 +133,60 @@ def test_cli_refuses_seeds_out_of_range_before_loading_anything(tmp_path, tiny_m
         assert "Stage 1" not in result.stderr  # refused where it entered, not after the model loaded
 
 
+RESUME_RUN = ["--dataset", "arithmetic", "--num_prompts", "16", "--eval_size", "0", "--reward", "exact_match",
+              "--num_value_samples", "2", "--max_completion_length", "4", "--per_device_train_batch_size", "4",
+              "--use_cpu", "true", "--disable_tqdm", "true", "--filter_all_incorrect", "false", "--logging_steps", "1",
+              "--save_steps", "2"]
+
+
+def test_cli_resume_from_checkpoint_continues_the_run_as_trl_does(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    first = run(["train", "--model", tiny_model_dir, "--output_dir", str(out), *RESUME_RUN, "--max_steps", "4"],
+                tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = out / "checkpoint-4"
+    first_history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    stamp = (checkpoint / "model.safetensors").stat().st_mtime_ns
+
+    resumed = run(["train", "--model", tiny_model_dir, "--output_dir", str(out), *RESUME_RUN, "--max_steps", "6",
+                   "--resume_from_checkpoint", str(checkpoint)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logged = [line for line in (resumed.stdout + resumed.stderr).splitlines()
+              if "'loss'" in line and "train_runtime" not in line]
+    assert len(logged) == 2  # steps 5 and 6 only
+    history = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())["log_history"]
+    steps = [h["step"] for h in history if "loss" in h]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert [h for h in history if h["step"] <= 4] == [h for h in first_history if h["step"] <= 4]
+    assert (checkpoint / "model.safetensors").stat().st_mtime_ns == stamp  # the checkpoint resumed from is kept
+
+    # `true`, as `trainer.train(resume_from_checkpoint=True)`: the newest complete checkpoint of the output folder.
+    from a2po.cli import resume_checkpoint
+
+    (out / "checkpoint-8").mkdir()  # cut short before its trainer_state.json: not complete
+    assert resume_checkpoint("train", "true", str(out)) == str(out / "checkpoint-6")
+    assert resume_checkpoint("train", "True", str(out)) == str(out / "checkpoint-6")
+    assert resume_checkpoint("train", None, str(out)) is None
+
+
+def test_cli_refuses_a_checkpoint_it_cannot_resume_before_writing_anything(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    result = run(["train", "--model", tiny_model_dir, "--output_dir", str(out), *RESUME_RUN, "--max_steps", "2",
+                  "--resume_from_checkpoint", str(tmp_path / "missing" / "checkpoint-4")], tmp_path)
+    assert result.returncode != 0
+    assert "--resume_from_checkpoint" in result.stderr and "no such folder" in result.stderr, result.stderr[-2000:]
+    assert not out.exists() and "Stage 1" not in result.stderr
+    from a2po.cli import resume_checkpoint
+
+    (tmp_path / "half").mkdir()
+    for command, value, folder, message in [("train", str(tmp_path / "half"), out, "not a complete checkpoint"),
+                                            ("train", "true", tmp_path / "empty", "no complete checkpoint"),
+                                            ("evaluate", str(tmp_path / "half"), out, "applies to `train`")]:
+        with pytest.raises(SystemExit, match=message):
+            resume_checkpoint(command, value, str(folder))
+    assert not out.exists()
+
+
 GRPO_RUN = ["--method", "grpo", "--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4", "--reward",
             "exact_match", "--num_generations", "4", "--max_completion_length", "4",
             "--per_device_train_batch_size", "8", "--max_steps", "2", "--use_cpu", "true", "--save_strategy", "no",

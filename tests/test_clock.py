@@ -222,3 +222,59 @@ def test_a_chunk_input_carries_the_clock(tmp_path):
     finally:
         ledger.close()
 
+
+
+def test_a_run_that_reuses_a_v_star_set_is_charged_what_sampling_it_cost(tmp_path, tiny_model_dir):
+    """Equal time on a V* set an earlier run sampled (a second duel, a shared values_seed, a sweep over the budget):
+    the run that reuses it has the set's sampling cost on its clock, and its time budget counts it."""
+    store, manager = make_manager(tmp_path / "data")
+    first = clock_spec(tiny_model_dir, "samples-it")
+    first["config"]["max_steps"] = 1
+    manager.start()
+    try:
+        first_id = manager.submit(first)
+        run = wait_status(store, first_id, ("finished", "failed"), timeout=300)
+        assert run["status"] == "finished", run["error"]
+        paid = {name: row["value"] for name, row in store.latest_metrics(first_id).items()}
+        # A budget below what stage 1 cost: the run that reuses the set is out of time after its first step.
+        budget = 0.8 * paid["values/train/runtime"]
+        second = clock_spec(tiny_model_dir, "reuses-it")
+        second["config"].update(max_steps=-1, num_train_epochs=20.0, max_train_seconds=budget)
+        second_id = manager.submit(second)
+        run = wait_status(store, second_id, ("finished", "failed"), timeout=300)
+        assert run["status"] == "finished", run["error"]
+    finally:
+        manager.close()
+    assert run["value_set_id"] == store.get_run(first_id)["value_set_id"]
+    charged = {name: row["value"] for name, row in store.latest_metrics(second_id).items()}
+    assert sorted({m["step"] for m in store.get_metrics(second_id, names=["loss"])}) == [1], charged
+    for split in ("train", "eval"):
+        assert charged.get(f"values/{split}/runtime") == pytest.approx(paid[f"values/{split}/runtime"], abs=1e-3)
+        assert charged[f"values/{split}/completion_tokens"] == paid[f"values/{split}/completion_tokens"]
+    assert charged["values/train/runtime"] + charged["train_seconds"] >= budget
+    assert any("24 prompts reused from V* set" in line["message"] for line in store.get_logs(second_id))
+    cost = store.value_set_cost(run["value_set_id"])
+    assert cost["train"]["prompts"] == 24 and cost["eval"]["prompts"] == 6
+    assert cost["train"]["seconds"] == pytest.approx(paid["values/train/runtime"], abs=1e-3)
+    assert cost["train"]["tokens"] == paid["values/train/completion_tokens"]
+
+
+def test_a_chunk_reads_and_adds_to_the_cost_of_its_v_star_set(tmp_path):
+    """A chunk never opens the database: the set's cost reaches it in its input, and what it samples adds to it."""
+    store = Store(tmp_path / "studio.db")
+    value_set = store.get_or_create_value_set("fp", {})
+    rows = [{"prompt_id": f"p{i}", "v_star": 0.5, "rewards": [0.0, 1.0]} for i in range(5)]
+    assert store.add_values(value_set, "train", rows[:4], seconds=2.0, tokens=80) == 4
+    assert store.add_values(value_set, "train", rows[:2], seconds=9.0, tokens=90) == 0  # stored: paid already
+    run_id = store.create_run("r", "train", {"name": "r"})
+    store.update_run(run_id, value_set_id=value_set)
+    chunks.journal.write_input(store, tmp_path, store.get_run(run_id))
+    ledger = chunks.journal.ChunkLedger(tmp_path, run_id)
+    try:
+        assert ledger.value_set_cost(value_set) == {"train": {"seconds": 2.0, "tokens": 80, "prompts": 4}}
+        # One new prompt of two: half the batch's cost is the set's.
+        ledger.add_values(value_set, "train", rows[3:], seconds=1.0, tokens=30)
+    finally:
+        ledger.close()
+    chunks.ingest(store, tmp_path, run_id)
+    assert store.value_set_cost(value_set) == {"train": {"seconds": 2.5, "tokens": 95, "prompts": 5}}

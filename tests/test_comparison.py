@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.studies import comparison
+from app.studies import comparison, summary
 from app.studies.protocols import StudyError, pair_specs, parse_seeds, planned_steps, study_specs
 from app.web import charts
 
@@ -274,3 +274,84 @@ def test_the_launch_page_plans_a_pair_before_it_starts():
         "(A*-PO's stage 1 included): about 1h 00m in all, plus evaluations and loading.")
     assert pair_plan_text(SPEC, "time", "", None, []).startswith("⚠ The equal-time protocol needs a budget")
     assert pair_plan_text(SPEC, "paper", "0, x", None, []).startswith("⚠ seeds:")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Medians over seeds (issue 35, item 7): ends from each run's last point, curves aligned by step or clock, failed
+# runs counted and left out
+
+
+def _seed_line(run_id: int, method: str, accuracies: list[float], status: str = "finished", every: float = 10.0,
+               clock: bool = False) -> comparison.Timeline:
+    points = [comparison.Point(4 * i, every * i, 100 * i, a) for i, a in enumerate(accuracies)]
+    return comparison.Timeline(run_id, f"r{run_id}", method, status, points,
+                               stage1_seconds=5.0 if method == "a2po" else 0.0,
+                               eval_every=("seconds", every) if clock else None)
+
+
+def _seed_run(line: comparison.Timeline, seed: int) -> dict:
+    return {"id": line.run_id, "name": line.name, "config": {"config": {"seed": seed}, "study": {
+        "id": "s", "kind": "sweep", "seed": seed, "protocol": "time", "point": {"beta2": 0.001}}}}
+
+
+def test_a_medians_final_is_the_median_of_each_runs_last_point():
+    lines = [_seed_line(1, "a2po", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]),
+             _seed_line(2, "a2po", [0.0, 0.3, 0.6, 0.9])]  # fewer evaluations, same end
+    view = comparison.study_view([_seed_run(t, i) for i, t in enumerate(lines)], lines)
+    median = view.medians["a2po"]
+    assert median.final_accuracy == pytest.approx(0.85) and median.points[-1].spread == (0.8, 0.9)
+    assert view.rows[-1]["final accuracy"] == "85% (80%–90%)"
+    assert median.points[-1].step == 22  # the median of the runs' last steps, 32 and 12
+    curve = summary.summarize([_seed_run(t, i) for i, t in enumerate(lines)], lines).rows[0].curve
+    assert curve.final_accuracy == pytest.approx(0.85)
+
+
+def test_equal_time_seeds_with_a_different_number_of_evaluations_are_aligned_by_clock():
+    # Both stop at the 60 s budget; the second, with a longer stage 1, evaluated every 12 s of its training.
+    lines = [_seed_line(1, "a2po", [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8], clock=True),
+             _seed_line(2, "a2po", [0.0, 0.2, 0.4, 0.5, 0.6, 0.75], every=12.0, clock=True)]
+    runs = [_seed_run(t, i) for i, t in enumerate(lines)]
+    for median in (comparison.study_view(runs, lines).medians["a2po"], summary.summarize(runs, lines).rows[0].curve):
+        assert [p.seconds for p in median.points] == [0, 10, 12, 20, 24, 30, 36, 40, 48, 50, 60]
+        # Each run's latest evaluation at that time: 10 s is the first run's 20% and the second's 0%, so 10%.
+        assert [p.accuracy for p in median.points] == pytest.approx(
+            [0.0, 0.1, 0.2, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.775])
+        assert median.points[-1].spread == (0.75, 0.8)
+
+
+def test_a_failed_seed_is_counted_and_left_out_of_the_medians_and_the_verdict():
+    a = [_seed_line(1, "a2po", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]),
+         _seed_line(3, "a2po", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.9]),
+         _seed_line(5, "a2po", [0.0, 0.05], status="failed")]
+    g = [_seed_line(run_id, "grpo", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.6]) for run_id in (2, 4, 6)]
+    lines = [a[0], g[0], a[1], g[1], a[2], g[2]]
+    runs = [_seed_run(t, t.run_id // 2) for t in lines]
+    view = comparison.study_view(runs, lines)
+    median_row = next(r for r in view.rows if r["method"] == "A*-PO" and r["seed"] == "median")
+    assert (median_row["run"], median_row["final accuracy"]) == ("seeds: 2 of 3 (#5 failed left out)", "85% (80%–90%)")
+    median = view.medians["a2po"]
+    assert median.label == "A*-PO median of 2 of 3" and len(median.points) == 9
+    text = comparison.verdict(*view.pair())
+    assert text.startswith("A\\*-PO reached GRPO's final 60% in 1m 05s (step 24)")
+    assert text.endswith("Medians of the finished seeds: A\\*-PO 2 of 3 (#5 failed left out); GRPO 3 of 3.")
+    row = summary.summarize([runs[i] for i in (0, 2, 4)], a).rows[0]  # the Studies page's row of that point
+    assert row.table_row(False)["seeds finished"] == "2 of 3" and row.final == pytest.approx(0.85)
+    assert row.final_range == (0.8, 0.9) and len(row.curve.points) == 9
+
+
+def test_a_median_never_falls_outside_its_own_range():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        clock = rng.random() < 0.5
+        lines = [_seed_line(i, "a2po", [rng.random() for _ in range(rng.randint(1, 9))], every=rng.choice([10, 12]),
+                            clock=clock, status=rng.choice(["finished", "finished", "failed"])) for i in range(3)]
+        view = comparison.study_view([_seed_run(t, t.run_id) for t in lines], lines)
+        median = view.medians.get("a2po")
+        if median is None:  # none finished
+            continue
+        finals = [t.final_accuracy for t in lines if t.status == "finished"]
+        assert min(finals) <= median.final_accuracy <= max(finals)
+        assert all(p.spread[0] <= p.accuracy <= p.spread[1] for p in median.points)
+        assert [p.step for p in median.points] == sorted(p.step for p in median.points)

@@ -152,8 +152,42 @@ def test_existing_prompt_column_is_kept_verbatim(tmp_path):
     path = tmp_path / "ready.jsonl"
     path.write_text(json.dumps({"prompt": "Say 5.", "ground_truth": 5}) + "\n")
     ds = load_prompt_dataset(str(path))
-    assert ds[0]["prompt"] == [{"role": "user", "content": "Say 5."}] and ds[0]["ground_truth"] == "5"
+    assert ds[0]["prompt"] == "Say 5." and ds[0]["ground_truth"] == "5"  # TRL's "standard" format: no template
     assert ds.features["ground_truth"].dtype == "string"  # not cast back to the file's int column
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"prompt": [{"role": "user", "content": "Say 5."}], "answer": "5"}) + "\n")
+    assert load_prompt_dataset(str(chat))[0]["prompt"] == [{"role": "user", "content": "Say 5."}]
+
+
+def test_a_system_prompt_for_plain_text_prompts_is_refused_not_dropped(tmp_path):
+    from a2po.data import with_system_prompt
+
+    path = tmp_path / "plain.jsonl"
+    path.write_text(json.dumps({"prompt": "Say 5.", "answer": "5"}) + "\n")
+    plain = load_prompt_dataset(str(path))
+    with pytest.raises(ValueError, match="plain text, which is used verbatim"):
+        with_system_prompt(plain, "Be brief.")
+    assert with_system_prompt(plain, "")[0]["prompt"] == "Say 5."  # an empty system message has nothing to drop
+
+
+def test_a_base_model_without_a_chat_template_runs_stage_one_on_plain_prompts(tmp_path):
+    from a2po import A2POConfig, A2POTrainer
+    from a2po.rewards import exact_match
+    from a2po.testing import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    tokenizer.chat_template = None  # a base model
+    path = tmp_path / "plain.jsonl"
+    texts = [f"Q: {i} + 1 =\nA:" for i in range(4)]
+    path.write_text("".join(json.dumps({"prompt": t, "answer": str(i + 1)}) + "\n" for i, t in enumerate(texts)))
+    ds = load_prompt_dataset(str(path))
+    args = A2POConfig(output_dir=str(tmp_path / "out"), num_value_samples=2, max_completion_length=4, use_cpu=True,
+                      report_to="none", per_device_train_batch_size=4, filter_all_incorrect=False)
+    trainer = A2POTrainer(model=model, processing_class=tokenizer, reward_funcs=exact_match, args=args,
+                          train_dataset=ds)
+    table = trainer.estimate_optimal_values()
+    assert sorted(table["prompt_text"]) == sorted(texts)  # what the model saw: the file's text, verbatim
+    assert sorted(table["prompt"]) == sorted(texts)
 
 
 def test_missing_answer_column_and_bad_paths(tmp_path):

@@ -176,6 +176,67 @@ def test_engine_scores_with_the_runs_data_and_applies_adapters(tiny_model_dir, t
     assert [i["completion"] for i in with_adapter["trained"]] != [i["completion"] for i in plain["reference"]]
 
 
+TRL_REWARDS = '''
+def trl_solution(completions, solution, **kwargs):
+    """TRL style: the dataset's own answer column, by its name."""
+    return [float(str(s) in (c if isinstance(c, str) else c[-1]["content"])) for c, s in zip(completions, solution)]
+
+
+def always_fails(completions, **kwargs):
+    raise ValueError("the checker service is down")
+'''
+
+
+@pytest.fixture
+def trl_rewards(tmp_path, monkeypatch) -> None:
+    """Registers `trl_solution` (needs a `solution` column) and `always_fails` for this test and its processes."""
+    from a2po.reward_registry import MODULES_ENV
+
+    module = tmp_path / "trl_rewards.py"
+    module.write_text(TRL_REWARDS)
+    monkeypatch.setenv(MODULES_ENV, str(module))
+
+
+def test_a_prompt_without_a_column_the_reward_needs_is_unscored_and_says_which(tiny_model_dir, trl_rewards):
+    from app.web.pages.playground import describe
+
+    engine = Engine()
+    spec = {**tiny_spec(tiny_model_dir, "trl-style"), "rewards": [{"name": "trl_solution", "weight": 1.0}]}
+    request = build_request(prompt="Ann has 3 pens and buys 4 more. How many?", num_samples=2, answer="7",
+                            limits=Limits(max_completion_length=8), run={"id": 1, "config": spec})
+    typed = engine.answer(request)
+    assert not typed["scored"] and [i["reward"] for i in typed["reference"]] == [None] * 3
+    assert "'solution'" in typed["unscored_reason"] and "Nothing was scored" in typed["unscored_reason"]
+    shown = describe({**typed, "seconds": 1.0, "message": None})
+    assert "'solution'" in shown and "Nothing was scored" in shown
+    picked = engine.answer({**request, "prompt": TAUGHT[0][0], "answer": None})  # its row has no `solution` either
+    assert picked["matched"] and not picked["scored"] and "'solution'" in picked["unscored_reason"]
+
+    # A reward that fails when called: unscored, and the reply says why rather than only the process's log.
+    failing = engine.answer({**request, "rewards": [{"name": "always_fails", "weight": 1.0}]})
+    assert not failing["scored"] and "the checker service is down" in failing["unscored_reason"]
+    scored = engine.answer({**request, "rewards": [{"name": "exact_match", "weight": 1.0}]})
+    assert scored["scored"] and scored["unscored_reason"] is None
+
+
+def test_play_returns_why_a_prompt_was_not_scored(tiny_model_dir, trl_rewards, tmp_path):
+    from app.access.auth import User
+    from app.access.gate import Services
+    from app.web.pages.playground import client_for, play
+    from storage import Store
+
+    store = Store(tmp_path / "studio.db")
+    spec = {**tiny_spec(tiny_model_dir, "trl-style"), "rewards": [{"name": "trl_solution", "weight": 1.0}]}
+    run_id = store.create_run("trl-style", "train", spec)
+    services = Services(store=store, jobs=None, data_dir=tmp_path / "data")
+    try:
+        result = play(services, User("ada"), run_id=run_id, prompt="What is 3 + 4?", num_samples=1, answer="7")
+    finally:
+        client_for(services).close()
+    assert not result["scored"] and "'solution'" in result["unscored_reason"]
+    assert [i["reward"] for i in result["reference"]] == [None, None]
+
+
 # ------------------------------------------------------------------------------------------- the process
 
 def test_the_process_answers_caches_restarts_and_exits_when_idle(tiny_model_dir, tmp_path):
@@ -255,6 +316,7 @@ def test_the_endpoint_compares_reference_and_trained(studio):
     assert bare["reference"][0]["reward"] in (0.0, 1.0)
     typed = user.predict(run_id=run_id, prompt="Say hello.", num_samples=1, api_name="/playground")
     assert [i["reward"] for i in typed["reference"] + typed["trained"]] == [None] * 4
+    assert not typed["scored"] and "only against an expected answer" in typed["unscored_reason"]
 
 
 def test_the_endpoint_refuses_bad_requests_and_anonymous_users(studio, tmp_path):

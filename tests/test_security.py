@@ -18,6 +18,13 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
+from app.access.allowlist import STUDY_LEFT_OUT
+from app.access.auth import Auth, User
+from app.access.gate import Services
+from app.runtime.scheduler import JobManager
+from app.web.api import public_spec
+from app.web.pages.compare import study_choices, study_runs
+from storage import Store
 from tests.helpers import wait_for
 from tests.test_app_api import ROOT, free_port, start_app, stop_app, tiny_spec
 
@@ -332,3 +339,39 @@ def test_the_studio_works_in_the_workers_empty_directory(tmp_path_factory, tiny_
         assert list(worker_cwd.iterdir()) == []
     finally:
         stop_app(proc)
+
+
+def test_only_the_studio_puts_runs_into_a_study(tmp_path):
+    """Study membership is a label on each run: a label sent in a spec is left out, with a warning, on every launch
+    path (issue 35, item 2), and the study views read only the runs of the study's owner."""
+    store = Store(tmp_path / "studio.db")
+    services = Services(store, JobManager(store, tmp_path), tmp_path,  # never started: the runs stay queued
+                        auth=Auth({"alice": ("pw-a", False), "mallory": ("pw-m", False)}))
+    alice, mallory = User("alice"), User("mallory")
+    pairs = services.launch_pair({"name": "duel", "config": {"max_steps": 8}}, alice, seeds=[0, 1])
+    mine = sorted(i for pair in pairs for i in pair)
+    label = store.get_run(mine[0])["config"]["study"]
+    assert study_runs(store, label["id"]) == mine
+    # Mallory's GRPO run labelled with Alice's study (any /status shows the label), and Alice's own run re-sent from
+    # /status to /launch as docs/api.md invites: plain runs, and the response and the run's log say why.
+    forged = {"name": "forged", "method": "grpo", "config": {"max_steps": 8}, "study": {**label, "seed": 2}}
+    forged_id, forged_warnings = services.launch_run(forged, mallory)
+    resent = public_spec(store.get_run(mine[1])["config"], services.policy.datasets_dir)
+    resent_id, resent_warnings = services.launch_run(resent, alice)
+    for run_id, warnings in ((forged_id, forged_warnings), (resent_id, resent_warnings)):
+        assert "study" not in store.get_run(run_id)["config"] and STUDY_LEFT_OUT in warnings
+        assert any(STUDY_LEFT_OUT in line["message"] for line in store.get_logs(run_id))
+    # The study launchers label their runs themselves, whatever label the spec carries.
+    seeded = services.launch_seeds({"name": "s", "study": label}, mallory, [0, 1])
+    paired = [i for pair in services.launch_pair({"name": "p", "study": label}, mallory) for i in pair]
+    swept = services.launch_sweep({"name": "w", "study": label}, mallory, {"learning_rate": [1e-5, 2e-5]})
+    for ids in (seeded, paired, swept):
+        labels = {store.get_run(i)["config"]["study"]["id"] for i in ids}
+        assert len(labels) == 1 and label["id"] not in labels, labels
+    assert study_runs(store, label["id"]) == mine
+    # A forged row stored before the gate left labels out (the store keeps what it is given) is no run of the study.
+    old = services.jobs.submit({**store.get_run(forged_id)["config"], "study": {**label, "seed": 2}}, owner="mallory")
+    assert store.get_run(old)["config"]["study"] == {**label, "seed": 2}
+    assert study_runs(store, label["id"]) == mine
+    assert [name for name, sid in study_choices(store) if sid == label["id"]][0].endswith("(4 runs)")
+    store.close()

@@ -439,3 +439,33 @@ def test_0004_refuses_to_downgrade_a_grpo_group(store_url):
         _downgrade(store, "0003")
     assert _revision(store) == [migrations.HEAD] and len(store.get_samples(run_id)) == 2
     store.close()
+
+
+def test_0005_gives_the_v_star_sets_stored_before_it_what_their_runs_paid_for_them(store_url):
+    """A V* set of before 0005 has no cost: the upgrade sums the stage-1 cost its runs logged (a run that reused
+    the rows logged none), for the prompts the set holds, so a run that reuses it is charged (equal time)."""
+    store = Store(store_url)
+    value_set = store.get_or_create_value_set("fp", {})
+    store.add_values(value_set, "train", [{"prompt_id": f"p{i}", "v_star": 0.5, "rewards": [0.0, 1.0]}
+                                          for i in range(4)])
+    store.add_values(value_set, "eval", [{"prompt_id": "q0", "v_star": 0.5, "rewards": [0.0, 1.0]}])
+    assert store.value_set_cost(value_set) == {}  # no cost given: none recorded
+    paid = {"sampled-half": (3.0, 100, 1.0), "sampled-the-rest": (1.5, 40, None), "reused-it": (None, None, None)}
+    for name, (seconds, tokens, eval_seconds) in paid.items():
+        run_id = store.create_run(name, "train", {})
+        store.update_run(run_id, value_set_id=value_set)
+        if seconds is not None:
+            store.add_metrics(run_id, 0, {"values/train/runtime": 1.0, "values/train/completion_tokens": 10})
+            store.add_metrics(run_id, 3, {"values/train/runtime": seconds, "values/train/completion_tokens": tokens,
+                                          "train_seconds": 9.0})  # its latest, cumulative
+        if eval_seconds is not None:
+            store.add_metrics(run_id, 0, {"values/eval/runtime": eval_seconds})
+    other = store.create_run("another-set", "train", {})
+    store.add_metrics(other, 0, {"values/train/runtime": 50.0})
+    _downgrade(store, "0004")
+    assert _revision(store) == ["0004"]
+    upgraded = Store(store_url)
+    assert _revision(upgraded) == [migrations.HEAD]
+    assert upgraded.value_set_cost(value_set) == {"train": {"seconds": 4.5, "tokens": 140, "prompts": 4},
+                                                  "eval": {"seconds": 1.0, "tokens": 0, "prompts": 1}}
+    upgraded.close()

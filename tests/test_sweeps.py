@@ -11,19 +11,27 @@ import json
 import os
 import subprocess
 import sys
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
+import gradio as gr
 import playwright.sync_api as playwright
 import pytest
 from gradio_client import Client
 
 from a2po.runspec import RunSpec, SpecError, with_defaults
 from a2po.sweep import grid_points, parse_grid, summarize_sweep
+from app.access.gate import Services
+from app.access.policy import Policy
+from app.runtime.scheduler import JobManager
 from app.studies import summary
 from app.studies.comparison import Point, Timeline, store_timeline
-from app.studies.protocols import StudyError
+from app.studies.protocols import StudyError, pair_specs, planned_steps
 from app.studies.sweeps import estimate_seconds, grid_from_text, shared_stage_one, sweep_specs
+from app.web.api import register_api
+from app.web.pages.launch import build_launch_page
 from storage import Store
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, shoot
 from tests.helpers import wait_for
@@ -106,6 +114,105 @@ def test_method_in_the_grid_matches_grpo_under_the_papers_protocol_once_per_its_
         sweep_specs(base, {"beta": [0.0, 0.04]}, [])
     with pytest.raises(StudyError, match="starts from an A\\*-PO spec"):
         sweep_specs(with_defaults({"method": "grpo"}), {"method": ["a2po", "grpo"]}, [])
+
+
+def test_method_in_the_grid_gives_every_a2po_point_its_own_matched_grpo_run():
+    base = with_defaults({"name": "duel"})
+    for setting, values in (("num_value_samples", [4, 8]), ("per_device_train_batch_size", [8, 16])):
+        runs = sweep_specs(base, {"method": ["a2po", "grpo"], setting: values}, [])
+        a2po = {r["study"]["point"][setting]: r for r in runs if r.get("method", "a2po") == "a2po"}
+        grpo = {r["study"]["point"][setting]: r for r in runs if r.get("method") == "grpo"}
+        assert sorted(a2po) == sorted(grpo) == values, (setting, [r["study"]["point"] for r in runs])
+        for value, run in a2po.items():
+            config, match = run["config"], grpo[value]["config"]
+            assert match["num_generations"] == config["num_value_samples"]  # G = N
+            assert match["per_device_train_batch_size"] // match["num_generations"] == \
+                config["per_device_train_batch_size"]  # the same prompts per step
+            assert match == pair_specs(run, "paper")[1]["config"]  # the pair protocol's own match
+            # One grid for the pair, from its own steps: A*-PO is evaluated along the way, not only at both ends.
+            assert match["eval_steps"] == config["eval_steps"] and planned_steps(run) // config["eval_steps"] >= 4
+    with pytest.raises(StudyError, match="num_generations of a GRPO run is matched to its A\\*-PO run"):
+        sweep_specs(base, {"method": ["a2po", "grpo"], "num_generations": [4, 8]}, [])
+
+
+EIGHT_FIELDS = ["learning_rate", "beta1", "beta2", "warmup_steps", "weight_decay", "max_grad_norm", "top_p",
+                "temperature"]
+HUGE_GRID = {name: [round(0.01 * (i + 1), 3) for i in range(12)] for name in EIGHT_FIELDS}  # 12^8 = 430 M points
+
+
+def refused_cheaply(call) -> str:
+    """What `call` answered, after checking it took well under a second and allocated next to nothing."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        answer = call()
+    finally:
+        seconds = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert seconds < 0.5 and peak < 1_000_000, (seconds, peak)
+    return answer
+
+
+def test_a_grid_past_the_run_limit_is_refused_before_any_run_is_made():
+    base = with_defaults({"name": "big"})
+    sweep_specs(base, {"beta2": [0.001]}, [])  # the config classes are loaded once, outside the measure
+
+    def refused() -> str:
+        with pytest.raises(StudyError) as error:
+            sweep_specs(base, HUGE_GRID, [])
+        return str(error.value)
+
+    assert "429981696 grid points x 1 seeds" in refused_cheaply(refused)
+
+
+@pytest.fixture(scope="module")
+def handlers(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, object]]:
+    """The API's endpoints and the Launch page's handlers by name, called as Gradio calls them, without a server: the
+    studio's Services on SQLite, its queue never started."""
+    data_dir = tmp_path_factory.mktemp("handlers")
+    store = Store(data_dir / "studio.db")
+    jobs = JobManager(store, data_dir)
+    services = Services(store, jobs, data_dir, policy=Policy(data_dir, model_roots=[tiny_model_dir]))
+    with gr.Blocks() as demo:
+        register_api(services)
+        build_launch_page(services)
+    found: dict[str, object] = {}
+    for block_fn in demo.fns.values():
+        found.setdefault(getattr(block_fn.fn, "__name__", ""), block_fn)
+    try:
+        yield found
+    finally:
+        jobs.close()
+
+
+def test_the_launch_pages_sweep_plan_refuses_a_huge_grid_at_no_cost(handlers):
+    plan = handlers["plan_sweep"]
+    grid_box = next(c for c in plan.inputs if c.elem_id == "sweep-grid")
+
+    def planned(text: str) -> str:
+        return plan.fn({c: text if c is grid_box else c.value for c in plan.inputs})
+
+    assert planned("beta2: 0.001, 0.01").startswith("**2 runs**")
+    text = "\n".join(f"{name}: " + ", ".join(map(str, values)) for name, values in HUGE_GRID.items())
+    assert "429981696 grid points" in refused_cheaply(lambda: planned(text))
+
+
+@pytest.mark.parametrize("endpoint, arguments, message", [
+    ("launch_study", {"grid": {"beta2": [0.001], " beta2 ": [0.01]}}, "grid: 'beta2' is given twice"),
+    ("launch_study", {"grid": {"beta2": [0.001]}, "seeds": [True, False]}, "seeds: True is not a whole number"),
+    ("launch_pair", {"seeds": [10**400]}, "seeds: about 10\\*\\*400 is not a whole number from 0 to 4294967295"),
+    ("launch_pair", {"seeds": [0, True]}, "seeds: True is not a whole number"),
+    ("launch_pair", {"protocol": "time", "budget_minutes": [1]}, "budget_minutes: give each run's training time"),
+    ("launch_pair", {"protocol": "time", "budget_minutes": "abc"}, "budget_minutes: .* \\(got 'abc'\\)"),
+    ("launch", {"seeds": [1, False]}, "seeds: False is not a whole number"),
+], ids=["grid-keys-trimmed-first", "bool-seeds-sweep", "huge-seed", "bool-seed-pair", "budget-list", "budget-text",
+        "bool-seed-launch"])
+def test_a_study_input_the_studio_cannot_read_is_refused_naming_the_argument(handlers, tiny_model_dir, endpoint,
+                                                                            arguments, message):
+    spec = tiny_spec(tiny_model_dir, "inputs")
+    with pytest.raises(gr.Error, match=message):
+        handlers[endpoint].fn(spec=spec, request=None, **arguments)
 
 
 def test_the_estimate_is_stage_one_once_plus_each_runs_steps_at_the_measured_rates():
@@ -219,8 +326,11 @@ def test_a_study_through_the_api_samples_stage_one_once(swept):
     runs = [store.get_run(r["run_id"]) for r in launched["runs"]]
     assert all(r["status"] == "finished" for r in runs), [(r["id"], r["status"], r["error"]) for r in runs]
     assert len({r["value_set_id"] for r in runs}) == 1  # every run's V* rows are those of one set
-    tokens = [store_timeline(store, r).stage1_tokens for r in runs]
-    assert tokens[0] > 0 and tokens[1:] == [0, 0, 0], tokens  # the first sampled; the others read its rows
+    lines = [store_timeline(store, r) for r in runs]
+    tokens = [line.stage1_tokens for line in lines]
+    # The first sampled; the others read its rows, and each is charged what sampling them cost (equal time).
+    assert tokens[0] > 0 and tokens[1:] == [tokens[0]] * 3, tokens
+    assert [line.stage1_reused_tokens for line in lines] == [0] + [tokens[0]] * 3
     for run in runs[1:]:
         assert any("0 of 8 prompts to sample" in log["message"] for log in store.get_logs(run["id"])), run["id"]
     found = summary.summarize(runs, [store_timeline(store, r) for r in runs])
@@ -316,7 +426,9 @@ def test_on_two_devices_a_run_waits_for_the_stage_one_it_shares_instead_of_sampl
         sampled = [log["created_at"] for log in store.get_logs(first["id"]) if "Stage 1 (eval) done" in log["message"]]
         assert second["started_at"] >= sampled[0] - 1.0, "the second run started while the first was sampling"
         assert any("0 of 8 prompts to sample" in log["message"] for log in store.get_logs(second["id"]))
-        assert store_timeline(store, second).stage1_tokens == 0
+        paid, charged = store_timeline(store, first), store_timeline(store, second)
+        assert paid.stage1_reused_tokens == 0 and charged.stage1_reused_tokens == charged.stage1_tokens == \
+            paid.stage1_tokens > 0
     finally:
         manager.close()
 

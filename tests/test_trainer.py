@@ -599,3 +599,87 @@ def test_parquet_values_keep_text_prompts_that_look_like_json(tmp_path):
             value_record("b", messages, "user: 2 + 2?", [0.0, 0.0], ["x", "y"], 0.5, True)]
     for i, row in enumerate(rows):  # a Dataset holds one prompt type per table
         assert load_optimal_values(save_optimal_values([row], tmp_path / f"{i}.parquet")).to_list() == [row]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_policy_and_reference_agree_before_the_first_update_in_every_precision(tmp_path, tiny_model_dir, bf16, lora):
+    """log pi/pi_ref of every step-1 completion is 0: the reference computes in the policy's precision (with bf16,
+    bf16 autocast on the CPU here), not in bf16 weights beside an fp32 policy."""
+    from peft import LoraConfig
+
+    recorder = Recorder()
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, bf16=bf16, beta2=1.0, max_steps=1,
+                                                            max_completion_length=16, filter_all_incorrect=False),
+                          train_dataset=prompts(4), callbacks=[recorder],
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None)
+    trainer.train()
+    log_ratios = [s["implicit_reward"] for kw in recorder.of("samples") for s in kw["samples"] if s["split"] == "train"]
+    assert len(log_ratios) == 4 and max(map(abs, log_ratios)) < 1e-5  # implicit reward = beta2 * log_ratio
+
+
+def test_a_checkpoint_stored_in_bf16_trains_fp32_master_weights(tmp_path):
+    """transformers 5 loads a checkpoint in its stored dtype; the trainer loads it in fp32 unless told otherwise, so
+    one step at the GPU preset's learning rate (1e-6) with bf16 compute changes the weights of a bf16 checkpoint as
+    it does those of an fp32 one (bf16 master weights rounded most of the updates away)."""
+    from a2po.presets import PRESETS
+
+    changed = {}
+    for stored in (torch.float32, torch.bfloat16):
+        path = tmp_path / str(stored)
+        model, tokenizer = make_tiny_model()
+        model.to(stored).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        trainer = A2POTrainer(str(path), coin, train_dataset=prompts(4),
+                              args=config(tmp_path, bf16=True, max_steps=1, filter_all_incorrect=False,
+                                          learning_rate=PRESETS["step-by-step-gpu"]["config"]["learning_rate"]))
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        after = dict(trainer.model.named_parameters())
+        changed[stored] = (sum(int((before[n] != after[n]).sum()) for n in before)
+                           / sum(p.numel() for p in before.values()))
+    assert changed[torch.float32] > 0.9 and changed[torch.bfloat16] > 0.9
+    # The user's dtype is kept; a half-precision model object is trained as given, with a warning.
+    explicit = A2POTrainer(str(path), coin, args=config(tmp_path, model_init_kwargs={"dtype": "bfloat16"}))
+    assert next(explicit.model.parameters()).dtype == torch.bfloat16
+    with pytest.warns(UserWarning, match="trainable weights are torch.bfloat16"):
+        A2POTrainer(make_tiny_model()[0].to(torch.bfloat16), coin, args=config(tmp_path),
+                    processing_class=make_tiny_model()[1])
+
+
+def test_autocast_dtype_is_the_policys_mixed_precision():
+    from types import SimpleNamespace
+
+    from a2po.base_trainer import autocast_dtype
+
+    def accelerator(native_amp, mixed_precision):
+        return SimpleNamespace(native_amp=native_amp, mixed_precision=mixed_precision)
+
+    assert autocast_dtype(accelerator(True, "fp16")) is torch.float16
+    assert autocast_dtype(accelerator(True, "bf16")) is torch.bfloat16
+    assert autocast_dtype(accelerator(False, "fp16")) is None  # fp16 on a CPU: accelerate leaves the forward in fp32
+    assert autocast_dtype(accelerator(False, "no")) is None
+
+
+def test_sampling_runs_in_the_training_precision_fp16_included(tmp_path, tiny_model_dir, monkeypatch):
+    """An fp16 run samples (stage 1 from the reference, stage 2 and evaluation from the policy) under fp16 autocast,
+    as its policy's forward computes; it sampled in fp32. On a CPU accelerate does not autocast fp16, so the test
+    gives the trainer the accelerator state of an fp16 GPU run."""
+    import a2po.base_trainer
+
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path), train_dataset=prompts(4))
+    monkeypatch.setattr(trainer.accelerator, "native_amp", True)
+    monkeypatch.setattr(type(trainer.accelerator), "mixed_precision", property(lambda self: "fp16"))
+    seen = []
+    sample = a2po.base_trainer.sample_completions
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(a2po.base_trainer, "sample_completions", spy)
+    ids, mask, _ = trainer._encode_prompts(["1 + 1 ="])
+    with trainer._reference_policy() as reference:
+        out = trainer._sample(reference, ids, mask, num_samples=2, phase="values", row_keys=[("k", 0), ("k", 1)])
+    assert seen == [torch.float16] and out.shape[0] == 2

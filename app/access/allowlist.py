@@ -46,6 +46,9 @@ OUTSIDE_FIELDS = {
     "save_strategy": "is the studio's (it checkpoints every few minutes)", "save_values": "is the studio's",
 }
 SAFE_MODEL_INIT_KWARGS = ("revision", "attn_implementation", "dtype", "torch_dtype", "trust_remote_code")
+STUDY_LEFT_OUT = ("The spec's \"study\" label was left out: only the studio puts runs into a study (an \"A*-PO vs "
+                  "GRPO\" pair, seeds or a sweep, launched together). This run is launched on its own, outside any "
+                  "study.")
 
 
 @dataclass(frozen=True)
@@ -483,7 +486,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
     if run.method != "a2po":  # a spec stored before GRPO existed is A*-PO: A*-PO specs keep that shape
         clean["method"] = run.method
     if run.study is not None:
-        clean["study"] = run.study
+        # Study membership is nothing but this label: kept from a spec, it would put a run into anyone's study.
+        warnings = [*warnings, STUDY_LEFT_OUT]
     return SpecResult(clean, warnings=warnings)
 
 

@@ -20,6 +20,7 @@ from app.access.policy import Policy
 from app.studies.protocols import DEFAULT_PROTOCOL
 from storage import Admission, LimitReached, Store
 from storage.lifecycle import UNFINISHED
+from storage.secrets import scrub_text
 
 ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
 
@@ -75,11 +76,18 @@ class Services:
         return self.launch_run(spec, user)[0]
 
     def launch_run(self, spec: Any, user: User | None) -> tuple[int, list[str]]:
-        """`launch`, returning the run's id and the warnings the check gave (also written to the run's log)."""
+        """`launch`, returning the run's id and the warnings the check gave (also written to the run's log). A
+        `study` label in `spec` is left out, with a warning: only `launch_study` labels runs."""
+        return self._queue(spec, user, study=None)
+
+    def _queue(self, spec: Any, user: User | None, study: dict[str, Any] | None) -> tuple[int, list[str]]:
+        """`launch_run` of a run of `study` (None: a run of its own)."""
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
         clean, warnings = self.checked(spec)
+        if study is not None:
+            clean["study"] = study
         problem = self.policy.disk_problem()
         if problem:
             raise Refused(problem)
@@ -103,12 +111,15 @@ class Services:
     def launch_study(self, specs: list[dict[str, Any]], user: User | None) -> list[int]:
         """Queue every run of a study (`app.studies`), all or nothing: each spec passes the checks of `launch`, and the
         limits are counted for all of them together, before any is queued; a run refused while queueing (a launch
-        arriving at the same moment took the room) deletes those already queued. Returns their ids in order."""
+        arriving at the same moment took the room) deletes those already queued. Returns their ids in order.
+
+        `specs` are the studio's own (`study_specs`, `sweep_specs`, from a pair, seeds or a sweep): the only specs
+        whose `study` label is kept, since a study is nothing but the runs that carry its label."""
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
         for spec in specs:
-            self.checked(spec)
+            self.checked(_unlabelled(spec))
         limits, owner = self.policy.limits, self.auth.owner_of(user)
         admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
@@ -124,7 +135,7 @@ class Services:
         ids: list[int] = []
         try:
             for spec in specs:
-                ids.append(self.launch(spec, user))
+                ids.append(self._queue(_unlabelled(spec), user, study=spec.get("study"))[0])
         except Refused as refused:
             for run_id in ids:
                 self.jobs.delete(run_id)
@@ -200,6 +211,12 @@ class Services:
             return dataset  # else `check_spec` accepted it as a file Gradio received
         return {**dataset, "path": str(store_upload(self.policy, path))}
 
+    def public_text(self, text: str | None) -> str:
+        """A text a process wrote (a run's error, its log lines) as any visitor may read it: through the one
+        scrubber, `storage.secrets.scrub_text`, with the job manager's knowledge of the Ray cluster's address."""
+        public = getattr(self.jobs, "public_text", None)
+        return public(text) if public is not None else scrub_text(text, self.data_dir)
+
     def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:
         """Stop, resume or delete a run if `user` may (their own runs, or any as admin); returns the run as it was."""
         run = self.store.get_run(int(run_id))
@@ -213,6 +230,11 @@ class Services:
         except (ValueError, RuntimeError) as exc:
             raise Refused(str(exc)) from exc
         return run
+
+
+def _unlabelled(spec: Any) -> Any:
+    """`spec` without its study label (which `check_spec` would warn about: a study's runs get theirs back)."""
+    return {k: v for k, v in spec.items() if k != "study"} if isinstance(spec, dict) else spec
 
 
 def offline() -> bool:

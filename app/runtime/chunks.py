@@ -13,7 +13,10 @@ applies the journal to the database as it grows and settles the run when the chu
   from the newest complete checkpoint), and the recorder (`app.runtime.recorder.StoreRecorder`) stops it at the deadline
   as it stops it on a user's request: stage 1 after the last batch that ends in time, stage 2 after the last step
   that does, through the trainer's control (`max_steps` and the schedule are the run's), with a full checkpoint.
-  An evaluation that would not end in time is left for the next chunk, which starts with it. Nothing is kept in
+  An evaluation that would not end in time is left for the next chunk, which starts with it, whatever asked for it
+  (`eval_steps`, `eval_every_seconds`, the end of the budget: the checkpoint's clock records it). A time budget
+  (`max_train_seconds`) is the run's, on the run's clock, which its checkpoints carry from chunk to chunk: once it
+  is spent, the next chunk trains nothing more, runs the final evaluation and finishes the run. Nothing is kept in
   memory between two calls; a call returns plain data. Every chunk makes progress: at least one stage-1 batch,
   one training step or one evaluation, whatever the budget.
 - **The parent** (`claim` before, `ingest` during, `settle` after): after a chunk the run goes back to "queued"
@@ -316,6 +319,7 @@ def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, A
     """A chunk's process died without writing how it ended: what it wrote stays (V* rows, checkpoints), and the
     run waits for its next chunk, at most `MAX_AUTO_RESUMES` times in a row."""
     from app.runtime.worker import run_log_path, tail
+    from storage.secrets import scrub_text
 
     run_id, now = run["id"], time.time()
     seconds = max(0.0, now - (run["started_at"] or now))
@@ -329,7 +333,7 @@ def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, A
                 "per_device_eval_batch_size, or give chunks more time with --chunk-seconds)")
     if not lifecycle.may_auto_resume(run):
         message = (f"Chunk processes of this run died {failures} times in a row (the last {how}); giving up. Last "
-                   f"lines of its output:\n{tail(run_log_path(data_dir, run_id))}")
+                   f"lines of its output:\n{scrub_text(tail(run_log_path(data_dir, run_id)), data_dir)}")
         if store.apply(run_id, lifecycle.FAIL, seconds=seconds, error=message):
             store.add_log(run_id, message, level="ERROR")
         return "failed"

@@ -5,8 +5,8 @@ fork copies SQLite's process-wide locks and bookkeeping, and any mutex another t
 forked process must never open the database, even with a connection of its own. Instead:
 
 - **Before the chunk**, the parent (the scheduler, or the page driving a ZeroGPU run) claims the run and writes the
-  chunk's input, `journals/run-<id>.input.json`: the run's row, its value set id and stored V* rows, its
-  checkpoints and evaluations (`write_input`).
+  chunk's input, `journals/run-<id>.input.json`: the run's row, its value set id, stored V* rows and their
+  sampling cost, its checkpoints and evaluations (`write_input`).
 - **The chunk** reads that input and records everything a worker would write to the database (stage-1 rows, the
   run's own V* rows, metrics, samples, evaluations, checkpoints, progress, heartbeats, log lines) as JSON lines
   appended to `journals/run-<id>.jsonl`, one `write` per line, as it goes (`ChunkLedger`, which offers the part of
@@ -76,6 +76,7 @@ def write_input(store, data_dir: str | os.PathLike[str], run: dict[str, Any]) ->
         for split in store.value_splits(value_set_id):
             values[split] = store.get_values(value_set_id, split)
     data = {"run": run, "value_set_id": value_set_id, "values": values,
+            "value_set_cost": store.value_set_cost(value_set_id) if value_set_id else {},
             "checkpoints": store.list_checkpoints(run["id"]), "evaluations": store.get_evaluations(run["id"]),
             "latest_metrics": store.latest_metrics(run["id"])}
     path = input_path(data_dir, run["id"])
@@ -137,6 +138,7 @@ class ChunkLedger:
         self._run = data["run"]
         self._value_set_id = data["value_set_id"]
         self._values = {split: {row["prompt_id"]: row for row in rows} for split, rows in data["values"].items()}
+        self._value_set_cost = dict(data.get("value_set_cost") or {})
         self._checkpoints = {row["path"]: row for row in data["checkpoints"]}
         self._evaluations = list(data["evaluations"])
         self._latest_metrics = dict(data.get("latest_metrics") or {})
@@ -201,9 +203,16 @@ class ChunkLedger:
                 return [row for rows in self._values.values() for row in rows.values()]
             return list(self._values.get(split, {}).values())
 
-    def add_values(self, value_set_id: int, split: str, records: list[dict[str, Any]]) -> int:
+    def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
+        """The set's sampling cost as the chunk started (what other runs paid for the rows it reuses)."""
+        with self._lock:
+            return {split: dict(cost) for split, cost in self._value_set_cost.items()}
+
+    def add_values(self, value_set_id: int, split: str, records: list[dict[str, Any]], seconds: float = 0.0,
+                   tokens: int = 0) -> int:
         records = [dict(r) for r in records]
-        self._write("add_values", value_set_id=value_set_id, split=split, records=records)
+        self._write("add_values", value_set_id=value_set_id, split=split, records=records, seconds=float(seconds),
+                    tokens=int(tokens))
         added = 0
         with self._lock:
             rows = self._values.setdefault(split, {})

@@ -27,12 +27,15 @@ read the same random streams, and asking again gives the same samples.
 **Rewards.** The run's reward functions, weighted as in training. A prompt of the run's data (matched by its
 question) is scored with its row's columns (ground truth, task entry, ...); a typed prompt only with an expected
 answer (as `ground_truth`), and never for reasoning-gym runs, whose checker needs the task's entry: there the
-reward is null. Without a run (a bare model), an expected answer is scored with `exact_match`.
+reward is null. Without a run (a bare model), an expected answer is scored with `exact_match`. A reward that needs a
+column the prompt lacks (a TRL-style `solution`, say) is not called; the reply's `unscored_reason` names the column
+(or the reward's failure), and the page shows it.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import select
@@ -438,6 +441,7 @@ class Engine:
         self._data_key: str | None = None
         self._rows: dict[str, dict[str, Any]] = {}
         self._data_error: str | None = None
+        self._reward_failure: str | None = None
 
     # -- loading ------------------------------------------------------------------------------------------------
 
@@ -533,6 +537,7 @@ class Engine:
         loaded = time.perf_counter()
         tokenizer = pair["tokenizer"]
         row = self.rows(request.get("dataset")).get(request["prompt"].strip())
+        self._reward_failure = None
         if row is not None:
             prompt: Any = row["prompt"]
         elif tokenizer.chat_template:
@@ -551,8 +556,9 @@ class Engine:
             out["reference"] = self._complete(pair["reference"], pair, encoded, request, prompt, row)
             out["trained"] = self._complete(pair["trained"], pair, encoded, request, prompt, row)
         done = time.perf_counter()
+        unscored = self._unscored_reason(request, row) or self._reward_failure
         out.update(cached=cached, load_seconds=round(loaded - started, 3), generate_seconds=round(done - loaded, 3),
-                   matched=row is not None, scored=self._scorable(request, row),
+                   matched=row is not None, scored=unscored is None, unscored_reason=unscored,
                    device=str(self.device), threads=self.torch.get_num_threads(), data_error=self._data_error)
         return out
 
@@ -664,13 +670,37 @@ class Engine:
         return texts
 
     @staticmethod
-    def _scorable(request: dict[str, Any], row: dict[str, Any] | None) -> bool:
-        names = [r.get("name") for r in request.get("rewards") or []]
+    def _unscored_reason(request: dict[str, Any], row: dict[str, Any] | None) -> str | None:
+        """Why the run's reward cannot score this prompt (its row of the run's data, else a typed prompt), or None
+        when it can: the reply and the page say it, since a null reward alone does not."""
+        rewards = request.get("rewards") or []
+        names = [r.get("name") for r in rewards]
         if not names:
-            return False
-        if row is not None:
-            return True
-        return bool(request.get("answer")) and "task_checker" not in names
+            return "Nothing was scored: the run has no reward function."
+        if row is None and "task_checker" in names:
+            return ("Nothing was scored: a typed prompt is never scored on a reasoning-gym run (its task_checker "
+                    "needs the task's entry). Pick one of the run's prompts to score it.")
+        if row is None and not request.get("answer"):
+            return ("Nothing was scored: a typed prompt is scored only against an expected answer. Give one, or pick "
+                    "one of the run's prompts.")
+        # The columns `weighted_rewards` passes, as the trainer does (`a2po.rewards.call_reward`).
+        given = {*(k for k in (row or {}) if k != "prompt"), "prompts", "completions", "trainer_state"}
+        if request.get("answer"):
+            given.add("ground_truth")
+        for name in names:
+            missing = reward_missing_columns(name, given)
+            if missing:
+                where = "this prompt's row of the run's data" if row is not None else \
+                    "a typed prompt (its expected answer is passed as `ground_truth`)"
+                listed = ", ".join(f"'{m}'" for m in missing)
+                return (f"Nothing was scored: reward '{name}' needs the column{'s' if len(missing) > 1 else ''} "
+                        f"{listed}, which {where} does not have. Pick one of the run's prompts, whose rows have "
+                        "every column of its data.")
+        return None
+
+    @staticmethod
+    def _scorable(request: dict[str, Any], row: dict[str, Any] | None) -> bool:
+        return Engine._unscored_reason(request, row) is None
 
     def _rewards(self, request, prompt, row, texts: list[str]) -> list[float | None]:
         """The run's weighted reward of each completion, or None each when the prompt cannot be scored."""
@@ -683,7 +713,21 @@ class Engine:
             return weighted_rewards(request["rewards"], [scored] * len(texts), texts)
         except Exception as error:  # noqa: BLE001 - show the completions anyway, unscored
             print(f"playground: a reward failed: {error}", file=sys.stderr, flush=True)
+            self._reward_failure = f"Nothing was scored: {short_text(str(error), 300)}"
             return [None] * len(texts)
+
+
+def reward_missing_columns(name: str, given: set[str]) -> list[str]:
+    """The arguments reward `name` requires (no default) that are not among `given`: the dataset columns it would
+    miss. [] when its signature cannot be read (or its name is unknown); calling it then says what is wrong."""
+    from a2po.reward_registry import get_reward_function
+
+    try:
+        parameters = inspect.signature(get_reward_function(name)).parameters.values()
+    except Exception:  # noqa: BLE001 - a builtin without a signature, an unknown name: the call reports it
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in given]
 
 
 def weighted_rewards(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], texts: list[str]) -> list[float | None]:

@@ -146,9 +146,11 @@ class StoreRecorder(A2POCallback):
                                         f"({done} already have V*).")
 
     def on_values_batch(self, args, state, control, *, split: str, records: list[dict[str, Any]], done: int,
-                        total: int, seconds: float | None = None, completion_tokens: int | None = None, **kwargs):
+                        total: int, seconds: float | None = None, completion_tokens: int | None = None,
+                        batch_seconds: float = 0.0, batch_tokens: int = 0, **kwargs):
         if self.value_set_id is not None:
-            self.store.add_values(self.value_set_id, split, records)
+            # The batch's cost goes with the shared rows: a run that reuses them is charged it (equal time).
+            self.store.add_values(self.value_set_id, split, records, seconds=batch_seconds, tokens=batch_tokens)
             self.store.set_run_values(self.run_id, split, run_value_rows(records))
         if seconds is not None and records:
             # The split's stage-1 cost so far, after each batch: a stop or kill in stage 1 keeps what was spent,

@@ -102,6 +102,7 @@ from app.runtime.worker import (
 )
 from storage import Store, lifecycle
 from storage.lifecycle import LIVE
+from storage.secrets import scrub_text
 
 # A worker whose heartbeat is older than this is considered dead (heartbeats come every HEARTBEAT_INTERVAL).
 STALE_AFTER = max(60.0, 20 * HEARTBEAT_INTERVAL)
@@ -404,7 +405,7 @@ class JobManager:
         # every other one it finds, such as those of a Ray node's own environment (`app.runtime.worker`).
         env[PASSED_SECRETS_ENV] = ",".join(sorted(k for k in env if SECRET_ENV.search(k)))
         if self.devices.gpus and self.ray is None:  # Ray sets CUDA_VISIBLE_DEVICES for the GPUs it gives a job
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            env.update(self.devices.environment(devices))
         # A launcher asked to stop (SIGTERM) passes the signal on to its processes and kills them after this many
         # seconds: time for a step and a checkpoint. (The studio's own stops signal the processes directly.)
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(LAUNCHER_SHUTDOWN_TIMEOUT))
@@ -542,6 +543,11 @@ class JobManager:
         if run is not None and self._on_ray(run):
             return self.ray.logs(run["ray_job_id"], lines)
         return tail(run_log_path(self.data_dir, run_id), lines)
+
+    def public_text(self, text: str | None) -> str:
+        """`text` as a visitor may read it: through the one scrubber (`storage.secrets.scrub_text`), which keeps
+        paths inside this studio's data folder and hides the Ray cluster's address."""
+        return scrub_text(text, self.data_dir, [self.ray.address] if self.ray is not None else ())
 
     def _launch_chunk(self, run: dict[str, Any], devices: list[str]) -> bool:
         """Claim a chunked run and start its next chunk in a freshly forked copy of this process (`app.runtime.chunks`).
@@ -695,7 +701,7 @@ class JobManager:
 
     def _launch_failed(self, run: dict[str, Any], what: str, output: str | None = None) -> None:
         failures = run["launch_failures"] + 1
-        output = tail(run_log_path(self.data_dir, run["id"])) if output is None else output
+        output = self.public_text(tail(run_log_path(self.data_dir, run["id"])) if output is None else output)
         if failures > len(self.launch_backoff):
             self._retry_at.pop(run["id"], None)
             message = (f"The worker {what}, {failures} times in a row; giving up. Last lines of its output:\n"
@@ -786,6 +792,7 @@ class JobManager:
         run = self.store.get_run(run_id)
         if run is not None and is_chunked(run):
             chunks.ingest(self.store, self.data_dir, run_id)
+        message = self.public_text(message)  # a dead worker's log tail: its command line names the database
         if self.store.apply(run_id, event, error=message, **fields):
             self.store.add_log(run_id, message, level="ERROR" if event is lifecycle.FAIL else "WARNING")
             journal.clear(self.data_dir, run_id)

@@ -203,6 +203,29 @@ def process_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def gpu_problem(use_cpu: bool = False, environ: dict[str, str] | os._Environ | None = None) -> str | None:
+    """Why this process cannot use the GPUs it was given (`CUDA_VISIBLE_DEVICES`, set by the scheduler or Ray), or
+    None. Without this check a worker whose torch sees no GPU trains on the CPU, many times slower, and says
+    nothing. `use_cpu`: the run asked for the CPU (its `use_cpu` setting), so the GPUs do not matter."""
+    from app.runtime.devices import visible_gpus
+
+    given = visible_gpus((os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES"))
+    if not given or use_cpu:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        why = f"the installed torch {torch.__version__} is a CPU build"
+    else:
+        why = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds none of them: no NVIDIA driver, a driver "
+               "older than that CUDA needs, or ids that name no GPU of this machine")
+    return (f"This worker was given GPU(s) {','.join(given)} (CUDA_VISIBLE_DEVICES) but cannot use them: {why}. "
+            "Install a torch build for this machine's CUDA driver (https://pytorch.org/get-started/locally/), or, to "
+            "train on the CPU, start the studio with --gpus none and CUDA_VISIBLE_DEVICES set to an empty value.")
+
+
 def _from_main(trainer, value: Any) -> Any:
     """`value` as the main process has it, on every process (one broadcast when there are several)."""
     if trainer.accelerator.num_processes == 1:
@@ -278,6 +301,10 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
         trainer.run_counters.restore_values(name, seconds, tokens)
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
     needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
+    charged = _from_main(trainer, charge_reused_values(store, run, value_set_id, splits, {
+        name: known[name] for name in needed if name not in spent}) if main else None)
+    for name, (seconds, tokens) in charged.items():
+        trainer.run_counters.restore_values(name, seconds, tokens)
     if main:
         _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
     check_stop()
@@ -288,6 +315,44 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
     finally:
         if main:
             _update_value_set(store, value_set_id, splits, args.num_value_samples)
+
+
+def charge_reused_values(store: Store, run: dict[str, Any], value_set_id: int, splits: dict[str, Any],
+                         known: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, int]]:
+    """What the run is charged for the stored V* rows of its value set that it reuses, per split: (seconds, completion
+    tokens), their share of what sampling the set cost (`Store.value_set_cost`), recorded as its stage-1 cost
+    (the `values/<split>/...` metrics, which its clock and a time budget count, as a run that sampled them counts
+    them). `known`: the stored rows of the splits whose stage 1 this run has not started before (a later start
+    reads its charge back with what it sampled, `stage_one_spent`)."""
+    from a2po.values import prompt_id_for
+
+    cost = store.value_set_cost(value_set_id) if known else {}
+    charges: dict[str, tuple[float, int]] = {}
+    for name, rows in known.items():
+        stored = {row["prompt_id"] for row in rows}
+        reused = len(stored & {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}) \
+            if stored else 0
+        if not reused:
+            continue
+        paid = cost.get(name) or {}
+        prompts = int(paid.get("prompts") or 0)
+        if prompts <= 0:
+            store.add_log(run["id"], f"Stage 1 ({name}): {reused} prompts reused from V* set {value_set_id}, whose "
+                                     "sampling cost was never recorded (sampled by a studio of before that, by runs "
+                                     "since deleted): this run's clock does not count them. Delete the V* set to "
+                                     "have it sampled again on the clock.", level="WARNING")
+            continue
+        charges[name] = (float(paid.get("seconds") or 0.0) * reused / prompts,
+                         round(int(paid.get("tokens") or 0) * reused / prompts))
+        store.add_log(run["id"], f"Stage 1 ({name}): {reused} prompts reused from V* set {value_set_id}, sampled "
+                                 f"earlier: their share of its sampling cost, {charges[name][0]:.2f} s and "
+                                 f"{charges[name][1]} tokens, counts on this run's clock.")
+    if charges:
+        # Also kept apart as `reused_*`, so a study can tell the run that sampled the set from those charged for it.
+        store.add_metrics(run["id"], 0, {f"values/{name}/{prefix}{key}": value
+                                         for name, (seconds, tokens) in charges.items() for prefix in ("", "reused_")
+                                         for key, value in (("runtime", seconds), ("completion_tokens", tokens))})
+    return charges
 
 
 def stage_one_spent(store: Store, run_id: int) -> dict[str, tuple[float, int]]:
@@ -320,6 +385,9 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     run_id = run["id"]
     main = process_rank()[0] == 0
     spec = RunSpec.from_dict(run["config"])
+    problem = gpu_problem(use_cpu=bool(spec.config.get("use_cpu")))
+    if problem:
+        raise RuntimeError(problem)
     output_dir = run_output_dir(data_dir, run_id)
     output_dir.mkdir(parents=True, exist_ok=True)
     recorder = None
@@ -397,13 +465,24 @@ def _checkpoint_step(checkpoint: str) -> int:
 
 
 def trained_to_the_end(trainer, checkpoint: str) -> bool:
-    """Whether the checkpoint holds the run's last step (`max_steps`)."""
-    return trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps
+    """Whether the checkpoint holds the run's last step (`max_steps`), or a step where the run's clock had spent its
+    time budget (`max_train_seconds`, counted on the clock the checkpoint keeps): a chunk that stopped there, its
+    final evaluation left for the next chunk, ended the run's training, not just the chunk."""
+    from a2po.callbacks import RunCounters
+
+    if trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps:
+        return True
+    budget = getattr(trainer.args, "max_train_seconds", None)
+    if not budget:
+        return False
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return RunCounters.saved_clock(RunCounters.saved(state.get("stateful_callbacks") or {})) >= budget
 
 
 def restore_final(trainer, checkpoint: str) -> None:
-    """The weights (or adapter) and the trainer state of a checkpoint of the last step, without training: the
-    Trainer, resumed there in the middle of an epoch, would train one step past `max_steps`."""
+    """The weights (or adapter) and the trainer state of a checkpoint of the last step (`trained_to_the_end`),
+    without training: the Trainer, resumed there, would train one step past `max_steps` (in the middle of an epoch)
+    or past the time budget."""
     from transformers.trainer_callback import TrainerState
 
     trainer._load_from_checkpoint(checkpoint)
@@ -412,14 +491,23 @@ def restore_final(trainer, checkpoint: str) -> None:
 
 
 def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
-    """Whether the checkpoint's step was due for a periodic evaluation (every `eval_steps`) that is not among the
-    `evaluated` steps. (The evaluation after the last step is the job's own, after training.)"""
-    if trainer.eval_dataset is None or str(trainer.args.eval_strategy) not in ("steps", "IntervalStrategy.STEPS"):
+    """Whether the checkpoint's step was due for an evaluation that is not among the `evaluated` steps: one its
+    clock says was asked for and never ran (whatever asked: `eval_steps`, `eval_every_seconds`), or, for a
+    checkpoint of before that record, one every `eval_steps`. (The evaluation after the last step is the job's own,
+    after training.)"""
+    from a2po.callbacks import RunCounters
+
+    if trainer.eval_dataset is None:
+        return False
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    step = int(state["global_step"])
+    counters = RunCounters.saved(state.get("stateful_callbacks") or {})
+    if "evaluation_due" in counters:
+        return counters["evaluation_due"] == step and step not in evaluated
+    if str(trainer.args.eval_strategy) not in ("steps", "IntervalStrategy.STEPS"):
         return False
     # The checkpoint's state holds the run's own step counts: an epoch-based run has no max_steps in its
     # arguments, and an `eval_steps` fraction of the run is resolved there, as the Trainer resolved it.
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    step = int(state["global_step"])
     planned = int(state.get("max_steps") or trainer.args.max_steps)
     every = float(state.get("eval_steps") or trainer.args.eval_steps or 0)
     if 0 < every < 1 and planned > 0:

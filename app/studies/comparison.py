@@ -12,6 +12,7 @@ evaluations are. Rows stored before the clock existed fall back to the wall time
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -65,6 +66,9 @@ class Timeline:
     eval_every: tuple[str, float] | None = None  # the evaluation grid its spec asks for: ("steps", k), ("seconds", t)
     seeds: int = 1  # a study's median: how many runs it is the median of
     label_text: str | None = None
+    left_out: list[str] = field(default_factory=list)  # a study's median: its runs that had not finished ("#5 failed")
+    stage1_reused_seconds: float = 0.0  # of stage 1's cost, the share charged for V* rows another run sampled
+    stage1_reused_tokens: int = 0
 
     @property
     def label(self) -> str:
@@ -112,7 +116,7 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
              metrics: Sequence[Mapping[str, Any]]) -> Timeline:
     """A run's timeline from its evaluations (`Store.get_evaluations`) and metric rows (`Store.get_metrics`)."""
     tokens_at: dict[int, int] = {}
-    stage1_seconds = stage1_tokens = 0.0
+    stage1_seconds = stage1_tokens = reused_seconds = reused_tokens = 0.0
     peak = None
     train_prompts = train_filtered = None
     zero_std: list[float] = []
@@ -134,6 +138,10 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
             stage1_seconds = max(stage1_seconds, float(value))
         elif name == "values/train/completion_tokens":
             stage1_tokens = max(stage1_tokens, float(value))
+        elif name == "values/train/reused_runtime":
+            reused_seconds = max(reused_seconds, float(value))
+        elif name == "values/train/reused_completion_tokens":
+            reused_tokens = max(reused_tokens, float(value))
     rows = [e for e in evaluations if e.get("split", "eval") == "eval"
             and isinstance((e.get("metrics") or {}).get("eval_accuracy"), (int, float))]
     rows.sort(key=lambda e: (int(e["step"]), float(e.get("created_at") or 0.0)))
@@ -165,7 +173,8 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
                     points, stage1_seconds, int(stage1_tokens), peak, train_prompts, kept,
                     sum(zero_std) / len(zero_std) if zero_std else None,
                     has_eval=bool(points) or not isinstance(eval_size, (int, float)) or eval_size > 0,
-                    stage=run.get("stage"), eval_every=_eval_grid(spec))
+                    stage=run.get("stage"), eval_every=_eval_grid(spec), stage1_reused_seconds=reused_seconds,
+                    stage1_reused_tokens=int(reused_tokens))
 
 
 def store_timeline(store: Any, run: Mapping[str, Any]) -> Timeline:
@@ -175,29 +184,62 @@ def store_timeline(store: Any, run: Mapping[str, Any]) -> Timeline:
     return timeline(run, store.get_evaluations(run["id"]), store.get_metrics(run["id"], names=names))
 
 
-def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline:
-    """The median of several runs of one method (a study's seeds): at each evaluation point (the i-th of every run,
-    as far as all have one), the median accuracy with its lowest and highest, the median training time and tokens;
-    the median stage-1 cost and the largest peak memory. Its status is the least advanced of theirs."""
-    order = ("failed", "interrupted", "stopped", "queued", "stopping", "running", "finished")
-    status = min((t.status for t in timelines), key=lambda s: order.index(s) if s in order else 0)
-    count = min((len(t.points) for t in timelines), default=0)
-    points = []
-    for i in range(count):
-        at = [t.points[i] for t in timelines]
-        accuracy = [p.accuracy for p in at]
-        points.append(Point(int(statistics.median(p.step for p in at)), statistics.median(p.seconds for p in at),
-                            int(statistics.median(p.tokens for p in at)), statistics.median(accuracy),
-                            (min(accuracy), max(accuracy))))
-    first = timelines[0]
-    peaks = [t.peak_memory_gb for t in timelines if t.peak_memory_gb is not None]
-    stages = [t.stage for t in timelines if t.status == "running"]
-    return Timeline(first.run_id, first.name, first.method, status, points,
-                    statistics.median(t.stage1_seconds for t in timelines),
-                    int(statistics.median(t.stage1_tokens for t in timelines)), max(peaks) if peaks else None,
+def finished(timelines: Sequence[Timeline]) -> list[Timeline]:
+    """The runs a median is taken over: the finished ones with a held-out accuracy (a failed or unfinished run's
+    latest point is not its end)."""
+    return [t for t in timelines if t.status == "finished" and t.points]
+
+
+def _at(t: Timeline, axis: str, x: float) -> Point:
+    """`t` at `x` on `axis` ("step" or "seconds"): the accuracy of its latest evaluation at or before `x` (none is
+    made up between two evaluations), its step, clock and tokens interpolated towards the next one."""
+    xs = [getattr(p, axis) for p in t.points]
+    i = bisect.bisect_right(xs, x) - 1
+    p, q = t.points[i], t.points[min(i + 1, len(xs) - 1)]
+    share = (x - xs[i]) / (xs[i + 1] - xs[i]) if i + 1 < len(xs) and xs[i + 1] > xs[i] else 0.0
+    return Point(p.step + share * (q.step - p.step), p.seconds + share * (q.seconds - p.seconds),
+                 p.tokens + share * (q.tokens - p.tokens), p.accuracy)
+
+
+def _median_point(at: Sequence[Point]) -> Point:
+    accuracy = [p.accuracy for p in at]
+    return Point(round(statistics.median(p.step for p in at)), statistics.median(p.seconds for p in at),
+                 round(statistics.median(p.tokens for p in at)), statistics.median(accuracy),
+                 (min(accuracy), max(accuracy)))
+
+
+def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | None:
+    """The median of the finished runs among `timelines` (a study's seeds of one method), the others named in
+    `left_out`; None while none has finished. Its curve aligns the runs by step, or by clock when they were evaluated
+    on a time grid: at each position one of them was evaluated, from the latest position all have evaluated at to
+    the shortest run's end, the median of each run's accuracy there (`_at`), with the lowest and highest. Its last
+    point is the median of each run's own last point (its end), whatever the number of evaluations before it. Its
+    stage-1 cost is the runs' median, its peak memory the largest."""
+    done = finished(timelines)
+    if not done:
+        return None
+    axis = "seconds" if all((t.grid() or ("",))[0] == "seconds" for t in done) else "step"
+    start = max(getattr(t.points[0], axis) for t in done)
+    end = min(getattr(t.points[-1], axis) for t in done)
+    xs = sorted({getattr(p, axis) for t in done for p in t.points if start <= getattr(p, axis) < end})
+    points = [_median_point([_at(t, axis, x) for t in done]) for x in xs]
+    points.append(_median_point([t.points[-1] for t in done]))
+    first = done[0]
+    peaks = [t.peak_memory_gb for t in done if t.peak_memory_gb is not None]
+    left_out = [f"#{t.run_id} " + (t.status if t.status != "finished" else "without held-out accuracy")
+                for t in timelines if all(t is not d for d in done)]
+    return Timeline(first.run_id, first.name, first.method, "finished", points,
+                    statistics.median(t.stage1_seconds for t in done),
+                    int(statistics.median(t.stage1_tokens for t in done)), max(peaks) if peaks else None,
                     first.prompts, first.prompts_kept, first.zero_std_share,
-                    has_eval=all(t.has_eval for t in timelines), stage=stages[0] if stages else None,
-                    eval_every=first.eval_every, seeds=len(timelines), label_text=label)
+                    has_eval=all(t.has_eval for t in done), eval_every=first.eval_every, seeds=len(done),
+                    label_text=label, left_out=left_out)
+
+
+def seeds_text(t: Timeline) -> str:
+    """How many runs a median is of: "3 of 3", or "2 of 3 (#5 failed left out)"."""
+    left_out = f" ({', '.join(t.left_out)} left out)" if t.left_out else ""
+    return f"{t.seeds} of {t.seeds + len(t.left_out)}{left_out}"
 
 
 def percent(value: float) -> str:
@@ -248,7 +290,10 @@ def _grids(a2po: Timeline, grpo: Timeline) -> str:
             return f"{len(t.points)} points"
         every = f"every {grid[1]:g} steps" if grid[0] == "steps" else f"every {format_duration(grid[1])} of training"
         return f"{every}, {len(t.points)} points"
-    seeds = f" Medians of {a2po.seeds} seeds." if a2po.seeds > 1 or grpo.seeds > 1 else ""
+    if a2po.left_out or grpo.left_out:
+        seeds = f" Medians of the finished seeds: A\\*-PO {seeds_text(a2po)}; GRPO {seeds_text(grpo)}."
+    else:
+        seeds = f" Medians of {a2po.seeds} seeds." if a2po.seeds > 1 or grpo.seeds > 1 else ""
     return f" Held-out evaluations: A\\*-PO {one(a2po)}; GRPO {one(grpo)}.{seeds}"
 
 
@@ -369,9 +414,13 @@ class StudyView:
     protocol: str | None = None
 
     def pair(self) -> tuple[Timeline, Timeline] | None:
-        """What the verdict compares: the methods' medians where there are several seeds, else the first of each."""
-        picked = [self.medians.get(m) or next((t for t in self.timelines if t.method == m), None)
-                  for m in ("a2po", "grpo")]
+        """What the verdict compares: the methods' medians where there are several seeds, else the first of each
+        that has not failed (a study none of whose seeds has finished yet)."""
+        def first(method: str) -> Timeline | None:
+            mine = [t for t in self.timelines if t.method == method]
+            return next((t for t in mine if t.status != "failed"), mine[0] if mine else None)
+
+        picked = [self.medians.get(m) or first(m) for m in ("a2po", "grpo")]
         return (picked[0], picked[1]) if all(picked) else None
 
 
@@ -393,8 +442,9 @@ def _figures(t: Timeline) -> dict[str, Any]:
 
 
 def study_view(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) -> StudyView:
-    """`StudyView` of `runs` and their timelines (in the same order): medians per method over its runs when it has
-    several, and one table row per run (method, seed, status and figures) with a median row per such method."""
+    """`StudyView` of `runs` and their timelines (in the same order): medians per method over its finished runs when
+    it has several (`median_timeline`), and one table row per run (method, seed, status and figures) with a median row
+    per such method."""
     rows, medians = [], {}
     for method in ("a2po", "grpo"):
         mine = [(r, t) for r, t in zip(runs, timelines, strict=True) if t.method == method]
@@ -403,14 +453,15 @@ def study_view(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline])
             seed = run_seed(run)
             rows.append({"method": METHOD_LABELS[method], "seed": "" if seed is None else str(seed),
                          "run": f"#{t.run_id} {t.name}", "status": t.status, **_figures(t)})
-        with_points = [t for _, t in mine if t.points]
-        if len(mine) > 1 and with_points:
-            median = median_timeline(with_points, f"{METHOD_LABELS[method]} median of {len(with_points)}")
+        median = median_timeline([t for _, t in mine], "") if len(mine) > 1 else None
+        if median is not None:
+            of = f" of {len(mine)}" if median.left_out else ""
+            median.label_text = f"{METHOD_LABELS[method]} median of {median.seeds}{of}"
             medians[method] = median
-            spread = [p.accuracy for p in (t.points[-1] for t in with_points)]
-            row = {"method": METHOD_LABELS[method], "seed": "median", "run": f"{len(with_points)} runs",
+            low, high = median.points[-1].spread
+            row = {"method": METHOD_LABELS[method], "seed": "median", "run": f"seeds: {seeds_text(median)}",
                    "status": median.status, **_figures(median)}
-            row["final accuracy"] += f" ({percent(min(spread))}–{percent(max(spread))})"
+            row["final accuracy"] += f" ({percent(low)}–{percent(high)})"
             rows.append(row)
     protocols = {((r.get("config") or {}).get("study") or {}).get("protocol") for r in runs}
     protocol = protocols.pop() if len(protocols) == 1 else None

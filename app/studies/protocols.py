@@ -8,7 +8,9 @@ Protocols of "A*-PO vs GRPO" (`pair_specs`), each stated on the Launch and Compa
     trl     TRL's defaults: A*-PO drops the prompts no reference sample solved (`filter_all_incorrect` on, TRL's
             default) and makes its passes over those it kept, so it takes fewer steps than GRPO over all of them.
     time    Equal time: both runs train until the same budget of training time is spent (A*-PO's stage 1 inside
-            its budget; `max_train_seconds`), with epochs enough to fill it.
+            its budget; `max_train_seconds`), with epochs enough to fill it. A*-PO's V* set reused from an earlier
+            run (a second duel, a shared `values_seed`, a sweep) is charged what sampling it cost
+            (`app.runtime.worker.charge_reused_values`): stage 1 is never free.
 
 Both runs of a pair are evaluated on one absolute grid: every k optimizer steps (k from the steps planned over
 every prompt, `EVAL_POINTS` points), or every t seconds of training under equal time, so "reached X at step k" has
@@ -30,7 +32,8 @@ PROTOCOLS = {
     "trl": "TRL's defaults: A*-PO drops the prompts none of its N reference samples solved (filter_all_incorrect on) "
            "and trains over those it keeps, so it takes fewer steps than GRPO over every prompt; one grid of steps.",
     "time": "Equal time: both runs train until the same training-time budget is spent (A*-PO's stage 1 counted "
-            "inside its budget), the same prompts per step, held-out accuracy every 1/8 of the budget.",
+            "inside its budget, also when its V* set was sampled by an earlier run: that run's sampling time is "
+            "charged), the same prompts per step, held-out accuracy every 1/8 of the budget.",
 }
 PROTOCOL_LABELS = {"paper": "The paper's (same steps, every prompt)", "trl": "TRL's defaults (filter on)",
                    "time": "Equal time (a budget)"}
@@ -57,21 +60,40 @@ def parse_seeds(value: Any) -> list[int]:
         return []
     items = value.replace(",", " ").split() if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
-        raise StudyError(f"seeds: give a list of whole numbers, e.g. [0, 1, 2] (got {value!r:.40}).")
+        raise StudyError(f"seeds: give a list of whole numbers, e.g. [0, 1, 2] (got {shown(value)}).")
+    if len(items) > MAX_SEEDS:
+        raise StudyError(f"seeds: at most {MAX_SEEDS} per study (got {len(items)}).")
+    from a2po.config import MAX_SEED, whole_number  # torch: loaded when a study is made, not with the pages
+
     seeds = []
     for item in items:
-        try:
-            seed = int(item)
-            if seed != float(item) or seed < 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise StudyError(f"seeds: {item!r:.20} is not a whole number >= 0; give e.g. 0, 1, 2.") from None
+        seed = whole_number(item)  # None for a bool: JSON's true is not the seed 1
+        if seed is None or not 0 <= seed <= MAX_SEED:
+            raise StudyError(f"seeds: {shown(item)} is not a whole number from 0 to {MAX_SEED}; give e.g. 0, 1, 2.")
         seeds.append(seed)
     if len(set(seeds)) != len(seeds):
         raise StudyError(f"seeds: each seed once (got {', '.join(map(str, seeds))}).")
-    if len(seeds) > MAX_SEEDS:
-        raise StudyError(f"seeds: at most {MAX_SEEDS} per study (got {len(seeds)}).")
     return seeds
+
+
+def budget_seconds(minutes: Any) -> float | None:
+    """The equal-time budget `budget_minutes` in seconds; None when none is given (None, "" or 0)."""
+    if minutes is None or minutes == "" or (minutes == 0 and not isinstance(minutes, bool)):
+        return None
+    from a2po.config import real_number
+
+    number = real_number(minutes)
+    if number is None or number <= 0 or not math.isfinite(number * 60):
+        raise StudyError(f"budget_minutes: give each run's training time as a number of minutes > 0, e.g. 10 "
+                         f"(got {shown(minutes)}).")
+    return number * 60
+
+
+def shown(value: Any) -> str:
+    """A refused value, short, for a message: a whole number too long to print as its power of ten."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"about 10**{int(math.log10(abs(value)))}"
+    return f"{value!r:.40}"
 
 
 def planned_steps(spec: dict[str, Any]) -> int | None:

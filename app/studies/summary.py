@@ -2,9 +2,11 @@
 and what sharing stage 1 saved. The Studies page (`app.web.pages.studies`) draws it; `summarize` needs only the runs
 and their timelines (`comparison.store_timeline`), so it is tested without a studio.
 
-Per grid point (the runs of one method at one point, a run per seed):
+Per grid point (the runs of one method at one point, a run per seed; the medians are over those that finished, a
+failed or unfinished run's latest point not being its end):
     final accuracy   the median over seeds of each run's last held-out accuracy, and its lowest and highest
     best accuracy    the median over seeds of each run's best held-out accuracy, and the median step it came at
+    curve            the median curve (`comparison.median_timeline`: aligned by step or clock, never by index)
     training time    the median of each run's clock: stage 1 (where the run sampled it) plus its training steps
     tokens           the median completion tokens sampled, stage 1 included where the run sampled it
 The best point has the highest median final accuracy among the points whose runs all finished (ties: the one
@@ -13,14 +15,13 @@ that got there in less training time).
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from a2po.sweep import point_label
-from app.studies.comparison import METHOD_LABELS, Timeline, format_duration, median_timeline, run_seed
+from app.studies.comparison import METHOD_LABELS, Timeline, finished, format_duration, median_timeline, run_seed
 
 
 def percent(value: float) -> str:
@@ -112,21 +113,19 @@ def summarize(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) 
     for members in groups.values():
         members.sort(key=lambda rt: (run_seed(rt[0]) or 0, rt[1].run_id))
         lines = [t for _, t in members]
-        with_points = [t for t in lines if t.points]
-        finals = [t.final_accuracy for t in with_points]
-        bests = [max(t.points, key=lambda p: (p.accuracy, -p.step)) for t in with_points]
+        done = finished(lines)
+        finals = [t.final_accuracy for t in done]
+        bests = [max(t.points, key=lambda p: (p.accuracy, -p.step)) for t in done]
         row = PointRow(_point_of(members[0][0]), lines[0].method, [t.run_id for t in lines],
                        [t.status for t in lines])
-        if with_points:
+        if done:
             row.final = _median(finals)
             row.final_range = (min(finals), max(finals))
             row.best = _median([p.accuracy for p in bests])
             row.best_step = _median([p.step for p in bests])
-            row.training_seconds = _median([t.seconds_with_stage1 for t in with_points])
-            row.tokens = _median([t.points[-1].tokens + t.stage1_tokens for t in with_points])
-            name = f"{row.label} ({METHOD_LABELS.get(row.method, row.method)})"
-            row.curve = (median_timeline(with_points, name) if len(with_points) > 1
-                         else dataclasses.replace(with_points[0], label_text=name))
+            row.training_seconds = _median([t.seconds_with_stage1 for t in done])
+            row.tokens = _median([t.points[-1].tokens + t.stage1_tokens for t in done])
+            row.curve = median_timeline(lines, f"{row.label} ({METHOD_LABELS.get(row.method, row.method)})")
         rows.append(row)
     candidates = [r for r in rows if r.finished and r.final is not None]
     best = _best(candidates)
@@ -159,7 +158,8 @@ def heatmap(rows: Sequence[PointRow], grid: Mapping[str, list[Any]]) -> Heatmap 
 
 def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) -> dict[str, float]:
     """What one stage 1 per V* set saved: A*-PO runs grouped by their V* set (`value_set_id`); in each, the runs that
-    sampled (stage-1 tokens > 0) paid for it, and every other run of the set would have paid as much again.
+    sampled (stage-1 tokens beyond their charge for reused rows) paid for it, and every other run of the set saved
+    what it was charged (or, stored before charges, as much as the samplers paid).
     {"a2po_runs", "value_sets", "sampled_runs", "saved_tokens", "saved_seconds"}."""
     sets: dict[Any, list[Timeline]] = {}
     for run, line in zip(runs, timelines, strict=True):
@@ -168,11 +168,16 @@ def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Tim
     saved_tokens = saved_seconds = 0.0
     sampled = 0
     for members in sets.values():
-        payers = [t for t in members if t.stage1_tokens > 0]
+        payers = [t for t in members if t.stage1_tokens > t.stage1_reused_tokens]
         sampled += len(payers)
         if payers:
-            saved_tokens += (len(members) - len(payers)) * statistics.median(t.stage1_tokens for t in payers)
-            saved_seconds += (len(members) - len(payers)) * statistics.median(t.stage1_seconds for t in payers)
+            for t in members:
+                if t in payers:
+                    continue
+                paid = t.stage1_reused_tokens > 0
+                saved_tokens += t.stage1_reused_tokens if paid else statistics.median(p.stage1_tokens for p in payers)
+                saved_seconds += t.stage1_reused_seconds if paid else statistics.median(
+                    p.stage1_seconds for p in payers)
     return {"a2po_runs": sum(len(m) for m in sets.values()), "value_sets": len(sets), "sampled_runs": sampled,
             "saved_tokens": saved_tokens, "saved_seconds": saved_seconds}
 

@@ -6,31 +6,46 @@
 A grid names settings of the method's config (`A2POConfig` / `GRPOConfig` fields) and, optionally, `method`. With
 `method` in the grid, each point's A*-PO and GRPO runs are the pair "A*-PO vs GRPO" makes under the paper's protocol
 (`protocols.pair_specs`: every prompt, A*-PO's filter off unless the grid sweeps it, the same prompts per step and the
-same steps, G = N); a setting only one method has applies to that method's runs, and a run that two points would
-make alike is made once.
+same steps, G = N, one grid of evaluations for the pair): every A*-PO point has its own GRPO match, and a GRPO run
+that two points would make alike (they differ in a setting only A*-PO has, e.g. beta2) is made once.
 
-Every run of a sweep is evaluated on one absolute grid of steps (`protocols.EVAL_POINTS` points over the longest
-run), so curves of different points read at the same steps. Stage 1 depends only on the model, the prompts, the
-rewards, N, the sampling settings and its seed (`RunSpec.value_fingerprint`), and every A*-PO run of a sweep gets
-the base spec's stage-1 seed (`values_seed`): points that differ in beta1, beta2, the learning rate, the filter or
-the epochs, and every run seed, share one V* set, sampled once (`shared_stage_one`); the run seeds vary stage 2.
+Without `method`, every run of a sweep is evaluated on one absolute grid of steps (`protocols.EVAL_POINTS` points over
+the longest run), so curves of different points read at the same steps. The grid's size (a product of its lengths)
+is checked before any run is made: a refused grid costs nothing that grows with it.
+
+Stage 1 depends only on the model, the prompts, the rewards, N, the sampling settings and its seed
+(`RunSpec.value_fingerprint`), and every A*-PO run of a sweep gets the base spec's stage-1 seed (`values_seed`):
+points that differ in beta1, beta2, the learning rate, the filter or the epochs, and every run seed, share one V* set,
+sampled once (`shared_stage_one`); the run seeds vary stage 2.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import uuid
 from typing import Any
 
 from a2po import sweep
-from app.studies.protocols import EVAL_POINTS, StudyError, pair_specs, planned_steps
+from app.studies.protocols import EVAL_POINTS, SHARED_SETTINGS, StudyError, pair_specs, planned_steps
 
 MAX_RUNS = 64  # runs in one study, whatever the studio's own limits (those are checked as well)
+# The A*-PO setting a GRPO match is made from that GRPO has no field for (`pair_specs`: G = N): a GRPO run's grid point
+# names it, so each N has its own GRPO row.
+MATCHED_FROM_A2PO = ("num_value_samples",)
 
 
 def parse_grid(grid: Any) -> dict[str, list[Any]]:
-    """`a2po.sweep.parse_grid`, its refusals as `StudyError`."""
+    """`a2po.sweep.parse_grid`, its refusals as `StudyError`; a setting named twice (" beta2 " is beta2) is refused."""
+    if isinstance(grid, dict):
+        names: dict[str, Any] = {}
+        for name, values in grid.items():
+            key = str(name).strip()
+            if key in names:
+                raise StudyError(f"grid: {key!r:.40} is given twice; put all its values under one name.")
+            names[key] = values
+        grid = names
     try:
         return sweep.parse_grid(grid)
     except sweep.GridError as error:
@@ -56,15 +71,19 @@ def _run_for_point(base: dict[str, Any], point: dict[str, Any]) -> tuple[dict[st
                              "it, or add method: a2po, grpo to the grid to sweep both methods.")
         run = copy.deepcopy(base)
         run.setdefault("config", {}).update(settings)
-    else:  # both methods: each point's pair as "A*-PO vs GRPO" makes it under the paper's protocol
+    else:  # both methods: the pair "A*-PO vs GRPO" makes from this point's A*-PO run (the paper's protocol)
         a2po = copy.deepcopy(base)
         a2po.setdefault("config", {}).update({k: v for k, v in settings.items() if k in a2po_fields})
         pair = dict(zip(("a2po", "grpo"), pair_specs(a2po, "paper"), strict=True))
+        matched = set(pair["grpo"]["config"]) - set(SHARED_SETTINGS)  # G and the batch, from A*-PO's N and batch
+        if fixed := [k for k in settings if k in matched and k not in a2po_fields]:
+            raise StudyError(f"grid: {fixed[0]} of a GRPO run is matched to its A*-PO run (G = N, the same prompts "
+                             "per step); sweep num_value_samples or per_device_train_batch_size instead.")
         run = pair[method]
-        run["config"].update({k: v for k, v in settings.items() if k in METHOD_CONFIG_FIELDS[method]})
-        run["config"]["eval_steps"] = base["config"].get("eval_steps")  # the sweep's one grid (`_one_step_grid`)
+        run["config"].update({k: v for k, v in settings.items()
+                              if k in METHOD_CONFIG_FIELDS[method] and k not in matched})
         run["name"] = base.get("name")
-    applies = METHOD_CONFIG_FIELDS[method]
+    applies = METHOD_CONFIG_FIELDS[method] | set(MATCHED_FROM_A2PO)
     applied = {**({"method": method} if "method" in point else {}),
                **{k: v for k, v in settings.items() if k in applies}}
     return run, applied
@@ -80,26 +99,25 @@ def sweep_specs(spec: dict[str, Any], grid: Any, seeds: list[int], *, study_id: 
     parsed = parse_grid(grid)
     if spec.get("action", "train") != "train":
         raise StudyError("A sweep compares training runs: set the action to \"train\".")
-    points = sweep.grid_points(parsed)
     own_seed = int((spec.get("config") or {}).get("seed") or 0)
     own_values_seed = (spec.get("config") or {}).get("values_seed")
     own_values_seed = own_seed if own_values_seed is None else int(own_values_seed)
     seeds = list(seeds) or [own_seed]
-    planned = len(points) * len(seeds)
-    if planned > MAX_RUNS:
-        raise StudyError(f"This sweep makes {len(points)} grid points x {len(seeds)} seeds = {planned} runs; a study "
-                         f"has at most {MAX_RUNS}. Sweep fewer values or seeds.")
+    points = math.prod(len(values) for values in parsed.values())
+    if points * len(seeds) > MAX_RUNS:
+        raise StudyError(f"This sweep makes {points} grid points x {len(seeds)} seeds = {points * len(seeds)} runs; a "
+                         f"study has at most {MAX_RUNS}. Sweep fewer values or seeds.")
     sid = study_id or uuid.uuid4().hex[:10]
     name = str(spec.get("name") or "sweep")[:80]
     runs, seen = [], set()
-    for point in points:
+    for point in sweep.grid_points(parsed):
         for seed in seeds:
             base = copy.deepcopy(spec)
             base.setdefault("config", {})["seed"] = seed
             run, applied = _run_for_point(base, point)
             if run.get("method", "a2po") == "a2po" and run["config"].get("values_seed") is None:
                 run["config"]["values_seed"] = own_values_seed  # one stage 1 for every seed of the study
-            key = (repr(sorted(applied.items())), seed, run.get("method", "a2po"))
+            key = json.dumps({k: v for k, v in run.items() if k != "name"}, sort_keys=True, default=repr)
             if key in seen:
                 continue  # a setting of the other method only: this run is already in the study
             seen.add(key)

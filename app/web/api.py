@@ -12,15 +12,18 @@ Every endpoint goes through `Services`, like the pages: the same allow-list, lim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
 
 from app.access import allowlist
 from app.access.gate import Refused, Services, store_upload
+from app.studies.protocols import StudyError, budget_seconds
 from app.web import forms, live
 from app.web.common import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 from storage.lifecycle import UNFINISHED
+from storage.secrets import scrub_text
 
 RUN_KEYS = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
             "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
@@ -31,9 +34,13 @@ RUN_KEYS = ("id", "name", "action", "status", "stage", "progress", "model", "dat
 API_NAMES = {"action": "kind"}
 
 
-def run_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """The public fields of a run row (no process id) plus whether it is still active."""
-    return {**{API_NAMES.get(k, k): run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
+def run_summary(run: dict[str, Any], public: Callable[[str | None], str] = scrub_text) -> dict[str, Any]:
+    """The public fields of a run row (no process id) plus whether it is still active; its error as `public`
+    shows it (`Services.public_text`: a dead worker's log tail names the database)."""
+    summary = {**{API_NAMES.get(k, k): run.get(k) for k in RUN_KEYS}, "active": run["status"] in UNFINISHED}
+    if summary["error"]:
+        summary["error"] = public(summary["error"])
+    return summary
 
 
 def clock_summary(run: dict[str, Any], clock: dict[str, float] | None, evaluations: int | None = None
@@ -69,6 +76,7 @@ def register_api(services: Services) -> None:
     """Add the named endpoints (inside gr.Blocks): /launch, /launch_pair, /launch_study, /stop, /resume, /delete,
     /status, /list_runs, /metrics, /limits, /login, /upload_dataset, /playground, /try_reward."""
     store, auth = services.store, services.auth
+    public = services.public_text  # errors hold workers' log tails: read through the one scrubber
 
     def get(run_id: int) -> dict[str, Any]:
         run = store.get_run(int(run_id))
@@ -79,7 +87,7 @@ def register_api(services: Services) -> None:
     def refused(call):
         try:
             return call()
-        except Refused as exc:
+        except (Refused, StudyError) as exc:
             raise gr.Error(str(exc)) from None
 
     def launch(spec: dict, seeds: list | str | None = None, request: gr.Request = None) -> dict:
@@ -109,7 +117,7 @@ def register_api(services: Services) -> None:
         Returns {"a2po": {"run_id", "name"}, "grpo": {...}} (the first seed's), "pairs" (one per seed) and
         "study"; compare them on the Compare page."""
         user = auth.identify(request=request)
-        budget = float(budget_minutes or 0) * 60 or None
+        budget = refused(lambda: budget_seconds(budget_minutes))
         pairs = refused(lambda: services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget,
                                                      seeds=seeds))
         described = [{method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
@@ -139,7 +147,7 @@ def register_api(services: Services) -> None:
     def stop(run_id: int, request: gr.Request) -> dict:
         """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
         refused(lambda: services.act("stop", run_id, auth.identify(request=request)))
-        return run_summary(get(run_id))
+        return run_summary(get(run_id), public)
 
     def resume(run_id: int, request: gr.Request) -> dict:
         """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*.
@@ -148,7 +156,7 @@ def register_api(services: Services) -> None:
 
         refused(lambda: services.act("resume", run_id, auth.identify(request=request)))
         run = get(run_id)
-        return {**run_summary(run), "warnings": reward_changes((run.get("config") or {}).get("rewards"),
+        return {**run_summary(run, public), "warnings": reward_changes((run.get("config") or {}).get("rewards"),
                                                                what="the resumed run")}
 
     def delete(run_id: int, request: gr.Request) -> dict:
@@ -171,7 +179,7 @@ def register_api(services: Services) -> None:
                       "complete": bool(value_set["complete"]), "summary": summary}
         latest = store.latest_metrics(run["id"])
         evaluations = len({e["step"] for e in store.get_evaluations(run["id"])}) or None
-        return {**run_summary(run), "clock": clock_summary(run, clock_from_metrics(latest), evaluations),
+        return {**run_summary(run, public), "clock": clock_summary(run, clock_from_metrics(latest), evaluations),
                 "spec": public_spec(run.get("config") or {}, services.policy.datasets_dir),
                 "latest_metrics": latest, "values": values}
 
@@ -179,7 +187,7 @@ def register_api(services: Services) -> None:
         """Every run, newest first (the fields of /status without metrics, with its clock)."""
         runs = store.list_runs()
         clocks = store.run_clocks(r["id"] for r in runs)
-        return [{**run_summary(r), "clock": clock_summary(r, clocks.get(r["id"]))} for r in runs]
+        return [{**run_summary(r, public), "clock": clock_summary(r, clocks.get(r["id"]))} for r in runs]
 
     def metrics(run_id: int, after_id: int = 0) -> list:
         """Metric rows {id, step, name, value} of a run with id > after_id (poll with the largest id seen)."""

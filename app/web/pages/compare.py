@@ -46,14 +46,27 @@ def config_diff(runs: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["setting", *columns])
 
 
-def study_choices(store: Any) -> list[tuple[str, str]]:
-    """The studies among the stored runs (`app.studies`), newest first: ("name: A*-PO vs GRPO, paper protocol,
-    3 seeds (6 runs)", study id), or ("name: sweep over beta2 x learning_rate, 2 seed(s) (18 runs)", id)."""
-    studies: dict[str, dict[str, Any]] = {}
+def study_members(store: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each study's runs, oldest first, newest study first: the runs carrying its label whose owner is the
+    study's owner, the owner of its first run. The gate labels only the runs a user launches as one study, all
+    at once; a row labelled otherwise (a label a spec sent, kept before the gate dropped it) is no run of that
+    study, so one user's runs never move another user's medians or verdict."""
+    studies: dict[str, list[dict[str, Any]]] = {}
     for run in store.list_runs():
         tag = (run.get("config") or {}).get("study")
         if isinstance(tag, dict) and tag.get("id"):
-            studies.setdefault(str(tag["id"]), {**tag, "runs": 0})["runs"] += 1
+            studies.setdefault(str(tag["id"]), []).append(run)
+    out = {}
+    for sid, runs in studies.items():
+        runs.sort(key=lambda r: r["id"])
+        out[sid] = [r for r in runs if r.get("owner") == runs[0].get("owner")]
+    return out
+
+
+def study_choices(store: Any) -> list[tuple[str, str]]:
+    """The studies among the stored runs (`app.studies`), newest first: ("name: A*-PO vs GRPO, paper protocol,
+    3 seeds (6 runs)", study id), or ("name: sweep over beta2 x learning_rate, 2 seed(s) (18 runs)", id)."""
+    studies = {sid: {**runs[0]["config"]["study"], "runs": len(runs)} for sid, runs in study_members(store).items()}
     out = []
     for sid, tag in studies.items():
         if tag.get("kind") == "pair":
@@ -67,8 +80,8 @@ def study_choices(store: Any) -> list[tuple[str, str]]:
 
 
 def study_runs(store: Any, study_id: str) -> list[int]:
-    return sorted(r["id"] for r in store.list_runs()
-                  if ((r.get("config") or {}).get("study") or {}).get("id") == study_id)
+    """The ids of the study's runs (`study_members`)."""
+    return [r["id"] for r in study_members(store).get(str(study_id), [])]
 
 
 def build_compare_page(services: Services) -> gr.Dropdown:

@@ -27,6 +27,7 @@ from app.studies.protocols import (
     PROTOCOL_LABELS,
     PROTOCOLS,
     StudyError,
+    budget_seconds,
     parse_seeds,
     planned_steps,
     study_specs,
@@ -86,7 +87,7 @@ def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minut
     each method's training time estimated from finished runs (`history`, as `finished_history` gives it)."""
     try:
         specs = study_specs(spec, parse_seeds(seeds), pair=True, protocol=protocol,
-                            budget_seconds=float(budget_minutes or 0) * 60 or None)
+                            budget_seconds=budget_seconds(budget_minutes))
     except StudyError as exc:
         return f"⚠ {exc}"
     a2po, grpo = specs[0], specs[1]
@@ -492,9 +493,9 @@ def build_launch_page(services: Services, token: gr.BrowserState | None = None) 
         protocol, minutes = data[protocol_box], data[budget_box]
         try:
             pairs = services.launch_pair(result.spec, services.auth.identify(token=data[token], request=request),
-                                         protocol=protocol, budget_seconds=float(minutes or 0) * 60 or None,
+                                         protocol=protocol, budget_seconds=budget_seconds(minutes),
                                          seeds=data[seeds_box])
-        except Refused as exc:
+        except (Refused, StudyError) as exc:
             return [*error_updates({}), f"❌ Not started: {exc}", None, None]
         ids = [run_id for pair in pairs for run_id in pair]
         listed = "; ".join(f"A*-PO #{a} and GRPO #{g}" for a, g in pairs)

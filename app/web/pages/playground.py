@@ -77,7 +77,8 @@ def no_weights_message(run: dict[str, Any]) -> str:
 def play(services: Services, user: User | None, *, run_id: Any = None, model: str = "", prompt: str = "",
          num_samples: Any = DEFAULT_SAMPLES, answer: str = "") -> dict[str, Any]:
     """Answer one playground request for `user` (a login where launching needs one; `Refused` otherwise, or for a
-    bad request): `{"reference": [...], "trained": [...], ...}`, items `{"completion", "reward", "greedy"}`."""
+    bad request): `{"reference": [...], "trained": [...], ...}`, items `{"completion", "reward", "greedy"}`;
+    `scored` false comes with `unscored_reason` (a column the run's reward needs, no expected answer, ...)."""
     problem = services.auth.can_launch(user)
     if problem:
         raise Refused(problem.replace("Launching runs", "The playground (it runs models)"))
@@ -124,7 +125,8 @@ def play(services: Services, user: User | None, *, run_id: Any = None, model: st
             "trained_from": weights[1] if weights else None, "message": message,
             "seconds": round(time.monotonic() - started, 3), "cached": result["cached"],
             "load_seconds": result["load_seconds"], "generate_seconds": result["generate_seconds"],
-            "matched": result["matched"], "scored": result["scored"]}
+            "matched": result["matched"], "scored": result["scored"],
+            "unscored_reason": result.get("unscored_reason")}
 
 
 def try_reward(services: Services, user: User | None, spec: Any, *, sample_model: bool = True) -> dict[str, Any]:
@@ -204,7 +206,7 @@ def describe(result: dict[str, Any]) -> str:
         scoring = ("Scored with the run's reward and this prompt's row of the run's data." if result["matched"]
                    else "Scored against the expected answer.")
     else:
-        scoring = "Rewards – : a typed prompt is scored only with an expected answer (never for reasoning-gym tasks)."
+        scoring = f"⚠ Rewards – : {result.get('unscored_reason') or 'Nothing was scored.'}"
     parts = [f"✅ {timing}", scoring]
     if result.get("message"):
         parts.append(f"⚠ {result['message']}")

@@ -44,6 +44,7 @@ from app.web.common import (
 from app.web.pages import training, values
 from storage import Store
 from storage.lifecycle import LIVE, UNFINISHED
+from storage.secrets import scrub_text
 
 POLL_SECONDS = 2.5
 # Opens the Run page's tab (its button's id comes from the tab's elem_id "page-run" in app.web): run in the browser,
@@ -198,10 +199,16 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
             "progress": marker + stage_progress(run, _count(run, split), value_set)}
 
 
-def _controls_view(store: Store, run: dict[str, Any]) -> dict[str, Any]:
+def _public(text: str | None, jobs: Any) -> str:
+    """What a visitor reads of a text a process wrote: the job manager's scrubber (`JobManager.public_text`)."""
+    public = getattr(jobs, "public_text", None)
+    return public(text) if public is not None else scrub_text(text)
+
+
+def _controls_view(store: Store, run: dict[str, Any], jobs: Any = None) -> dict[str, Any]:
     """The error box, the buttons and the picker's labels: component updates (each costs the server a component
     built and the session's config updated), so sent only when the status or the error changed."""
-    error = run.get("error") or ""
+    error = _public(run.get("error"), jobs)
     return {"error": gr.Textbox(value=error, visible=bool(error)), "picker": gr.Dropdown(choices=run_choices(store)),
             **dict(zip(("stop", "resume", "delete"), _button_updates(run), strict=True))}
 
@@ -345,7 +352,7 @@ def _logs_view(store: Store, run_id: int, log_id: int, jobs: Any = None) -> dict
         after, lines = (previous[0], previous[1]) if previous is not None and previous[0] <= log_id else (0, [])
         if not after:
             after = max(0, log_id - MAX_LOG_LINES)  # ids of one run grow by one per line: the last page at most
-        new = [f"{format_time(x['created_at'])} {x['level']:7} {x['message']}"
+        new = [f"{format_time(x['created_at'])} {x['level']:7} {_public(x['message'], jobs)}"
                for x in store.get_logs(run_id, after_id=after, limit=None)]
         return log_id, (lines + new)[-MAX_LOG_LINES:]
 
@@ -353,7 +360,8 @@ def _logs_view(store: Store, run_id: int, log_id: int, jobs: Any = None) -> dict
     run = store.get_run(run_id)
     if jobs is not None and getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
         # A Ray run's worker output is the job's log, on the cluster (a local worker's is a file of the data folder).
-        output = live.SHARED.get(("ray-logs", run_id), log_id, lambda _prev: jobs.worker_output(run_id, run, 40))
+        output = live.SHARED.get(("ray-logs", run_id), log_id,
+                                 lambda _prev: _public(jobs.worker_output(run_id, run, 40), jobs))
         text += f"\n\n--- output of Ray job {run['ray_job_id']} (last lines) ---\n{output}"
     return {"logs": text}
 
@@ -591,7 +599,7 @@ def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: st
         return live.SHARED.get(("header", run_id, split), versions["header"],
                                lambda _prev: _header_view(store, run, value_set, split))
     if view == "controls":
-        return _controls_view(store, run)
+        return _controls_view(store, run, jobs)
     if view in ("summary", "charts"):
         both = live.SHARED.get(("values", run_id, split), (versions["summary"], versions["charts"]),
                                lambda _prev: _values_view(store, run, value_set, split))
