@@ -23,6 +23,7 @@ reliably, and successive trainers in one process (chunked runs, tests) reuse it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import tempfile
@@ -53,6 +54,8 @@ class EngineSettings:
 class VLLMEngine:
     """A colocated `vllm.LLM`: `generate` completions, `load_weights` of the model to sample from."""
 
+    started = 0  # engines started in this process
+
     def __init__(self, settings: EngineSettings) -> None:
         # In-process engine core: weights pass to the worker as tensors, and no child process outlives a run.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -66,6 +69,7 @@ class VLLMEngine:
         python_state, numpy_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng():
             self.llm = self._start(settings)
+        VLLMEngine.started += 1
         random.setstate(python_state)
         np.random.set_state(numpy_state)
         # What the engine holds: a key the trainer chooses (`BaseTrainer._vllm_for`), None until weights are pushed.
@@ -126,7 +130,10 @@ class VLLMEngine:
                 key = None if greedy or row_keys is None else row_keys[i * num_samples + j]
                 requests.append({"prompt_token_ids": list(prompt)})
                 params.append(SamplingParams(
-                    n=1, max_tokens=max_new_tokens, stop_token_ids=list(eos_token_ids), detokenize=False,
+                    # The trainer's EOS tokens end a completion, and no other: without `ignore_eos` vLLM also
+                    # stops at the EOS of the model config's class defaults (the written config has none).
+                    n=1, max_tokens=max_new_tokens, stop_token_ids=list(eos_token_ids), ignore_eos=True,
+                    detokenize=False,
                     temperature=0.0 if greedy else temperature, top_k=top_k or 0, top_p=top_p,
                     seed=None if key is None else stream_seed(key)))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -140,6 +147,10 @@ class VLLMEngine:
         return out
 
 
+_NOT_SHAPE = {"_name_or_path", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache",
+              "return_dict", "output_attentions", "output_hidden_states"}
+
+
 def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
     """The engine settings for a trainer's config (`use_vllm`, `vllm_*`) and its policy's model config.
 
@@ -148,7 +159,10 @@ def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
     the weights it samples from before every use, so vLLM never reads a checkpoint, and any model the trainer holds
     (a hub id, a local directory, the GGUF default, an object built in code) is handled alike.
     """
-    text = model_config.to_json_string()
+    # The model's shapes only: the Trainer rewrites token ids and flags in the config as it trains, which must
+    # neither change the directory nor start another engine.
+    shape = {k: v for k, v in model_config.to_diff_dict().items() if k not in _NOT_SHAPE}
+    text = json.dumps(shape, indent=2, sort_keys=True)
     folder = Path(tempfile.gettempdir()) / f"a2po-vllm-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     if not (folder / "config.json").exists():
         folder.mkdir(parents=True, exist_ok=True)

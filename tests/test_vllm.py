@@ -38,8 +38,9 @@ def coin(completions, **kwargs):
     return [float(sum(map(ord, c[0]["content"])) % 2 == 0) for c in completions]
 
 
+# One vllm_max_model_length for all: equal engine settings, so every trainer here shares the module's one engine.
 COMMON = dict(max_completion_length=6, use_cpu=True, logging_steps=1, report_to="none", save_strategy="no",
-              learning_rate=1e-2, seed=0, disable_tqdm=True, use_vllm=True)
+              learning_rate=1e-2, seed=0, disable_tqdm=True, use_vllm=True, vllm_max_model_length=256)
 
 
 def a2po_config(tmp_path, **overrides):
@@ -53,7 +54,7 @@ def grpo_config(tmp_path, **overrides):
 
 
 class EngineLog:
-    """Records what the shared engine is asked, in order: ("load", role, step, weights) and ("generate", rows)."""
+    """Records what the module's engine is asked, in order: ("load", role, step, weights) and ("generate", rows)."""
 
     def __init__(self, monkeypatch):
         self.events = []
@@ -100,28 +101,42 @@ def test_a2po_and_grpo_train_end_to_end_with_vllm(tmp_path, model_dir, monkeypat
     assert grpo.rollout_stats["train"]["sequences"] == 2 * 4 and 0.0 <= metrics["eval_accuracy"] <= 1.0
 
 
-def test_after_a_push_vllm_scores_a_completion_as_the_trainer_does(tmp_path, model_dir):
-    """One optimizer step, the policy's weights pushed; vLLM's log-probability of a fixed completion (its prompt
-    log-probabilities) equals the trainer's forward pass in fp32, and differs from the initial model's."""
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_after_a_push_vllm_scores_a_completion_as_the_trainer_does(tmp_path, model_dir, lora):
+    """One optimizer step, the policy's weights pushed (LoRA: merged); vLLM's log-probability of a fixed completion
+    (its prompt log-probabilities) equals the trainer's forward pass in fp32, and differs from the initial model's.
+    With LoRA the training model keeps its adapters unmerged, and stage 1 got the base weights."""
+    from peft import LoraConfig
     from vllm import SamplingParams
 
-    trainer = A2POTrainer(model_dir, coin, args=a2po_config(tmp_path, max_steps=1), train_dataset=prompts(4))
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None
+    trainer = A2POTrainer(model_dir, coin, args=a2po_config(tmp_path, max_steps=1, learning_rate=5e-2),
+                          train_dataset=prompts(4), peft_config=peft_config)
     trainer.train()
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    engine = trainer._vllm_for(policy, "train", None)
     prompt_ids, prompt_mask, _ = trainer._encode_prompts([prompts(1)[0]["prompt"]])
     completion = trainer.processing_class("12<|end|>", add_special_tokens=False, return_tensors="pt").input_ids
-    prompt = prompt_ids[0].tolist()
-    [output] = engine.llm.generate([{"prompt_token_ids": prompt + completion[0].tolist()}],
-                                   SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
-    ours = sum(output.prompt_logprobs[len(prompt) + t][token].logprob for t, token in enumerate(completion[0].tolist()))
     mask = torch.ones_like(completion)
+
+    def vllm_logprob(phase):
+        engine = trainer._vllm_for(policy, phase, None)
+        prompt = prompt_ids[0].tolist()
+        [output] = engine.llm.generate([{"prompt_token_ids": prompt + completion[0].tolist()}],
+                                       SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+                                       use_tqdm=False)
+        return sum(output.prompt_logprobs[len(prompt) + t][token].logprob
+                   for t, token in enumerate(completion[0].tolist()))
+
     with torch.no_grad():
         trainers = sequence_logprobs(policy, prompt_ids, prompt_mask, completion, mask).item()
         initial = sequence_logprobs(AutoModelForCausalLM.from_pretrained(model_dir), prompt_ids, prompt_mask,
                                     completion, mask).item()
-    assert ours == pytest.approx(trainers, abs=LOGPROB_TOLERANCE)
+    assert vllm_logprob("train") == pytest.approx(trainers, abs=LOGPROB_TOLERANCE)
     assert abs(initial - trainers) > 100 * LOGPROB_TOLERANCE  # the step changed the policy: the push is seen
+    if lora:
+        assert not any(getattr(module, "merged", False) for module in policy.modules())
+        with policy.disable_adapter():  # the reference, as stage 1 pushes it: the base weights alone
+            assert vllm_logprob("values") == pytest.approx(initial, abs=LOGPROB_TOLERANCE)
 
 
 def test_greedy_evaluation_answers_equal_the_native_decoders(tmp_path, model_dir):
@@ -167,6 +182,10 @@ def test_a_resumed_run_pushes_its_restored_weights_before_sampling(tmp_path, mod
     assert (role, step) == ("policy", 2)
     assert all(torch.equal(pushed[name], tensor) for name, tensor in restored.items() if name in pushed)
     assert set(restored) <= set(pushed)
+
+
+def test_one_engine_served_the_module():
+    assert vllm_engine.VLLMEngine.started == 1
 
 
 def test_sleep_mode_is_refused_where_vllm_has_none(model_dir):
