@@ -190,7 +190,9 @@ class _BaseConfig(TrainingArguments):
          f"vllm_model_impl must be one of {VLLM_MODEL_IMPLS} (got {{!r}})"),
         ("vllm_gpu_memory_utilization", lambda v: 0 < v <= 1, "vllm_gpu_memory_utilization must be in (0, 1] (got {})"),
         ("vllm_max_model_length", lambda v: v is None or v >= 1, "vllm_max_model_length must be >= 1 or None (got {})"),
-        ("vllm_tensor_parallel_size", lambda v: v >= 1, "vllm_tensor_parallel_size must be >= 1 (got {})"),
+        ("vllm_tensor_parallel_size", lambda v: v == 1,
+         "vllm_tensor_parallel_size must be 1 (got {}): the colocated engine runs in the training process, on its "
+         "device; several GPUs would need vLLM's worker processes, which the weight push does not reach"),
     )
 
     def _rules(self) -> tuple[Rule, ...]:
@@ -363,7 +365,8 @@ class GRPOConfig(_BaseConfig):
         vllm_gpu_memory_utilization (defaults to 0.3): the share of the GPU's memory vLLM takes.
         vllm_max_model_length (defaults to None): vLLM's context window; None: max_prompt_length +
             max_completion_length where both are set, else the model's.
-        vllm_tensor_parallel_size (defaults to 1): GPUs vLLM splits the model over (colocated, one process: 1).
+        vllm_tensor_parallel_size (defaults to 1): GPUs vLLM splits the model over; only 1 (one training process,
+            the engine in it).
 
         > Parameters that control the training
 

@@ -32,6 +32,11 @@ def test_server_mode_is_refused_naming_the_alternative(config_class):
     assert set(error.value.problems) == {"vllm_mode"}
 
 
+def test_tensor_parallelism_is_refused():
+    with pytest.raises(ConfigError, match="vllm_tensor_parallel_size must be 1 .got 2.: the colocated engine"):
+        A2POConfig(output_dir="x", use_cpu=True, use_vllm=True, vllm_tensor_parallel_size=2)
+
+
 def test_use_vllm_without_vllm_is_refused_with_the_install_line(monkeypatch):
     import a2po.config
 
