@@ -85,11 +85,16 @@ def test_a2po_and_grpo_train_end_to_end_with_vllm(tmp_path, model_dir, monkeypat
     """Stage 1 from the reference's weights, then each step's rollouts from the policy of that step: a push after
     every optimizer step, and none between samplings of one set of weights."""
     log = EngineLog(monkeypatch)
-    a2po = A2POTrainer(model_dir, coin, args=a2po_config(tmp_path / "a2po", max_steps=3), train_dataset=prompts(8))
+    a2po = A2POTrainer(model_dir, coin, args=a2po_config(tmp_path / "a2po", max_steps=3), train_dataset=prompts(8),
+                       eval_dataset=prompts(3))
     a2po.train()
     assert log.loads() == [("reference", None), ("policy", 0), ("policy", 1), ("policy", 2)]
     assert log.kinds().count("generate") == 1 + 3  # one stage-1 decode of 8 x 4, one rollout per step
     assert a2po.rollout_stats["values"]["sequences"] == 32 and a2po.rollout_stats["train"]["sequences"] == 12
+    # Evaluation: the eval set's stage 1 from the reference, then a greedy and a sampled answer per prompt.
+    metrics = a2po.evaluate()
+    assert log.loads()[4:] == [("reference", None), ("policy", 3)]
+    assert a2po.rollout_stats["eval"]["sequences"] == 3 * 2 and 0.0 <= metrics["eval_accuracy"] <= 1.0
     assert all(h["completion_length"] > 0 for h in a2po.state.log_history if "loss" in h)
 
     log.events.clear()
