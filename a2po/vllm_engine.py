@@ -1,0 +1,228 @@
+"""vLLM as the sampler (`use_vllm`): one engine in the training process ("colocate", as TRL names it).
+
+The trainer hands it prompt token ids and gets completion token ids back in the native decoder's layout
+(`a2po.rollout.sample_completions`): rows grouped by prompt, padded after each row's first EOS. Everything else
+(rewards, V*, filters, the loss's log-probabilities) stays the trainer's own.
+
+Each sampled sequence is its own vLLM request, seeded from its random-stream key (`a2po.rollout.stream_seed`):
+as with the native decoder, a sequence's tokens depend on its key and not on the batch around it (the streams
+differ from the native decoder's, so the samples do too). vLLM's prefix cache still prefills a prompt once for
+its samples.
+
+The engine holds one set of weights. The trainer pushes the ones it samples from (`load_weights`): the policy's
+after each optimizer step and after a resume, the reference's for stage 1; a LoRA policy is pushed merged
+(`merged_weights`), leaving the training model as it is. Weights go through the worker's `reload_weights`, which
+runs the model's own checkpoint loader on the given tensors (on vLLM's CPU build, calling the model's
+`load_weights` outside it fails: the parameters lack their `weight_loader`).
+
+Sleep mode (`vllm_enable_sleep_mode`, as TRL does it): the engine sleeps at level 2 (weights and KV cache freed)
+after each sampling, so the optimizer step has the GPU's memory; the next push wakes the weights, the next sampling
+the KV cache. vLLM has sleep mode on CUDA (and ROCm, XPU) only: elsewhere the setting is refused.
+
+The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights then reach the worker as tensors,
+without serialization. One engine lives per process (`engine_for`): vLLM does not free a CPU engine's memory
+reliably, and successive trainers in one process (chunked runs, tests) reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from a2po.rollout import stream_seed
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine is built with; an engine is reused only for equal settings."""
+
+    model: str                      # a directory with the model's config.json (`engine_settings`)
+    dtype: str                      # "float32", "bfloat16" or "float16": the precision the policy trains in
+    max_model_len: int | None
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    model_impl: str
+    enable_sleep_mode: bool
+    trust_remote_code: bool = False
+
+
+class VLLMEngine:
+    """A colocated `vllm.LLM`: `generate` completions, `load_weights` of the model to sample from."""
+
+    started = 0  # engines started in this process
+
+    def __init__(self, settings: EngineSettings) -> None:
+        # In-process engine core: weights pass to the worker as tensors, and no child process outlives a run.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm.platforms import current_platform
+
+        if settings.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise ValueError(f"vllm_enable_sleep_mode needs a GPU (vLLM has no sleep mode on "
+                             f"{current_platform.device_name}): set vllm_enable_sleep_mode=False.")
+        self.settings = settings
+        # An in-process vLLM seeds the global random generators as it starts: the trainer's streams go on as before.
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng():
+            self.llm = self._start(settings)
+        VLLMEngine.started += 1
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        # What the engine holds: a key the trainer chooses (`BaseTrainer._vllm_for`), None until weights are pushed.
+        self.weights_key: Hashable | None = None
+        # Sleep level 2 drops the weights: they must be pushed again before sampling.
+        self.asleep = False
+        if settings.enable_sleep_mode:
+            self.sleep()
+
+    @staticmethod
+    def _start(settings: EngineSettings):
+        from vllm import LLM
+
+        return LLM(model=settings.model, dtype=settings.dtype, max_model_len=settings.max_model_len,
+                   gpu_memory_utilization=settings.gpu_memory_utilization,
+                   tensor_parallel_size=settings.tensor_parallel_size, model_impl=settings.model_impl,
+                   enable_sleep_mode=settings.enable_sleep_mode, trust_remote_code=settings.trust_remote_code,
+                   # Random weights, replaced by the trainer's before any sampling (`engine_settings`).
+                   load_format="dummy",
+                   # The trainer tokenizes and detokenizes; vLLM sees token ids only.
+                   skip_tokenizer_init=True,
+                   # Sampling settings are the trainer's alone, not the checkpoint's generation_config.json.
+                   generation_config="vllm")
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], key: Hashable) -> None:
+        """Replace the engine's weights by `weights` (transformers names and layout, any dtype)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        # Cached prompt keys and values were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.weights_key = key
+
+    def sleep(self) -> None:
+        """Free the weights and KV cache until the next sampling (vllm_enable_sleep_mode; level 2, as TRL)."""
+        self.llm.sleep(level=2)
+        self.asleep = True
+        self.weights_key = None
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
+                 eos_token_ids: Sequence[int], pad_token_id: int, do_sample: bool = True, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float = 1.0, row_keys: Sequence[Hashable] | None = None,
+                 greedy_samples: int = 0) -> torch.Tensor:
+        """Completion ids, (len(prompts) * num_samples, T), as `a2po.rollout.sample_completions` returns them:
+        row i * num_samples + j is sample j of prompt i; after a row's first EOS it holds `pad_token_id`. The
+        first `greedy_samples` samples of each prompt are greedy; without `row_keys` sampled rows are unseeded."""
+        from vllm import SamplingParams
+
+        if self.asleep:  # the weights were pushed (and woken) by `load_weights`; the KV cache comes back now
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        total = len(prompts) * num_samples
+        if row_keys is not None and len(row_keys) != total:
+            raise ValueError(f"row_keys has {len(row_keys)} keys for {total} sequences; give one per sequence.")
+        requests, params = [], []
+        for i, prompt in enumerate(prompts):
+            for j in range(num_samples):
+                greedy = not do_sample or j < greedy_samples
+                key = None if greedy or row_keys is None else row_keys[i * num_samples + j]
+                requests.append({"prompt_token_ids": list(prompt)})
+                params.append(SamplingParams(
+                    # The trainer's EOS tokens end a completion, and no other: without `ignore_eos` vLLM also
+                    # stops at the EOS of the model config's class defaults (the written config has none).
+                    n=1, max_tokens=max_new_tokens, stop_token_ids=list(eos_token_ids), ignore_eos=True,
+                    detokenize=False,
+                    temperature=0.0 if greedy else temperature, top_k=top_k or 0, top_p=top_p,
+                    seed=None if key is None else stream_seed(key)))
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.settings.enable_sleep_mode:  # the optimizer step that comes next gets the memory back
+            self.sleep()
+        rows = [list(output.outputs[0].token_ids) for output in outputs]
+        width = max((len(row) for row in rows), default=0)
+        out = torch.full((total, width), pad_token_id, dtype=torch.long)
+        for r, row in enumerate(rows):
+            out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+
+
+_NOT_SHAPE = {"_name_or_path", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache",
+              "return_dict", "output_attentions", "output_hidden_states"}
+
+
+def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
+    """The engine settings for a trainer's config (`use_vllm`, `vllm_*`) and its policy's model config.
+
+    vLLM builds the model from a directory holding only the policy's `config.json` (keyed by its content, so
+    equal models share a directory and an engine) with random weights (`load_format="dummy"`): the trainer pushes
+    the weights it samples from before every use, so vLLM never reads a checkpoint, and any model the trainer holds
+    (a hub id, a local directory, the GGUF default, an object built in code) is handled alike.
+    """
+    # The model's shapes only: the Trainer rewrites token ids and flags in the config as it trains, which must
+    # neither change the directory nor start another engine.
+    shape = {k: v for k, v in model_config.to_diff_dict().items() if k not in _NOT_SHAPE}
+    text = json.dumps(shape, indent=2, sort_keys=True)
+    folder = Path(tempfile.gettempdir()) / f"a2po-vllm-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if not (folder / "config.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f"config.json.{os.getpid()}"
+        partial.write_text(text)
+        partial.replace(folder / "config.json")  # atomic: another process never reads half a file
+    max_len = args.vllm_max_model_length
+    if max_len is None and args.max_prompt_length is not None and args.max_completion_length is not None:
+        max_len = args.max_prompt_length + args.max_completion_length
+    return EngineSettings(model=str(folder), dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
+                          gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                          tensor_parallel_size=args.vllm_tensor_parallel_size, model_impl=args.vllm_model_impl,
+                          enable_sleep_mode=args.vllm_enable_sleep_mode, trust_remote_code=args.trust_remote_code)
+
+
+_ENGINE: VLLMEngine | None = None
+
+
+def engine_for(settings: EngineSettings) -> VLLMEngine:
+    """The process's engine for `settings`: the live one when its settings are equal, else a new one."""
+    global _ENGINE
+    if _ENGINE is None or _ENGINE.settings != settings:
+        _ENGINE = None  # the old engine goes before the new one takes memory
+        _ENGINE = VLLMEngine(settings)
+    return _ENGINE
+
+
+def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`model`'s weights under transformers' names, as a plain model of its architecture would hold them.
+
+    For a peft (LoRA) model, each adapted layer's weight is its base weight plus the active adapters' delta, or the
+    base weight alone where adapters are disabled (the reference, `disable_adapter()`); the model is not changed
+    (no `merge_adapter`). Tensors are detached, in the model's dtype; vLLM casts them to its own.
+    """
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        for name, tensor in model.state_dict().items():
+            yield name, tensor.detach()
+        return
+    base = model.get_base_model()
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.disable_adapters and not module.merged:
+            adapters = [a for a in module.active_adapters if a in module.lora_A]
+            if adapters:
+                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        if ".modules_to_save." in name:  # a fully trained copy of a module: it replaces the original
+            head, _, tail = name.partition(".modules_to_save.")
+            name = f"{head}.{tail.split('.', 1)[1]}"
+        tensor = tensor.detach()
+        if name in deltas:
+            tensor = tensor + deltas[name].to(tensor.dtype)
+        yield name.replace(".base_layer.", "."), tensor
