@@ -169,14 +169,14 @@ def stage_one_savings(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Tim
     sampled = 0
     for members in sets.values():
         payers = [t for t in members if t.stage1_tokens > t.stage1_reused_tokens]
+        readers = [t for t in members if t.stage1_tokens <= t.stage1_reused_tokens]
         sampled += len(payers)
         if payers:
-            for t in members:
-                if t in payers:
-                    continue
-                paid = t.stage1_reused_tokens > 0
-                saved_tokens += t.stage1_reused_tokens if paid else statistics.median(p.stage1_tokens for p in payers)
-                saved_seconds += t.stage1_reused_seconds if paid else statistics.median(
+            for t in readers:
+                charged = t.stage1_reused_tokens > 0
+                saved_tokens += t.stage1_reused_tokens if charged else statistics.median(
+                    p.stage1_tokens for p in payers)
+                saved_seconds += t.stage1_reused_seconds if charged else statistics.median(
                     p.stage1_seconds for p in payers)
     return {"a2po_runs": sum(len(m) for m in sets.values()), "value_sets": len(sets), "sampled_runs": sampled,
             "saved_tokens": saved_tokens, "saved_seconds": saved_seconds}
