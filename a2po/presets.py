@@ -8,6 +8,7 @@ opens and the bare CLI command describe the same run. `with_defaults(spec)` fill
     "quick-look"      stage 1 only: V* of 64 prompts in about a minute
     "step-by-step-gpu" Qwen2.5-0.5B-Instruct on reasoning-gym word problems, 512-token reasoning (a GPU; hub model)
     "custom"          the teaching demo's settings as a starting point to edit
+    "teaching-demo-lora" the teaching demo training a LoRA adapter: the default on a ZeroGPU Space
     "none"            no preset: the library's own defaults for whatever a spec leaves out (`RunSpec`'s, and
                       `A2POConfig`'s, which are TRL's, for its settings)
 
@@ -17,26 +18,40 @@ Each preset is the one source of its run's defaults: a setting it does not name 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
-DEFAULT_PRESET = "teaching-demo"
 NO_PRESET = "none"
+
+
+def default_preset(environ: Mapping[str, str] | None = None) -> str:
+    """The preset a run starts from: on a ZeroGPU Space (`SPACES_ZERO_GPU` true) the teaching demo with a LoRA
+    adapter, since each of its short GPU calls restores and saves what it trains (docs/spaces.md, "What a chunk
+    costs"); elsewhere the teaching demo."""
+    env = os.environ if environ is None else environ
+    zerogpu = env.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+    return "teaching-demo-lora" if zerogpu else "teaching-demo"
+
+
+DEFAULT_PRESET = default_preset()
 
 _TEACHING = {
     "name": "teaching-demo",
     "action": "train",
     "model": "SmolLM2-135M-Instruct",
-    # An empty system message: SmolLM2's template would otherwise add its own 16 tokens to every 14-token question,
-    # and prompt tokens are most of what every forward and backward pass computes (docs/benchmarks.md).
+    # An empty system message: SmolLM2's template would otherwise add its own, longer than the question, and prompt
+    # tokens are most of what every forward and backward pass computes (docs/benchmarks.md, "The teaching demo from
+    # the dashboard").
     "dataset": {"source": "arithmetic", "num_prompts": 256, "difficulty": 2, "operations": "+", "seed": 0,
                 "eval_size": 64, "system_prompt": ""},
     "rewards": [{"name": "exact_match", "weight": 1.0}],
-    # 8 epochs over the prompts stage 1 keeps (TRL's filter), at a constant 1e-5: of the recipes measured with run
-    # seeds 0-2 (the filter on for 4 or 8 epochs, off for 1 or 2), the best median held-out accuracy whose click to
-    # finished fits in five minutes; every prompt for 2 epochs learned as well but took longer (docs/benchmarks.md,
-    # "Choosing the teaching demo's recipe"). 2e-5 is unstable across seeds.
-    # 12 completion tokens: "18 + 76 = 94" is 11 and the reward reads the last number, so a clipped answer still
-    # scores; 16 cost a third more decoding for the same learning (seed 0: 0% -> 56% with 16, 0% -> 55% with 12).
+    # 8 epochs over the prompts stage 1 keeps (TRL's filter), at a constant 1e-5: of the recipes measured, the best
+    # median held-out accuracy over run seeds whose click to finished fits in five minutes (docs/benchmarks.md,
+    # "Choosing the teaching demo's recipe"); 2e-5 is unstable across seeds.
+    # 12 completion tokens: the answer ("18 + 76 = 94") fits and the reward reads the last number, so a clipped
+    # answer still scores; 16 decode longer for the same learning (docs/benchmarks.md, "The teaching demo from the
+    # dashboard").
     "config": {"num_value_samples": 8, "beta1": 0.5, "beta2": 1e-3, "learning_rate": 1e-5, "max_steps": -1,
                "num_train_epochs": 8.0, "lr_scheduler_type": "constant",
                "per_device_train_batch_size": 8, "max_completion_length": 12, "temperature": 1.0,
@@ -64,6 +79,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peft": None,
     },
     "custom": {**_TEACHING, "name": "custom-run"},
+    # The demo's settings, not tuned for LoRA (no measured run): what a ZeroGPU chunk restores and saves is then the
+    # adapter, not the model and its optimizer state.
+    "teaching-demo-lora": {**_TEACHING, "name": "teaching-demo-lora", "peft": {"r": 16, "lora_alpha": 32}},
 }
 PRESET_DESCRIPTIONS = {
     "teaching-demo": "Teaching demo: SmolLM2 learns 2-digit sums on a laptop CPU in a few minutes; held-out "
@@ -73,6 +91,9 @@ PRESET_DESCRIPTIONS = {
                         "problems (reasoning-gym gsm_symbolic, <answer> tags, 512 tokens); needs the hub model (or its "
                         "folder) and a GPU.",
     "custom": "Custom: start from the demo's settings and change anything.",
+    "teaching-demo-lora": "Teaching demo with LoRA: the demo training a LoRA adapter (r 16) instead of every "
+                          "weight; the default on a ZeroGPU Space, where each short GPU call restores and saves what "
+                          "it trains.",
     "none": "No preset: the library's own defaults for every setting (A2POConfig's, which are TRL's: 256 "
             "completion tokens, learning rate 5e-5, gradient checkpointing).",
 }

@@ -375,14 +375,6 @@ def register_modules(items: Sequence[str], environ: dict[str, str] | None = None
 
 # ------------------------------------------------------------------------------------------------- names and records
 
-def known_names(registry: Registry | None = None) -> list[str]:
-    """Every reward a spec may name: the built-in ones, then the registered ones."""
-    from a2po.rewards import REWARD_FUNCTIONS
-
-    registry = read_registry() if registry is None else registry
-    return [*REWARD_FUNCTIONS, *registry.names()]
-
-
 def unknown_message(name: Any, registry: Registry | None = None) -> str:
     """Why `name` is no reward here, naming the built-in and the registered rewards."""
     from a2po.rewards import REWARD_FUNCTIONS

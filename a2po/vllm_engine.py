@@ -96,7 +96,10 @@ class VLLMEngine:
                    # The trainer tokenizes and detokenizes; vLLM sees token ids only.
                    skip_tokenizer_init=True,
                    # Sampling settings are the trainer's alone, not the checkpoint's generation_config.json.
-                   generation_config="vllm")
+                   generation_config="vllm",
+                   # The log-probabilities `generate` returns are of the distribution it sampled from (after
+                   # temperature and top-k/top-p), which GRPO's importance-sampling correction needs, as TRL sets.
+                   logprobs_mode="processed_logprobs")
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], key: Hashable) -> None:
         """Replace the engine's weights by `weights` (transformers names and layout, any dtype)."""
@@ -116,10 +119,14 @@ class VLLMEngine:
     def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
                  eos_token_ids: Sequence[int], pad_token_id: int, do_sample: bool = True, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float = 1.0, row_keys: Sequence[Hashable] | None = None,
-                 greedy_samples: int = 0) -> torch.Tensor:
+                 greedy_samples: int = 0, logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Completion ids, (len(prompts) * num_samples, T), as `a2po.rollout.sample_completions` returns them:
         row i * num_samples + j is sample j of prompt i; after a row's first EOS it holds `pad_token_id`. The
-        first `greedy_samples` samples of each prompt are greedy; without `row_keys` sampled rows are unseeded."""
+        first `greedy_samples` samples of each prompt are greedy; without `row_keys` sampled rows are unseeded.
+
+        With `logprobs`, also each sampled token's log-probability under the distribution it was drawn from
+        (softmax(logits / temperature) after top-k/top-p; NaN where vLLM gives none), float32 of the same shape,
+        0 after a row's end; else None."""
         from vllm import SamplingParams
 
         if self.asleep:  # the weights were pushed (and woken) by `load_weights`; the KV cache comes back now
@@ -138,7 +145,7 @@ class VLLMEngine:
                     # The trainer's EOS tokens end a completion, and no other: without `ignore_eos` vLLM also
                     # stops at the EOS of the model config's class defaults (the written config has none).
                     n=1, max_tokens=max_new_tokens, stop_token_ids=list(eos_token_ids), ignore_eos=True,
-                    detokenize=False,
+                    detokenize=False, logprobs=0 if logprobs else None,  # 0: the sampled token's alone
                     temperature=0.0 if greedy else temperature, top_k=top_k or 0, top_p=top_p,
                     seed=None if key is None else stream_seed(key)))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -149,7 +156,13 @@ class VLLMEngine:
         out = torch.full((total, width), pad_token_id, dtype=torch.long)
         for r, row in enumerate(rows):
             out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        if not logprobs:
+            return out, None
+        logps = torch.zeros((total, width), dtype=torch.float32)
+        for r, (output, row) in enumerate(zip(outputs, rows)):
+            logps[r, :len(row)] = torch.tensor([position[token].logprob
+                                                for position, token in zip(output.outputs[0].logprobs, row)])
+        return out, logps
 
 
 _NOT_SHAPE = {"_name_or_path", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache",

@@ -116,12 +116,19 @@ def build_policy(args: argparse.Namespace, data_dir: Path):
     """The operator's policy from the flags (`app.access.policy`); a bad --limit is a clear error."""
     import dataclasses
 
-    from app.access.policy import PUBLIC_LIMITS, ZEROGPU_MAX_MODEL_PARAMS, Limits, Policy
+    from app.access.policy import (
+        PUBLIC_LIMITS,
+        ZEROGPU_MAX_FULL_FINETUNE_PARAMS,
+        ZEROGPU_MAX_MODEL_PARAMS,
+        Limits,
+        Policy,
+    )
     from app.runtime.zerogpu import enabled as zerogpu_enabled
 
     limits = PUBLIC_LIMITS if args.public else Limits()
     if zerogpu_enabled():
-        limits = dataclasses.replace(limits, max_model_params=ZEROGPU_MAX_MODEL_PARAMS)
+        limits = dataclasses.replace(limits, max_model_params=ZEROGPU_MAX_MODEL_PARAMS,
+                                     max_full_finetune_params=ZEROGPU_MAX_FULL_FINETUNE_PARAMS)
     types = {f.name: f.type for f in dataclasses.fields(Limits)}
     for item in args.limit:
         name, _, value = item.partition("=")

@@ -13,6 +13,10 @@ Steps, each writing `DIR/<step>.json` and one summary line to stdout (everything
    SmolLM2-135M's shape: time to the first V* rows, steps per second (from the store's timestamps).
 5. `methods`: ours A*-PO and GRPO on step 1's work under the paper's protocol (`filter_all_incorrect` off, the same
    prompts a step, G = N): time, tokens, memory per step.
+6. `engines`: the samplers side by side on step 1's work (ours with the native decoder and with vLLM colocated, with
+   and without sleep mode; TRL A2PO and GRPO from step 1), and one step from a checkpoint stored in bf16 at 1e-6:
+   one table, `DIR/engines.md`, with "not measured: <why>" for an engine that is not there (docs/benchmarks.md,
+   "The engines side by side (CPU)").
 
 `--cpu` (or no GPU) runs every step at a tiny size on the CPU, which `tests/test_gpu_check.py` does so the check
 cannot rot. `failed STEP --rc N` is what the script calls after a step that failed or ran out of time: it keeps
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("training", "decode", "lora", "studio", "methods")
+STEPS = ("training", "decode", "lora", "studio", "methods", "engines")
 # The issue's targets, against the anchors measured on an H200 (docs/benchmarks.md, "GPU").
 TARGETS = {"wall_vs_trl_a2po": 0.2, "wall_vs_trl_grpo": 0.5, "memory_vs_trl_a2po": 0.8, "lora_vs_trl_a2po": 0.5,
            "decode_vs_floor": 10.0}
@@ -69,6 +73,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def torch_threads() -> int:
+    """The CPU runs' thread count: OMP_NUM_THREADS, as gpu_check.sh --cpu sets it (1 by default)."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 1)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # What every step shares: the device, the sizes, the model, one measured training run
 
@@ -85,7 +94,7 @@ class Setting:
         self.dtype_name = "bfloat16" if self.cuda else "float32"
         self.workdir = workdir
         if not self.cuda:
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+            torch.set_num_threads(torch_threads())
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -220,7 +229,7 @@ def step_training(args: argparse.Namespace, setting: Setting) -> tuple[dict[str,
     argv = ["--size", setting.size, "--device", setting.device, "--repeats", "1", "--wait", "0", "--retries", "0",
             "--workdir", str(setting.workdir), "--out", str(partial)]
     if not setting.cuda:
-        argv += ["--threads", str(int(os.environ.get("OMP_NUM_THREADS") or 1))]
+        argv += ["--threads", str(torch_threads())]
     result: dict[str, Any] = {"argv": argv}
     try:
         report = training.main(argv)
@@ -380,28 +389,22 @@ def step_lora(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any
 
 
 def smollm2_shaped(path: Path, full: bool) -> str:
-    """A random-init Llama model (SmolLM2-135M's shape when `full`, else tiny) and a character tokenizer whose
-    vocabulary is padded to the model's, so that every token the random model samples decodes to text."""
+    """A random-init Llama model (SmolLM2-135M's shape when `full`, else tiny) and a2po.testing's character
+    tokenizer, its vocabulary padded to the model's so that every token the random model samples decodes to text."""
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from tokenizers import models
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from a2po.testing import CHAT_TEMPLATE, SPECIAL_TOKENS, make_char_tokenizer
+    from a2po.testing import make_char_tokenizer
 
-    chars = make_char_tokenizer().get_vocab()
-    shape = SMOLLM2 if full else dict(vocab_size=len(chars), hidden_size=64, intermediate_size=128,
+    tokenizer = make_char_tokenizer()
+    vocab = tokenizer.get_vocab()
+    shape = SMOLLM2 if full else dict(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=1024, tie_word_embeddings=True)
-    vocab = dict(chars)
-    for i in range(shape["vocab_size"] - len(vocab)):
-        vocab[f"<x{i}>"] = len(vocab)
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                        padding_side="left")
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[3:]})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    size = len(vocab)
+    vocab.update({f"<x{i}>": size + i for i in range(shape["vocab_size"] - size)})
+    tokenizer.backend_tokenizer.model = models.WordLevel(vocab=vocab, unk_token="<unk>")
     config = LlamaConfig(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
@@ -507,6 +510,191 @@ def step_methods(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# 6. the engines side by side, and a bf16 checkpoint's first step
+
+# (row, what samples): ours with each sampler, then TRL's trainers (transformers' generate).
+ENGINES = (("native", "ours, native decoder"), ("vllm", "ours, vLLM colocated"),
+           ("vllm-sleep", "ours, vLLM colocated, sleep mode"), ("trl-a2po", "TRL A2POTrainer"),
+           ("trl-grpo", "TRL GRPOTrainer"))
+VLLM_VENV = ROOT / ".venv-vllm"  # vLLM's CPU build (Makefile, `.venv-vllm/.installed`)
+TRL_MISSING = "trl is not installed here (pip install 'a2po-studio[bench]')"
+
+
+def vllm_python(setting: Setting) -> tuple[str | None, str]:
+    """The interpreter to run ours with vLLM in, or None and why there is none."""
+    if _importable("vllm"):
+        return sys.executable, ""
+    if setting.cuda:
+        return None, ("vLLM is not installed in this Python (the lent GPU machine has none, and its wheel is larger "
+                      "than what travels there: shared/reference/gpu-checks.md)")
+    if (VLLM_VENV / ".installed").is_file():
+        return str(VLLM_VENV / "bin" / "python"), ""
+    return None, "vLLM is not installed here (its CPU build: `make .venv-vllm/.installed`)"
+
+
+def step_engines(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any], str]:
+    from benchmarks import training
+
+    runs: dict[str, dict[str, Any]] = {}
+    why_not: dict[str, str] = {}
+
+    def measure(name: str, impl: str, python: str | None = None, **vllm: bool) -> None:
+        job = training.Job(impl=impl, size=setting.size, model_dir=setting.model_dir(),
+                           output_dir=str(setting.workdir / f"engine-{name}"),
+                           result_path=str(setting.workdir / f"engine-{name}.json"), device=setting.device,
+                           threads=None if setting.cuda else torch_threads(), **vllm)
+        try:
+            run = training.run_isolated(job, max_busy=1.0, wait=0, max_foreign=1.0, retries=0, python=python,
+                                        log=lambda message: print(message, file=sys.stderr, flush=True))
+        except RuntimeError as error:  # its output is in the log; the table says it failed
+            print(error, file=sys.stderr, flush=True)
+            why_not[name] = f"the run failed: {str(error).splitlines()[0]} (see gpu_check.log)"
+            return
+        runs[name] = {**training.summarize_runs([run]), "run": run}
+
+    # Ours with its own decoder and TRL's trainers: step 1's runs of the same work when it ran in this $OUT.
+    earlier_path = Path(args.out) / "training.json"
+    earlier = json.loads(earlier_path.read_text()) if earlier_path.is_file() else {}
+    if earlier.get("size") == setting.size:
+        for name, impl in (("native", "ours"), ("trl-a2po", "trl-a2po"), ("trl-grpo", "trl-grpo")):
+            if impl in earlier.get("summary", {}):
+                runs[name] = {**earlier["summary"][impl], "from": "training.json"}
+            else:
+                why_not[name] = (TRL_MISSING if impl in training.TRL_IMPLS and not earlier.get("trl_installed")
+                                 else "step 1 (training) did not measure it (see training.json)")
+    else:
+        measure("native", "ours")
+        for impl in training.TRL_IMPLS:
+            if _importable("trl"):
+                measure(impl, impl)
+            else:
+                why_not[impl] = TRL_MISSING
+
+    python, reason = vllm_python(setting)
+    if python is None:
+        why_not["vllm"] = why_not["vllm-sleep"] = reason
+    else:
+        if not setting.cuda:  # vLLM's CPU KV cache, in GiB (its default takes a share of the machine's memory)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        measure("vllm", "ours", python, use_vllm=True)
+        platform = runs.get("vllm", {}).get("run", {}).get("vllm") or {}
+        if "vllm" not in runs:
+            why_not["vllm-sleep"] = "vLLM without sleep mode failed first"
+        elif not platform.get("sleep_mode_available"):
+            why_not["vllm-sleep"] = (f"vLLM has no sleep mode on {platform.get('device')} (CUDA only), and "
+                                     "vllm_enable_sleep_mode is refused there")
+        else:
+            measure("vllm-sleep", "ours", python, use_vllm=True, vllm_enable_sleep_mode=True)
+
+    rows = [engine_row(name, label, runs.get(name), why_not.get(name)) for name, label in ENGINES]
+    bf16 = bf16_checkpoint_steps(setting)
+    vllm_env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    memory = ("the CUDA allocator's peak (with vLLM: its weights and KV cache, vllm_gpu_memory_utilization's 0.3 of "
+              "the GPU)" if setting.cuda else "the process's peak RSS (with vLLM: its KV cache, "
+              f"VLLM_CPU_KVCACHE_SPACE={vllm_env.get('VLLM_CPU_KVCACHE_SPACE')} GiB)")
+    notes = [f"{setting.size} shape on the {setting.device}: one epoch of A*-PO (of GRPO for TRL GRPO) on "
+             f"benchmarks.training's work and settings; memory is {memory}",
+             "vLLM's epoch and stage 1 include its engine's start; its decode ms/step do not"]
+    if not setting.cuda:
+        notes.append("CPU speed is not GPU speed: these figures show that every engine runs, not how fast on a GPU")
+    result = {"ok": True, "engines": rows, "bf16_checkpoint": bf16, "vllm_python": python, "vllm_env": vllm_env,
+              "notes": notes, "runs": runs}
+    result["table"] = engines_table(result, markdown=False)
+    result["markdown"] = engines_table(result, markdown=True)
+    (Path(args.out) / "engines.md").write_text(result["markdown"] + "\n")
+    print(result["table"], file=sys.stderr)
+    parts = [f"{row['engine']} {row['epoch_s']:.1f} s {_gib(row['peak_memory_gib'])}" if row["measured"]
+             else f"{row['engine']} not measured" for row in rows]
+    parts.append(f"bf16 checkpoint, one step at {bf16['learning_rate']:g}: "
+                 + ", ".join(f"{v['share_changed']:.1%} changed ({k})" for k, v in bf16["runs"].items()))
+    return result, "; ".join(parts)
+
+
+def engine_row(name: str, label: str, summary: dict[str, Any] | None, why_not: str | None) -> dict[str, Any]:
+    """One row of the table: the run's figures, or why it was not measured."""
+    if summary is None:
+        return {"engine": name, "sampler": label, "measured": False, "why": why_not or "not run"}
+    phases = summary.get("phases", {})
+    run = summary.get("run", {})
+    return {"engine": name, "sampler": label, "measured": True, "epoch_s": summary["wall_s"],
+            "engine_start_s": run.get("engine_start_s"), "stage1_s": summary.get("stage1_s"),
+            "stage2_s": summary.get("stage2_s"),
+            "stage1_decode_ms_per_step": phases.get("values", {}).get("ms_per_step"),
+            "stage2_decode_ms_per_step": phases.get("train", {}).get("ms_per_step"),
+            "peak_memory_gib": summary["peak_memory_gib"], "from": summary.get("from", "this step")}
+
+
+def engines_table(result: dict[str, Any], markdown: bool) -> str:
+    """The engines as one table (plain text or markdown), the bf16 step and the notes below it."""
+    from benchmarks.training import _fmt, format_table
+
+    headers = ["engine", "sampler", "epoch s", "engine start s", "stage 1 s", "stage 2 s", "S1 decode ms/step",
+               "S2 decode ms/step", "peak memory GiB", "note"]
+    rows = []
+    for row in result["engines"]:
+        if row["measured"]:
+            note = "step 1's run (training.json)" if row["from"] == "training.json" else ""
+            rows.append([row["engine"], row["sampler"], _fmt(row["epoch_s"]), _fmt(row["engine_start_s"]),
+                         _fmt(row["stage1_s"]), _fmt(row["stage2_s"]), _fmt(row["stage1_decode_ms_per_step"], 1),
+                         _fmt(row["stage2_decode_ms_per_step"], 1), _fmt(row["peak_memory_gib"], 3), note])
+        else:
+            rows.append([row["engine"], row["sampler"], *["-"] * (len(headers) - 3), f"not measured: {row['why']}"])
+    bf16 = result["bf16_checkpoint"]
+    lines = [format_table(headers, rows, markdown), "",
+             f"One A*-PO step at learning rate {bf16['learning_rate']:g} with bf16 compute, from a checkpoint stored "
+             "in bf16 (share of the weights' elements the step changed):"]
+    lines += [f"- {name}: {run['share_changed']:.2%} ({run['weights_dtype']} weights)"
+              for name, run in bf16["runs"].items()]
+    lines += ["", *(f"Note: {note}." for note in result["notes"])]
+    return "\n".join(lines)
+
+
+def bf16_checkpoint_steps(setting: Setting) -> dict[str, Any]:
+    """One A*-PO step at the GPU preset's learning rate, bf16 compute, from a checkpoint stored in bf16: the share of
+    weight elements it changes with the trainer's default fp32 master weights, and with the weights kept in bf16 as
+    stored (TRL's default; bf16 rounds away updates under half its step)."""
+    import gc
+
+    import torch
+    from datasets import Dataset
+
+    from a2po import A2POConfig, A2POTrainer
+    from a2po.presets import PRESETS
+    from benchmarks.training import SIZES, binary_reward, build_model, make_prompts, make_tokenizer
+
+    if setting.dtype_name == "bfloat16":
+        model = setting.model_dir()
+    else:
+        path = setting.workdir / "bf16" / f"model-{setting.size}"
+        model = str(path) if (path / "tokenizer.json").is_file() else build_model(setting.size, path.parent, "bfloat16")
+    learning_rate = PRESETS["step-by-step-gpu"]["config"]["learning_rate"]
+    dataset = Dataset.from_dict({"prompt": make_prompts(setting.size, 8)})
+    runs = {}
+    for name, init in (("fp32 master weights (the default)", {}),
+                       ("kept in bf16 as stored (model_init_kwargs dtype)", {"dtype": torch.bfloat16})):
+        args = A2POConfig(output_dir=str(setting.workdir / "bf16-run"), num_value_samples=2, beta1=0.5, beta2=1e-3,
+                          per_device_train_batch_size=8, max_steps=1, learning_rate=learning_rate, bf16=True,
+                          use_cpu=not setting.cuda, max_completion_length=min(32, SIZES[setting.size].max_completion),
+                          filter_all_incorrect=False, save_values=False, gradient_checkpointing=True, seed=0,
+                          report_to="none", save_strategy="no", disable_tqdm=True, model_init_kwargs=init or None)
+        trainer = A2POTrainer(model=model, reward_funcs=binary_reward, args=args, train_dataset=dataset,
+                              processing_class=make_tokenizer(setting.size))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        after = dict(trainer.model.named_parameters())
+        changed = sum(int((before[n] != after[n]).sum()) for n in before)
+        runs[name] = {"share_changed": changed / sum(p.numel() for p in before.values()),
+                      "weights_dtype": str(next(iter(after.values())).dtype).removeprefix("torch."),
+                      "steps": trainer.state.global_step}
+        del trainer, before, after
+        gc.collect()
+        if setting.cuda:
+            torch.cuda.empty_cache()
+    return {"learning_rate": learning_rate, "stored_dtype": "bfloat16", "runs": runs}
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -571,6 +759,7 @@ def run_step(args: argparse.Namespace, setting: Setting) -> int:
         "lora": lambda: step_lora(args, setting),
         "studio": lambda: step_studio(args, setting, args.timeout),
         "methods": lambda: step_methods(args, setting),
+        "engines": lambda: step_engines(args, setting),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,8 @@ class Shape:
 
 
 SIZES = {
-    "tiny": Shape(512, 16, 16, 16, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2),
+    # 2 heads of 32: vLLM's CPU attention takes no smaller head (`gpu_check.sh --cpu` runs vLLM at this size).
+    "tiny": Shape(512, 16, 16, 16, hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1),
     "small": Shape(8192, 32, 48, 48, hidden=256, intermediate=704, layers=4, heads=4, kv_heads=2),
     "q05": Shape(151936, 32, 96, 256, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2),
 }
@@ -94,6 +95,8 @@ class Job:
     num_value_samples: int = 8
     max_completion_length: int | None = None  # None: the size's default
     num_prompts: int | None = None  # None: the size's default
+    use_vllm: bool = False  # ours only: sample with a colocated vLLM engine (the config's `use_vllm`)
+    vllm_enable_sleep_mode: bool = False
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,6 +226,9 @@ def run_job(job: Job) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
     else:
         raise ValueError(f"unknown implementation {job.impl!r}; choose from {IMPLS}")
+    if job.use_vllm and job.impl != "ours":
+        raise ValueError(f"use_vllm is measured for ours only (got impl {job.impl!r}); TRL's trainers here use "
+                         "transformers' generate")
     rss_after_import = current_rss_gib()
     import_s = time.perf_counter() - started
 
@@ -256,13 +262,27 @@ def run_job(job: Job) -> dict[str, Any]:
         return wrapper
 
     undo = None
+    engine_start = {"seconds": 0.0}
     if job.impl == "ours":
         class RecordRuntime(A2POCallback):
             def on_values_end(self, args, state, control, *, split, values, summary, **kwargs):
                 values_runtime.append(float(summary.get("runtime", float("nan"))))
 
+        if job.use_vllm:  # the engine starts at the first sampling, inside train(): its start is timed apart
+            from a2po.vllm_engine import VLLMEngine
+
+            start_engine = VLLMEngine._start
+
+            def timed_start(settings: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return start_engine(settings)
+                finally:
+                    engine_start["seconds"] += time.perf_counter() - start
+
+            VLLMEngine._start = staticmethod(timed_start)
         args = A2POConfig(num_value_samples=job.num_value_samples, beta1=0.5, beta2=1e-3, max_prompt_length=512,
-                          **common)
+                          use_vllm=job.use_vllm, vllm_enable_sleep_mode=job.vllm_enable_sleep_mode, **common)
         trainer = A2POTrainer(model=job.model_dir, reward_funcs=binary_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[RecordRuntime()])
         trainer.estimate_optimal_values = timed_stage1(trainer.estimate_optimal_values)
@@ -294,6 +314,8 @@ def run_job(job: Job) -> dict[str, Any]:
 
     if job.impl == "ours":
         stats = {phase: {**_empty_phase(), **dict(values)} for phase, values in trainer.rollout_stats.items()}
+        if job.use_vllm and "values" in stats:  # the engine starts in the first sampling, stage 1's: not decoding
+            stats["values"]["seconds"] -= engine_start["seconds"]
     phases = {}
     for phase in PHASES:
         entry = stats.get(phase)
@@ -302,8 +324,16 @@ def run_job(job: Job) -> dict[str, Any]:
         phases[phase] = {**entry, "ms_per_step": 1000 * entry["seconds"] / entry["decode_steps"],
                          "tokens_per_s": entry["tokens"] / entry["seconds"] if entry["seconds"] else 0.0}
     has_stage1 = job.impl != "trl-grpo"
+    vllm = None
+    if job.use_vllm:
+        import vllm as vllm_package
+        from vllm.platforms import current_platform
+
+        vllm = {"version": vllm_package.__version__, "device": current_platform.device_name,
+                "sleep_mode_available": current_platform.is_sleep_mode_available()}
     return {
         "impl": job.impl, "size": job.size, "device": job.device,
+        "engine_start_s": engine_start["seconds"] if job.use_vllm else None, "vllm": vllm,
         "wall_s": wall,
         "stage1_s": stage1["seconds"] if has_stage1 else None,
         "stage2_s": wall - stage1["seconds"] if has_stage1 else None,
@@ -380,8 +410,9 @@ def wait_until_idle(max_busy: float, timeout: float, log: Callable[[str], None])
 
 
 def run_isolated(job: Job, *, max_busy: float, wait: float, max_foreign: float, retries: int,
-                 log: Callable[[str], None]) -> dict[str, Any]:
-    """Run `job` in a fresh Python process once the machine is idle; repeat it if others competed for the CPUs."""
+                 log: Callable[[str], None], python: str | None = None) -> dict[str, Any]:
+    """Run `job` in a fresh Python process (`python`, default this one) once the machine is idle; repeat it if
+    others competed for the CPUs."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
     if job.threads:
@@ -397,7 +428,7 @@ def run_isolated(job: Job, *, max_busy: float, wait: float, max_foreign: float, 
         start = time.perf_counter()
         log_path = Path(job.result_path).with_suffix(".log")
         with open(log_path, "w") as log_file:
-            code = subprocess.call([sys.executable, "-c", _CHILD_BOOT, __file__, json.dumps(asdict(job))],
+            code = subprocess.call([python or sys.executable, "-c", _CHILD_BOOT, __file__, json.dumps(asdict(job))],
                                    stdout=log_file, stderr=subprocess.STDOUT, env=env)
         elapsed = time.perf_counter() - start
         if code != 0:

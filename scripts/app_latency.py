@@ -7,56 +7,51 @@ Train button does), polls `/status`, then stops the run and the app. A fresh DAT
 conversion of the default model; `--seed` changes the prompts so their V* is not already stored.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gradio_client import Client
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
 
-from app.web import forms
 
-parser = argparse.ArgumentParser()
-parser.add_argument("data_dir", type=Path)
-parser.add_argument("--port", type=int, default=7871)
-parser.add_argument("--seed", type=int, default=None)
-args = parser.parse_args()
-args.data_dir.mkdir(parents=True, exist_ok=True)
-env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-with open(args.data_dir / "server.log", "w") as log:
-    server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir", str(args.data_dir)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-try:
-    for _ in range(240):
-        try:
-            socket.create_connection(("127.0.0.1", args.port), timeout=1).close()
-            break
-        except OSError:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("--port", type=int, default=7871)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+
+    from gradio_client import Client
+
+    from app.web import forms
+    from benchmarks.harness import studio
+
+    with studio(args.data_dir, port=args.port) as app:
+        client = Client(app.url, verbose=False)
+        spec = forms.validate_form(forms.default_form()).spec
+        if args.seed is not None:
+            spec["dataset"]["seed"] = args.seed
+        start = time.time()
+        run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
+        first_values = first_step = None
+        while first_step is None:
+            status = client.predict(run_id=run_id, api_name="/status")
+            elapsed = time.time() - start
+            if first_values is None and (status.get("values") or {}).get("num_prompts"):
+                first_values = elapsed
+            if "loss" in (status.get("latest_metrics") or {}):
+                first_step = elapsed
+            if status["status"] in ("failed", "finished", "stopped"):
+                print(f"run ended {status['status']}: {status.get('error')}")
+                break
             time.sleep(0.5)
-    client = Client(f"http://127.0.0.1:{args.port}/", verbose=False)
-    spec = forms.validate_form(forms.default_form()).spec
-    if args.seed is not None:
-        spec["dataset"]["seed"] = args.seed
-    start = time.time()
-    run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
-    first_values = first_step = None
-    while first_step is None:
-        status = client.predict(run_id=run_id, api_name="/status")
-        elapsed = time.time() - start
-        if first_values is None and (status.get("values") or {}).get("num_prompts"):
-            first_values = elapsed
-        if "loss" in (status.get("latest_metrics") or {}):
-            first_step = elapsed
-        if status["status"] in ("failed", "finished", "stopped"):
-            print(f"run ended {status['status']}: {status.get('error')}")
-            break
-        time.sleep(0.5)
-    client.predict(run_id=run_id, api_name="/stop")
-    print(json.dumps({"first_v_star_s": first_values, "first_step_s": first_step}))
-finally:
-    server.terminate()
-    server.wait(30)
+        client.predict(run_id=run_id, api_name="/stop")
+        print(json.dumps({"first_v_star_s": first_values, "first_step_s": first_step}))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import playwright.sync_api as playwright
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from screenshots import CHROMIUM_ARGS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
 
 RUN_ID = re.compile(r"#\d+")
 ENDED = re.compile(r"\b(finished|failed|stopped|interrupted)\b")
@@ -33,13 +31,9 @@ def main() -> None:
     parser.add_argument("--timeout-minutes", type=float, default=30.0)
     args = parser.parse_args()
 
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                    args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(120_000)
-        page.goto(args.url, wait_until="load")
-        page.wait_for_selector("#main-tabs")
+    from benchmarks.harness import studio_page
+
+    with studio_page(args.url, height=1000, timeout_ms=120_000) as page:
         page.locator("#action-train").click()
         clicked = time.monotonic()
         header = page.locator("#run-header")
@@ -58,7 +52,6 @@ def main() -> None:
             args.screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(args.screenshot), full_page=True)
             print(f"saved {args.screenshot}", flush=True)
-        browser.close()
     raise SystemExit(0 if status == "finished" else 1)
 
 

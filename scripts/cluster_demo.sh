@@ -14,7 +14,12 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 WORK=/tmp/a2po-cluster-demo QUICK=0
 for arg in "$@"; do
-  if [[ $arg == --quick ]]; then QUICK=1; else WORK=$arg; fi
+  case $arg in
+    -h|--help) sed -n '2,11s/^# \{0,1\}//p' "$ROOT/scripts/cluster_demo.sh"; exit 0 ;;
+    --quick) QUICK=1 ;;
+    -*) echo "cluster_demo.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    *) WORK=$arg ;;
+  esac
 done
 PY=${PYTHON:-$ROOT/.venv/bin/python}; [[ -x $PY ]] || PY=python3
 RAY=$(dirname "$PY")/ray; [[ -x $RAY ]] || RAY=ray

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
 FINISHED = ("finished", "failed", "stopped", "interrupted")
 MARGIN = 0.03  # "reaches GRPO's final accuracy" means within 3 points of it (one evaluation's noise is larger)
 
@@ -38,26 +36,15 @@ def wait_finished(client, run_id: int) -> dict:
         time.sleep(5.0)
 
 
-def with_studio(data_dir: Path, port: int, work) -> None:
-    """Run `work(client)` against `python -m app` serving `data_dir` on `port`."""
-    from gradio_client import Client
-    from studio_client import wait_for_port
-
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONPATH=str(ROOT))
-    app = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir)],
-                           cwd=ROOT, env=env)
-    try:
-        wait_for_port(port)
-        work(Client(f"http://127.0.0.1:{port}/", verbose=False))
-    finally:
-        app.terminate()
-        app.wait(timeout=60)
-
-
 def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protocol: str, extra: dict,
                  budget_minutes: float = 0.0) -> None:
     """Press "A*-PO vs GRPO" with `seeds` on a studio serving `data_dir`, and wait for every run to end."""
-    def work(client) -> None:
+    from gradio_client import Client
+
+    from benchmarks.harness import studio
+
+    with studio(data_dir, port=port) as app:
+        client = Client(app.url, verbose=False)
         spec = {"name": name, **extra, "dataset": {"eval_size": 128, **extra.get("dataset", {})}}
         study = client.predict(spec=spec, protocol=protocol, budget_minutes=budget_minutes, seeds=seeds,
                                api_name="/launch_pair")
@@ -67,8 +54,6 @@ def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protoco
             for method in ("a2po", "grpo"):
                 status = wait_finished(client, pair[method]["run_id"])
                 print(f"{pair[method]['name']}: run {pair[method]['run_id']} {status['status']}", flush=True)
-
-    with_studio(data_dir, port, work)
 
 
 def newest_study(store, name: str) -> list[dict]:
@@ -182,7 +167,6 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only report the newest study already in DATA_DIR")
     options = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT))
     from storage import Store
 
     if not options.report:

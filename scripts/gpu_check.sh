@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh [--cpu] [STEP ...]
 #
-# Runs these steps in order (all five by default), each under its own time limit inside one overall budget, each
+# Runs these steps in order (all six by default), each under its own time limit inside one overall budget, each
 # writing $OUT/STEP.json (OUT defaults to ./gpu-out) and one line to stdout as it ends; what the steps print besides
 # goes to $OUT/gpu_check.log. The Python is benchmarks/gpu_check.py (one subcommand per step).
 #   training  python -m benchmarks.training at q05: ours against TRL A2PO and TRL GRPO (TRL skipped, and said so in
@@ -12,9 +12,16 @@
 #   lora      ours with LoRA on the same work: peak memory against TRL A2PO's (read from training.json)
 #   studio    one studio job through app.runtime.worker and a SQLite file, SmolLM2-135M-shaped random model
 #   methods   ours A*-PO against ours GRPO on the q05 work, filter_all_incorrect off
-# --cpu runs them at a tiny size on the CPU (tests/test_gpu_check.py does; about 2 minutes of CPU). Without a GPU the
-# tiny sizes are used anyway. PYTHON picks the interpreter (default .venv/bin/python, else python3);
-# GPU_CHECK_BUDGET the overall seconds (default 560 on a GPU, 175 with --cpu), shared out among the steps.
+#   engines   the engines side by side on step 1's work: ours with the native decoder, with vLLM colocated (with and
+#             without sleep mode) and TRL A2PO and GRPO (step 1's runs, read from training.json), epoch time, decode
+#             ms/step and peak memory; and one A*-PO step at 1e-6 from a checkpoint stored in bf16 (the share of
+#             weights it changes). One table: $OUT/engines.md, and engines.json. An engine not installed is "not
+#             measured: <why>": on the lent GPU machine vLLM (shared/reference/gpu-checks.md), on the CPU vLLM's sleep
+#             mode (CUDA only). With --cpu, vLLM runs from .venv-vllm (vLLM's CPU build, `make .venv-vllm/.installed`)
+#             when this Python has none.
+# --cpu runs them at a tiny size on the CPU (tests/test_gpu_check.py does; a few minutes of CPU, one of them vLLM's
+# start). Without a GPU the tiny sizes are used anyway. PYTHON picks the interpreter (default .venv/bin/python, else
+# python3); GPU_CHECK_BUDGET the overall seconds (default 560 on a GPU, 300 with --cpu), shared out among the steps.
 #
 # On the GPU machine (python 3.12, torch 2.11, transformers 5.17; accelerate, peft, pandas, pyarrow, xxhash, fsspec,
 # huggingface-hub, pyyaml, tqdm are there: shared/reference/gpu-checks.md) the steps import seven packages that are
@@ -35,7 +42,7 @@
 #     .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 #     PYTHON=python3 || exit; scripts/gpu_check.sh
 #
-# Only 8 files come back from $OUT: the five JSON files and the log are six. To rerun one step: name it
+# Only 8 files come back from $OUT: the six JSON files, engines.md and the log are eight. To rerun one step: name it
 # (`scripts/gpu_check.sh decode`); lora reads training.json from an earlier run in the same $OUT when there is one.
 set -u
 cd "$(dirname "$0")/.."
@@ -46,11 +53,11 @@ for arg in "$@"; do
     case "$arg" in
         --cpu) cpu="--cpu" ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        training|decode|lora|studio|methods) steps+=("$arg") ;;
+        training|decode|lora|studio|methods|engines) steps+=("$arg") ;;
         *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
-[ ${#steps[@]} -gt 0 ] || steps=(training decode lora studio methods)
+[ ${#steps[@]} -gt 0 ] || steps=(training decode lora studio methods engines)
 
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
@@ -63,11 +70,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 # them a larger budget); the budget caps them all together.
 if [ -n "$cpu" ]; then
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-    budget=${GPU_CHECK_BUDGET:-175}
-    declare -A share=([training]=40 [decode]=15 [lora]=15 [studio]=25 [methods]=25)
+    budget=${GPU_CHECK_BUDGET:-300}
+    declare -A share=([training]=25 [decode]=10 [lora]=10 [studio]=15 [methods]=15 [engines]=45)
 else
     budget=${GPU_CHECK_BUDGET:-560}
-    declare -A share=([training]=54 [decode]=11 [lora]=13 [studio]=18 [methods]=21)
+    declare -A share=([training]=54 [decode]=11 [lora]=13 [studio]=18 [methods]=21 [engines]=20)
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 trap 'rm -rf "$work"' EXIT

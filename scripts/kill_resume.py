@@ -17,40 +17,32 @@ import argparse
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from gradio_client import Client
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from teaching_demo import accuracy_points, wait_for_port  # noqa: E402
-
-from storage import Store  # noqa: E402
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--port", type=int, default=7873)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kill-after-step", type=int, default=10)
     parser.add_argument("--save-steps", type=int, default=6)
     args = parser.parse_args()
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    log = open(args.data_dir / "server.log", "a")  # noqa: SIM115 (open for the server's lifetime)
-    server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir",
-                               str(args.data_dir)], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    from gradio_client import Client
+    from teaching_demo import OFFLINE, accuracy_points
+
+    from benchmarks.harness import studio
+    from storage import Store
+
     start = time.time()
 
     def event(what: str, **fields) -> None:
         print(json.dumps({"t_s": round(time.time() - start, 1), "event": what, **fields}), flush=True)
 
-    try:
-        wait_for_port(args.port)
-        client = Client(f"http://127.0.0.1:{args.port}/", verbose=False)
+    with studio(args.data_dir, port=args.port, env=OFFLINE) as app:
+        client = Client(app.url, verbose=False)
         store = Store(args.data_dir / "studio.db")
         start = time.time()
         # Step checkpoints: the preset's stage 2 lasts a few minutes, shorter than the timed checkpoints' 5.
@@ -93,10 +85,6 @@ def main() -> None:
         event("ended", status=status["status"], final_step=max(r["step"] for r in losses),
               logged_steps=len({r["step"] for r in losses}), accuracy_before=points[0][1] if points else None,
               accuracy_after=points[-1][1] if points else None)
-    finally:
-        server.terminate()
-        server.wait(60)
-        log.close()
 
 
 if __name__ == "__main__":

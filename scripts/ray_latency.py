@@ -12,26 +12,20 @@ deletes it. Prints the median and every trial; the figures go in docs/benchmarks
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gradio_client import Client  # noqa: E402
-
-from a2po.testing import make_tiny_model  # noqa: E402
-from storage import Store  # noqa: E402
-from tests import postgres  # noqa: E402
-from tests.test_app_api import free_port, start_app, stop_app, tiny_spec  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks`, `tests`
 
 DASHBOARD = "http://127.0.0.1:8265"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def first_values_after_launch(client: Client, store: Store, spec: dict) -> float:
+def first_values_after_launch(client, store, spec: dict) -> float:
     """Seconds from the /launch call to the run's first stored V* row; the run is deleted afterwards."""
     started = time.perf_counter()
     run_id = client.predict(spec=spec, api_name="/launch")["run_id"]
@@ -55,6 +49,14 @@ def main() -> None:
     import subprocess
     import urllib.request
 
+    from gradio_client import Client
+
+    from a2po.testing import make_tiny_model
+    from benchmarks.harness import studio
+    from storage import Store
+    from tests import postgres
+    from tests.test_app_api import tiny_spec
+
     def ray_answers() -> bool:
         try:
             with urllib.request.urlopen(f"{DASHBOARD}/api/version", timeout=2):
@@ -62,31 +64,30 @@ def main() -> None:
         except OSError:
             return False
 
-    ray = Path(sys.executable).parent / "ray"
-    started_ray = not ray_answers()
-    if started_ray:
-        subprocess.run([str(ray), "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
-                        "--dashboard-port=8265", "--num-cpus=2", "--include-dashboard=true",
-                        "--object-store-memory=200000000", "--disable-usage-stats"], check=True, capture_output=True)
-        while not ray_answers():
-            time.sleep(0.5)
     binaries = postgres.find_binaries()
     if binaries is None:
         raise SystemExit(postgres.MISSING)
-    server = postgres.PostgresServer(binaries).start()
-    work = Path(tempfile.mkdtemp(prefix="a2po-ray-latency-"))
-    model = work / "tiny-model"
-    make_tiny_model(model)
-    db = server.create_database()
-    apps = []
-    try:
-        local_port, ray_port = free_port(), free_port()
-        apps.append(start_app(work / "local", local_port, "--model-root", str(model)))
-        apps.append(start_app(work / "ray", ray_port, "--model-root", str(model), "--ray-address", DASHBOARD,
-                              "--db", db))
-        backends = {"local": (Client(f"http://127.0.0.1:{local_port}/", verbose=False), Store(work / "local" /
-                                                                                               "studio.db")),
-                    "ray": (Client(f"http://127.0.0.1:{ray_port}/", verbose=False), Store(db))}
+    ray = Path(sys.executable).parent / "ray"
+    with contextlib.ExitStack() as cleanup:  # undone last to first: the studios, the database, the Ray head
+        if not ray_answers():
+            subprocess.run([str(ray), "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
+                            "--dashboard-port=8265", "--num-cpus=2", "--include-dashboard=true",
+                            "--object-store-memory=200000000", "--disable-usage-stats"], check=True,
+                           capture_output=True)
+            cleanup.callback(subprocess.run, [str(ray), "stop", "--force"], capture_output=True)
+            while not ray_answers():
+                time.sleep(0.5)
+        server = postgres.PostgresServer(binaries).start()
+        cleanup.callback(server.stop)
+        work = Path(tempfile.mkdtemp(prefix="a2po-ray-latency-"))
+        model = work / "tiny-model"
+        make_tiny_model(model)
+        db = server.create_database()
+        local = cleanup.enter_context(studio(work / "local", "--model-root", str(model), env=OFFLINE))
+        on_ray = cleanup.enter_context(studio(work / "ray", "--model-root", str(model), "--ray-address", DASHBOARD,
+                                              "--db", db, env=OFFLINE))
+        backends = {"local": (Client(local.url, verbose=False), Store(work / "local" / "studio.db")),
+                    "ray": (Client(on_ray.url, verbose=False), Store(db))}
         times: dict[str, list[float]] = {name: [] for name in backends}
         for trial in range(args.trials):
             for name, (client, store) in backends.items():
@@ -98,12 +99,6 @@ def main() -> None:
               + ", ".join(f"{name} {statistics.median(t):.2f} s" for name, t in times.items()))
         for name, t in times.items():
             print(f"  {name}: " + " ".join(f"{x:.2f}" for x in t))
-    finally:
-        for app in apps:
-            stop_app(app)
-        server.stop()
-        if started_ray:
-            subprocess.run([str(ray), "stop", "--force"], capture_output=True)
 
 
 if __name__ == "__main__":

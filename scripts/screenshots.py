@@ -16,24 +16,16 @@ per-seed table) instead of the two runs, and Explain the pair.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import playwright.sync_api as playwright
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from teaching_demo import wait_for_port  # noqa: E402
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("run_id", type=int, nargs="?")
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
@@ -44,44 +36,32 @@ def main() -> None:
     args = parser.parse_args()
     if (args.run_id is None) == (args.study is None):
         parser.error("give a RUN_ID or --study NAME")
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir", str(args.data_dir),
-                               "--no-resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(args.port)
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                        args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(60_000)
-            page.goto(f"http://127.0.0.1:{args.port}/", wait_until="load")
-            page.wait_for_selector("#main-tabs")
-            args.out.mkdir(parents=True, exist_ok=True)
-            if args.pair is not None or args.study is not None:
-                if args.study is not None:
-                    study_screenshot(page, args.study, args.out)
-                else:
-                    pair_screenshots(page, args.run_id, args.pair, args.out, args.duel)
-                browser.close()
-                return
-            page.get_by_role("tab", name="Run", exact=True).first.click()
-            page.locator("#run-picker input").click()
-            page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
-            playwright.expect(page.locator("#run-accuracy")).to_contain_text("→")
-            page.get_by_role("tab", name="Training", exact=True).first.click()
-            playwright.expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
-            time.sleep(1.5)
-            page.screenshot(path=str(args.out / "teaching-run.png"), full_page=True)
-            page.get_by_role("tab", name="Explain", exact=True).first.click()
-            page.locator("#explain-run input").click()
-            page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
-            playwright.expect(page.locator("#explain-pass-at-n")).to_contain_text("although none")
-            time.sleep(2.0)
-            page.screenshot(path=str(args.out / "teaching-explain.png"), full_page=True)
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait(60)
+
+    from benchmarks.harness import studio, studio_page
+
+    with (studio(args.data_dir, "--no-resume", port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
+          studio_page(app.url) as page):
+        args.out.mkdir(parents=True, exist_ok=True)
+        if args.pair is not None or args.study is not None:
+            if args.study is not None:
+                study_screenshot(page, args.study, args.out)
+            else:
+                pair_screenshots(page, args.run_id, args.pair, args.out, args.duel)
+            return
+        page.get_by_role("tab", name="Run", exact=True).first.click()
+        page.locator("#run-picker input").click()
+        page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
+        playwright.expect(page.locator("#run-accuracy")).to_contain_text("→")
+        page.get_by_role("tab", name="Training", exact=True).first.click()
+        playwright.expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
+        time.sleep(1.5)
+        page.screenshot(path=str(args.out / "teaching-run.png"), full_page=True)
+        page.get_by_role("tab", name="Explain", exact=True).first.click()
+        page.locator("#explain-run input").click()
+        page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
+        playwright.expect(page.locator("#explain-pass-at-n")).to_contain_text("although none")
+        time.sleep(2.0)
+        page.screenshot(path=str(args.out / "teaching-explain.png"), full_page=True)
 
 
 def pick_runs(page, picker: str, run_ids: list[int]) -> None:

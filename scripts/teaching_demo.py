@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gradio_client import Client
-from studio_client import wait_for_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
+
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
 
 
 def accuracy_points(client: Client, run_id: int) -> list[tuple[int, float]]:
@@ -51,20 +52,17 @@ def run_seed(client: Client, seed: int, extra: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--port", type=int, default=7872)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--spec", default="{}", help="JSON merged into each launched spec (tuning)")
     args = parser.parse_args()
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    with open(args.data_dir / "server.log", "a") as log:
-        server = subprocess.Popen([sys.executable, "-m", "app", "--port", str(args.port), "--data-dir",
-                                   str(args.data_dir)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(args.port)
-        client = Client(f"http://127.0.0.1:{args.port}/", verbose=False)
+
+    from benchmarks.harness import studio
+
+    with studio(args.data_dir, port=args.port, env=OFFLINE) as app:
+        client = Client(app.url, verbose=False)
         results = []
         for seed in args.seeds:
             result = run_seed(client, seed, json.loads(args.spec))
@@ -73,9 +71,6 @@ def main() -> None:
         gains = [r["accuracy_after"] - r["accuracy_before"] for r in results if r["accuracy_after"] is not None]
         print(json.dumps({"min_gain_points": round(100 * min(gains), 1) if gains else None,
                           "max_wall_s": max(r["wall_s"] for r in results)}), flush=True)
-    finally:
-        server.terminate()
-        server.wait(60)
 
 
 if __name__ == "__main__":

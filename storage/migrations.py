@@ -1,40 +1,7 @@
-"""Schema versions of the studio database: Alembic revisions for both dialects, and the hand-written chain that
-brings a SQLite file of before Alembic up to the point where the revisions take over.
-
-Since Alembic (`storage/revisions/`, run from here on the store's own connection; no alembic.ini, nothing for a
-user to run): a database's version is its `alembic_version` row. The first revision, `0001`, creates the schema
-of the last hand-written step (5) on an empty database of either dialect; later changes are later revisions.
-`Store()` calls `ensure_schema()` on open, in one transaction that holds the database's migration lock (SQLite:
-the write lock, `BEGIN IMMEDIATE`; PostgreSQL: a transaction-level advisory lock), and reads the version again
-under it, so two processes opening one database at once migrate it once: the second finds the work done. DDL is
-transactional in both, so a crash mid-revision leaves the version before it. A database at `HEAD` is recognised
-by one query, without importing Alembic (every worker opens the store).
-
-Before Alembic (SQLite files only), the version lived in SQLite's own header (`PRAGMA user_version`): 0 is the
-schema from before versions existed (commit 83b92c1), `LATEST` (5) the last. `Store()` first calls `upgrade()`:
-
-- a new, empty file is left to `ensure_schema` (revision 0001 creates its tables);
-- an older file is copied first (`studio.db.v<N>.bak`, with SQLite's online backup) and then migrated step by
-  step, each step one transaction that ends by writing its version, so a crash mid-step leaves the previous
-  version intact and the next open simply runs the step again; two processes are safe, as each step takes the
-  write lock and reads the version again under it;
-- a file from a newer studio is refused (a clear error, nothing written), since this code cannot know its columns.
-
-A file at `LATEST` without `alembic_version` (written by the chain, or by a studio of before Alembic) is then
-stamped at `0001`, whose schema it has, and brought to `HEAD`. Every file at `HEAD` says `user_version =
-USER_VERSION`: 6 since revision 0003 renamed two columns, so a studio of before Alembic refuses it instead of
-writing columns it does not know; a later revision that renames or drops columns raises `USER_VERSION`.
-
-Every upgrade of a database that has tables says in the log which revisions it applied; on a SQLite file it first
-keeps a copy beside it, `studio.db.<revision>.bak` (the revision it had; `0001` for a file of before Alembic), with
-SQLite's online backup, taken under the migration's write lock so it is exactly the file the revisions change. A
-server is backed up with its own tools (docs/cluster.md). A revision's downgrade gives back the schema it changed,
-or refuses, changing nothing, where that would lose data (0004 with GRPO samples).
-
-Steps are plain SQL written for the schema they start from, never generated from today's ORM classes (which
-will have moved on by the time an old file is opened); so are revisions. `tests/test_storage_migrations.py` checks
-that a migrated file and a new one have the same tables, columns and indexes, and that the revisions give exactly
-the schema `storage.models` describes on both dialects.
+"""Schema versions of the studio database: Alembic revisions for both dialects (`storage/revisions/`, applied by
+`ensure_schema`), and the hand-written chain (`upgrade`, steps `_v1`..`_v5`) that brings a SQLite file of before
+Alembic up to where the revisions take over. `Store()` runs both on open. Versions, locks, backups and how to write
+a step: docs/migrations.md.
 """
 
 from __future__ import annotations
@@ -209,13 +176,8 @@ def _v4(con: sqlite3.Connection) -> None:
 
 
 def _v5(con: sqlite3.Connection) -> None:
-    """Each run's own V* rows (`run_values`): the shared rows' V* and filter are those of the run that sampled them
-    first, while a run with another beta1 or `filter_all_incorrect` trained with its own. Older runs get their
-    value set's rows, recomputed from the stored rewards with the settings their stored spec names
-    (`_rescore_runs`), as the trainer recomputed them; a setting the spec leaves to the library's default keeps the
-    shared rows' value, since storage does not know that default (such a run, resumed, writes its own at its
-    stage 1). Also the per-split counts of those rows on the run, and a revision that moves when they are
-    rewritten."""
+    """Each run's own V* rows (`run_values`), older runs' recomputed with the settings their spec names
+    (`_rescore_runs`); the per-split counts of those rows on the run. Why: docs/migrations.md, step 5."""
     _script(con, """
         CREATE TABLE run_values (
             id INTEGER NOT NULL PRIMARY KEY,
@@ -405,7 +367,7 @@ def _describe(conn: Connection) -> str:
 
 def ensure_schema(conn: Connection) -> str | None:
     """Bring the database of `conn` (inside a write transaction of the caller's) to `HEAD`; returns the revision
-    found (None: none). See the module docstring for who gets what."""
+    found (None: none). Who gets what: docs/migrations.md."""
     if conn.dialect.name == "postgresql":
         from storage.dialects import advisory_key
 

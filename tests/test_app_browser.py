@@ -125,6 +125,7 @@ def test_launch_a_tiny_run_and_watch_it(page, taught_model_dir):
     page.locator("#explain-run input").click()
     page.get_by_role("option", name=re.compile("browser-tiny")).first.click()
     expect(page.locator("#explain-pass-at-n")).to_contain_text("greedy accuracy")
+    expect(page.locator("#explain-engine")).to_contain_text("Sampled by the native decoder")
     shoot(page, "explain")
 
     # Clone the run into the Launch form (through the allow-list).

@@ -70,6 +70,18 @@ def test_preset_none_shows_the_library_defaults(page):
     expect(page.locator("#field-max_completion_length input")).to_have_value("12")
 
 
+def test_sampling_with_vllm_is_shown_disabled_with_the_reason(page):
+    # The main virtualenv has no vLLM: the form still offers the setting, so a user learns what the operator adds.
+    expect = playwright.expect
+    page.get_by_text("Advanced", exact=True).click()
+    expect(page.locator("#field-use_vllm input[type=checkbox]")).to_be_disabled()
+    expect(page.locator("#field-use_vllm")).to_contain_text("Not available here: vLLM is not installed beside this "
+                                                            "studio")
+    expect(page.locator("#field-vllm_gpu_memory_utilization input")).to_be_disabled()
+    page.locator("#check-form").click()
+    expect(page.locator("#launch-status")).to_contain_text("The form is valid")
+
+
 def test_a_hub_name_is_never_a_folder_of_the_studios_working_directory(page):
     # Workers run in an empty folder, where `runs/run-3` can only be a hub id; the preview (the studio's own
     # process) must read it the same way, not as the operator's local folder.

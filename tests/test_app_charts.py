@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 
 from app.web import charts
@@ -63,81 +64,84 @@ def test_series_from_rows_groups_and_appends():
     assert series["loss"] == ([1, 2, 3], [0.5, 0.4, 0.3])
 
 
-def _names(fig):
-    return [t.name for t in fig.data]
+def _names(figure):
+    return [t.name for t in figure.data] if hasattr(figure, "data") else [t["name"] for t in figure["data"]]
+
+
+def _valid(spec: dict) -> dict:
+    """`spec` after Plotly has checked every property in it (a typo in a `*_spec` builder raises here)."""
+    go.Figure(spec)
+    return spec
 
 
 def test_training_figure_has_raw_and_smoothed_traces_per_metric():
     series = {"loss": ([1, 2, 3], [1.0, 0.5, 0.2]), "reward": ([1, 2, 3], [0.0, 0.5, 1.0]),
               "unrelated": ([1], [1.0])}
-    fig = charts.training_figure(series, smoothing=0.5)
-    assert _names(fig) == ["loss (raw)", "loss", "reward (raw)", "reward"]
-    raw = fig.data[0]
-    assert raw.opacity == charts.RAW_OPACITY
-    assert list(fig.data[1].y) == pytest.approx(charts.ema([1.0, 0.5, 0.2], 0.5))
-    titles = [a.text for a in fig.layout.annotations]
+    spec = _valid(charts.training_figure_spec(series, smoothing=0.5))
+    assert _names(spec) == ["loss (raw)", "loss", "reward (raw)", "reward"]
+    raw = spec["data"][0]
+    assert raw["opacity"] == charts.RAW_OPACITY
+    assert spec["data"][1]["y"] == pytest.approx(charts.ema([1.0, 0.5, 0.2], 0.5))
+    titles = [a["text"] for a in spec["layout"]["annotations"]]
     assert "Loss" in titles and "Reward" in titles
 
-    no_smoothing = charts.training_figure(series, smoothing=0.0)
+    no_smoothing = charts.training_figure_spec(series, smoothing=0.0)
     assert _names(no_smoothing) == ["loss", "reward"]
 
 
 def test_nonfinite_losses_get_a_panel_only_when_there_are_some():
     healthy = {"loss": ([1, 2], [1.0, 0.5]), "frac_nonfinite_loss": ([1, 2], [0.0, 0.0])}
-    assert _names(charts.training_figure(healthy, smoothing=0.0)) == ["loss"]
+    assert _names(charts.training_figure_spec(healthy, smoothing=0.0)) == ["loss"]
     broken = {"loss": ([1, 2], [1.0, 0.5]), "frac_nonfinite_loss": ([1, 2], [0.0, 1.0])}
-    fig = charts.training_figure(broken, smoothing=0.5)
-    assert _names(fig) == ["loss (raw)", "loss", "frac_nonfinite_loss"]
-    assert list(fig.data[-1].y) == [0.0, 1.0]
-    assert "Non-finite loss (share of the step)" in [a.text for a in fig.layout.annotations]
+    spec = _valid(charts.training_figure_spec(broken, smoothing=0.5))
+    assert _names(spec) == ["loss (raw)", "loss", "frac_nonfinite_loss"]
+    assert spec["data"][-1]["y"] == [0.0, 1.0]
+    assert "Non-finite loss (share of the step)" in [a["text"] for a in spec["layout"]["annotations"]]
 
 
 def test_training_figure_downsamples_long_series():
     n = 20_000
-    fig = charts.training_figure({"loss": (list(range(n)), np.random.default_rng(0).random(n).tolist())},
-                                 smoothing=0.9, max_points=400)
-    assert all(len(t.x) <= 402 for t in fig.data)
+    spec = charts.training_figure_spec({"loss": (list(range(n)), np.random.default_rng(0).random(n).tolist())},
+                                       smoothing=0.9, max_points=400)
+    assert all(len(t["x"]) <= 402 for t in spec["data"])
 
 
 def test_training_figure_draws_reference_ceilings_on_eval_accuracy():
-    fig = charts.training_figure({"eval_accuracy": ([0, 10], [0.1, 0.3])}, smoothing=0.0,
-                                 ceilings={"pass@1": 0.25, "pass@N": 0.75})
-    levels = sorted(shape.y0 for shape in fig.layout.shapes)
+    spec = _valid(charts.training_figure_spec({"eval_accuracy": ([0, 10], [0.1, 0.3])}, smoothing=0.0,
+                                              ceilings={"pass@1": 0.25, "pass@N": 0.75}))
+    levels = sorted(shape["y0"] for shape in spec["layout"]["shapes"])
     assert levels == [0.25, 0.75]
 
 
 def test_training_figure_empty_shows_message():
-    fig = charts.training_figure({})
-    assert not fig.data
-    assert "Waiting" in fig.layout.annotations[0].text
+    spec = _valid(charts.training_figure_spec({}))
+    assert not spec["data"]
+    assert "Waiting" in spec["layout"]["annotations"][0]["text"]
 
 
 def test_value_histogram_separates_filtered_prompts():
-    fig = charts.value_histogram([0.0, 0.3, 0.9, 0.0], [True, False, False, True])
-    assert _names(fig) == ["kept (2)", "filtered (2)"]
-    assert list(fig.data[0].x) == [0.3, 0.9]
-    assert fig.layout.barmode == "stack"
-    assert _names(charts.value_histogram([0.5])) == ["kept (1)"]
+    # V* 0.0, 0.3, 0.9, 0.0 with both zeros filtered, binned in SQL as [0, 0.5) and [0.5, 1).
+    spec = _valid(charts.binned_value_histogram_spec(0.0, 0.5, kept=[1, 1], filtered=[2, 0]))
+    assert _names(spec) == ["kept (2)", "filtered (2)"]
+    assert spec["data"][0]["x"] == [0.25, 0.75] and spec["data"][0]["y"] == [1, 1]
+    assert spec["layout"]["barmode"] == "stack"
+    assert _names(charts.binned_value_histogram_spec(0.0, 1.0, kept=[1], filtered=[0])) == ["kept (1)"]
+    assert not charts.binned_value_histogram_spec(0.0, 1.0, kept=[0], filtered=[0])["data"]
 
 
 def test_correct_count_bar_counts_prompts_per_k():
-    fig = charts.correct_count_bar([0, 0, 2, 4, 4, 4], 4)
-    assert list(fig.data[0].x) == [0, 1, 2, 3, 4]
-    assert list(fig.data[0].y) == [2, 0, 1, 0, 3]
-
-
-def test_reference_pass_rates():
-    rates = charts.reference_pass_rates([0, 2, 4, 4], 4)
-    assert rates["pass@1"] == pytest.approx((0 + 0.5 + 1 + 1) / 4)
-    assert rates["pass@N"] == pytest.approx(0.75)
-    assert math.isnan(charts.reference_pass_rates([], 4)["pass@1"])
+    spec = _valid(charts.counted_correct_bar_spec([2, 0, 1, 0, 3]))
+    assert spec["data"][0]["x"] == [0, 1, 2, 3, 4]
+    assert spec["data"][0]["y"] == [2, 0, 1, 0, 3]
+    assert spec["layout"]["title"]["text"] == "Correct reference samples (out of N=4)"
+    assert not charts.counted_correct_bar_spec([0, 0, 0])["data"]
 
 
 def test_pass_rate_figure_marks_pass_at_n_as_what_stage_1_keeps():
-    fig = charts.pass_rate_figure(0.25, 0.75, 8, eval_accuracy=0.5)
-    assert list(fig.data[0].x) == [0.25, 0.75, 0.5]
-    assert fig.data[0].y[1] == "reference pass@8 (kept for training)"  # not a ceiling: the policy can pass it
-    assert fig.layout.shapes[0].x0 == 0.75
+    spec = _valid(charts.pass_rate_spec(0.25, 0.75, 8, eval_accuracy=0.5))
+    assert spec["data"][0]["x"] == [0.25, 0.75, 0.5]
+    assert spec["data"][0]["y"][1] == "reference pass@8 (kept for training)"  # not a ceiling: the policy can pass it
+    assert spec["layout"]["shapes"][0]["x0"] == 0.75
 
 
 def test_compare_figure_overlays_runs_with_one_legend_entry_each():

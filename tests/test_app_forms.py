@@ -292,8 +292,8 @@ def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     from app.access.gate import Services
 
     services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
-    assert services.check({})["peft"] == {"r": 16, "lora_alpha": 32}
-    assert services.check({"peft": None})["peft"] is None
+    assert services.checked({})[0]["peft"] == {"r": 16, "lora_alpha": 32}
+    assert services.checked({"peft": None})[0]["peft"] is None
 
 
 def test_system_prompt_through_the_form_and_the_allow_list(policy):
@@ -389,3 +389,90 @@ def test_the_form_launches_grpo_with_its_own_settings(policy):
     # The A*-PO form is as before: no method key, no GRPO settings.
     plain = forms.validate_form(forms.default_form(), policy).spec
     assert "method" not in plain and "num_generations" not in plain["config"]
+
+
+# ------------------------------------------------------------------------------------------------- vLLM
+
+@pytest.fixture
+def vllm_installed(monkeypatch):
+    """This machine as one with vLLM beside the studio: `importlib.util.find_spec("vllm")` finds a package (the
+    library's config asks the same question), so the studio's own refusals can be tested without vLLM."""
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: importlib.machinery.ModuleSpec("vllm", None)
+                        if name == "vllm" else real(name, *args))
+
+
+def test_use_vllm_without_vllm_is_refused_before_anything_is_stored(policy, studio, tmp_path):
+    import importlib.util
+
+    from app.access.auth import Auth, User
+    from app.access.gate import Refused, Services
+    from storage import Store
+
+    assert importlib.util.find_spec("vllm") is None, "the main virtualenv has no vLLM (make test-vllm has)"
+    result = allowlist.check_spec({"config": {"use_vllm": True}}, policy)
+    assert set(result.errors) == {"config.use_vllm"}  # said once: the studio's reason, not the library's too
+    message = result.errors["config.use_vllm"]
+    assert "vLLM is not installed beside this studio" in message and "pip install vllm" in message
+    assert "restarts the studio" in message and "Turn use_vllm off" in message
+    assert forms.form_errors(result.errors) == {"use_vllm": message}  # shown under the form's own checkbox
+    store = Store(tmp_path / "studio.db")
+    auth = Auth.from_options(["ann:pw"], None, data_dir=tmp_path)
+    services = Services(store=store, jobs=None, data_dir=studio, policy=policy, auth=auth)
+    with pytest.raises(Refused, match="vLLM is not installed beside this studio"):
+        services.launch_run({"config": {"use_vllm": True}}, User("ann"))
+    assert store.list_runs() == []
+    spec = allowlist.check_spec({}, policy).spec  # the native decoder, said explicitly in every stored spec
+    assert spec["config"]["use_vllm"] is False and spec["config"]["vllm_gpu_memory_utilization"] == 0.3
+
+
+def test_use_vllm_where_the_studio_has_vllm(policy, vllm_installed):
+    for method in ("a2po", "grpo"):
+        result = allowlist.check_spec({"method": method, "config": {"use_vllm": True,
+                                                                    "vllm_gpu_memory_utilization": 0.5}}, policy)
+        assert result.ok, result.errors
+        assert result.spec["config"]["use_vllm"] is True
+        assert result.spec["config"]["vllm_gpu_memory_utilization"] == 0.5
+    form_result = forms.validate_form(form(use_vllm=True), policy)
+    assert form_result.ok and form_result.spec["config"]["use_vllm"] is True
+    assert forms.spec_to_form(form_result.spec)["use_vllm"] is True
+    # The library's bound on vLLM's share of the GPU, next to its field.
+    assert errors_of(policy, use_vllm=True, vllm_gpu_memory_utilization=1.5) == {
+        "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization must be in (0, 1] (got 1.5)."}
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"runner": "chunked"}, "use_vllm does not run in chunks: every chunk would start a vLLM engine again. Set "
+                            "runner to 'worker', or turn use_vllm off."),
+    ({"num_processes": 2}, "use_vllm runs one vLLM engine in a single training process: set num_processes to 1"),
+])
+def test_use_vllm_is_refused_in_chunks_and_under_several_processes(policy, vllm_installed, spec, expected):
+    result = allowlist.check_spec({**spec, "config": {"use_vllm": True}}, policy)
+    assert set(result.errors) == {"config.use_vllm"} and result.errors["config.use_vllm"].startswith(expected)
+    assert allowlist.check_spec(spec, policy).ok  # the same run with the native decoder
+
+
+def test_use_vllm_is_refused_on_a_zerogpu_space(studio, vllm_installed):
+    from app.access.gate import Refused, Services
+
+    zerogpu = Policy(studio, zerogpu=True)
+    message = allowlist.vllm_problem(zerogpu)
+    assert message.startswith("vLLM is not offered on a ZeroGPU Space")
+    services = Services(store=None, jobs=None, data_dir=studio, policy=zerogpu)
+    with pytest.raises(Refused, match="config.use_vllm: vLLM is not offered on a ZeroGPU Space.*Turn use_vllm off"):
+        services.checked({"config": {"use_vllm": True}})
+    assert allowlist.vllm_problem(Policy(studio)) is None
+
+
+def test_vllm_settings_without_use_vllm_are_refused_unless_left_at_their_default(policy):
+    assert errors_of(policy, vllm_gpu_memory_utilization=0.5) == {
+        "vllm_gpu_memory_utilization": "vLLM: share of the GPU's memory is read only when vLLM samples: turn use_vllm "
+                                       "on, or leave it at 0.3."}
+    assert allowlist.check_spec({"config": {"vllm_gpu_memory_utilization": 0.3}}, policy).ok
+    # The settings vLLM's engine takes beyond these are the library's defaults on this studio.
+    for key in ("vllm_enable_sleep_mode", "vllm_max_model_length", "vllm_mode", "vllm_model_impl"):
+        assert "not a setting of this studio" in allowlist.check_spec({"config": {key: None}}, policy).errors[
+            f"config.{key}"]

@@ -333,7 +333,8 @@ def test_zerogpu_run_page_drives_chunks_pauses_when_closed_and_resumes(tmp_path,
                     playwright.expect(table.get_by_text(expect_status, exact=True).filter(visible=True).first
                                       ).to_be_visible()
                 table.get_by_text("zerogpu", exact=True).filter(visible=True).first.click()
-                playwright.expect(page.locator("#run-header")).to_contain_text("zerogpu")
+                # A loaded machine answers the click's event late: wait on the header, not a fixed 5 s.
+                playwright.expect(page.locator("#run-header")).to_contain_text("zerogpu", timeout=60_000)
 
             def chunks_shown() -> int:
                 info = page.locator("#chunk-info")

@@ -53,3 +53,14 @@ def test_pass_at_n_is_explained_as_what_stage_1_keeps_with_the_runs_figures():
     text = pass_at_n_text(evaluations, final, 8)
     assert "reference pass@8 **12%**" in text and "**6%** at step 0" in text and "**39%** at step 18" in text
     assert "**1** of the 3 held-out prompts" in text  # right at step 18 although V* = 0
+
+
+def test_explain_says_which_engine_sampled_the_run():
+    from app.web.pages.explain import engine_text
+
+    native = engine_text({"config": {"use_vllm": False}})
+    assert native.startswith("**Sampled by the native decoder**") and "stage 1's reference samples" in native
+    assert engine_text(None) == engine_text({}) == native  # a spec from before vLLM: the native decoder sampled it
+    vllm = engine_text({"method": "grpo", "config": {"use_vllm": True}})
+    assert vllm.startswith("**Sampled by vLLM**, colocated") and "groups of G answers" in vllm
+    assert "stage 1" not in vllm and "trainer's own forward passes" in vllm

@@ -66,10 +66,10 @@ jobs = JobManager(store, root, devices=Devices.detect())  # never started
 services = Services(store, jobs, root, auth=Auth({"alice": ("pw-a", False)}))
 alice = User("alice")
 done = {"devices": jobs.devices.describe()}
-done["check"] = sorted(services.check({"name": "c", "config": {"max_steps": 4, "use_cpu": False}})["config"])[:3]
-done["launch"] = services.launch({"name": "one", "config": {"max_steps": 4}}, alice)
-done["chunked"] = services.launch({"name": "chunks", "config": {"max_steps": 4}, "runner": "chunked"}, alice)
-done["grpo"] = services.launch({"name": "g", "method": "grpo", "config": {"max_steps": 4}}, alice)
+done["check"] = sorted(services.checked({"name": "c", "config": {"max_steps": 4, "use_cpu": False}})[0]["config"])[:3]
+done["launch"] = services.launch_run({"name": "one", "config": {"max_steps": 4}}, alice)[0]
+done["chunked"] = services.launch_run({"name": "chunks", "config": {"max_steps": 4}, "runner": "chunked"}, alice)[0]
+done["grpo"] = services.launch_run({"name": "g", "method": "grpo", "config": {"max_steps": 4}}, alice)[0]
 done["pair"] = services.launch_pair({"name": "duel", "config": {"max_steps": 4}}, alice, protocol="paper",
                                     seeds=[0, 1])
 done["sweep"] = services.launch_sweep({"preset": "quick-look", "action": "train"}, alice, {"beta2": [0.001, 0.01]},

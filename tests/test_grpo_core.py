@@ -1,11 +1,12 @@
-"""The GRPO math (`a2po.core.group_advantages`, `a2po.core.grpo_loss`) against hand-computed values."""
+"""The GRPO math (`a2po.core.group_advantages`, `a2po.core.grpo_loss`, `a2po.core.vllm_importance_weights`) against
+hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from a2po.core import group_advantages, grpo_loss
+from a2po.core import group_advantages, grpo_loss, vllm_importance_weights
 
 # Two prompts, G = 4: one group with 2 of 4 correct, one whose rewards are all equal.
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
@@ -99,3 +100,24 @@ def test_one_iteration_takes_the_ratio_to_the_policy_itself():
     assert value.item() == pytest.approx((-1.0 * 2 + 0.5 * 3) / 5)
     value.backward()
     assert logps.grad.flatten().tolist() == pytest.approx([-0.2, -0.2, 0.0, 0.1, 0.1, 0.1])
+
+
+def test_vllm_importance_weights_truncate_or_mask_per_token_or_per_sequence():
+    """pi_old / pi_vllm per token: 2, 1, then a token outside the mask (no correction) and one vLLM gave no
+    log-prob for (NaN: no correction); the sequence's ratio is their product, 2."""
+    old = torch.tensor([[0.5, 0.5, 0.5, 0.5]]).log()
+    sampling = torch.tensor([[0.25, 0.5, 0.1, math.nan]]).log()
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+
+    def weights(mode, low=None, high=None):
+        return vllm_importance_weights(old, sampling, mask, mode, low, high)
+
+    assert torch.allclose(weights("token_truncate", high=1.5), torch.tensor([[1.5, 1.0, 1.0, 1.0]]))
+    assert torch.allclose(weights("token_mask", high=1.5), torch.tensor([[0.0, 1.0, 1.0, 1.0]]))
+    assert torch.allclose(weights("token_mask", low=1.5), torch.tensor([[2.0, 0.0, 0.0, 0.0]]))
+    assert torch.allclose(weights("sequence_truncate", high=1.5), torch.tensor([[1.5]]))
+    assert torch.allclose(weights("sequence_truncate", low=3.0), torch.tensor([[3.0]]))
+    assert torch.allclose(weights("sequence_mask", high=3.0), torch.tensor([[2.0]]))
+    assert torch.allclose(weights("sequence_mask", high=1.5), torch.tensor([[0.0]]))
+    with pytest.raises(ValueError, match="Unknown vllm_importance_sampling_mode 'tokens'"):
+        weights("tokens")

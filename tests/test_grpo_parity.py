@@ -1,6 +1,7 @@
 """GRPO against TRL 1.16.0's `GRPOTrainer`: for the same prompts, completions and rewards, the same advantages,
 log-probabilities, loss, gradients and metrics (fp32, CPU, the tiny model), for every offered `loss_type`, with
-`beta` 0 and > 0 and `num_iterations` 1 and 2.
+`beta` 0 and > 0 and `num_iterations` 1 and 2; and, for completions whose sampling log-probabilities are given (as
+vLLM returns them), the same importance-sampling correction in each `vllm_importance_sampling_mode`.
 
 TRL's side is TRL's own code on a TRL `GRPOTrainer` built on the same model files: its
 `_generate_and_score_completions` (with generation replaced by the fixed completions, so both score the same
@@ -16,6 +17,7 @@ from datasets import Dataset
 
 from a2po import GRPOConfig, GRPOTrainer
 from a2po.base_trainer import Rollout
+from a2po.rollout import per_token_logprobs
 
 trl = pytest.importorskip("trl", reason="TRL is the `bench` extra (`make test` installs it)")
 if trl.__version__ != "1.16.0":
@@ -50,41 +52,69 @@ def move(model, seed, scale=0.02):
             p.add_(torch.randn(p.shape, generator=generator) * scale)
 
 
-@pytest.mark.parametrize("num_iterations", [1, 2])
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
-def test_loss_and_gradients_equal_trl(tmp_path, tiny_model_dir, loss_type, beta, num_iterations):
-    rows = [{"prompt": [{"role": "user", "content": f"{i} + {i} ="}], "prompt_id": f"p{i}"} for i in range(PROMPTS)]
+ROWS = [{"prompt": [{"role": "user", "content": f"{i} + {i} ="}], "prompt_id": f"p{i}"} for i in range(PROMPTS)]
+
+
+def trainers(tmp_path, model_dir, **overrides):
+    """Our trainer and TRL's on the same model and settings, both policies moved away from the reference."""
     settings = dict(per_device_train_batch_size=PROMPTS * G, num_generations=G, max_completion_length=T,
-                    loss_type=loss_type, beta=beta, num_iterations=num_iterations, epsilon=0.2, epsilon_high=0.28,
-                    temperature=0.7, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
-                    save_strategy="no", disable_tqdm=True)
-    ours = GRPOTrainer(tiny_model_dir, fixed_rewards, args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings),
-                       train_dataset=Dataset.from_list(rows))
-    tokenizer = ours.processing_class
-    theirs = trl.GRPOTrainer(tiny_model_dir, fixed_rewards,
+                    epsilon=0.2, epsilon_high=0.28, temperature=0.7, use_cpu=True, bf16=False,
+                    gradient_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True, **overrides)
+    ours = GRPOTrainer(model_dir, fixed_rewards, args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings),
+                       train_dataset=Dataset.from_list(ROWS))
+    theirs = trl.GRPOTrainer(model_dir, fixed_rewards,
                              args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **settings),
-                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+                             train_dataset=Dataset.from_list(ROWS), processing_class=ours.processing_class)
     for trainer in (ours, theirs):
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
         move(trainer.model, seed=1)  # the policy is no longer the reference
+    return ours, theirs
 
-    # TRL: its scoring, advantages and log-probs, on the fixed completions instead of sampled ones.
-    completions = completion_lists(tokenizer)
-    theirs._generate_single_turn = lambda *args, **kwargs: ([list(ids) for ids in completions], None)
-    trl_inputs = theirs._generate_and_score_completions([dict(row) for row in rows for _ in range(G)])
 
-    # Ours: the same completions as a rollout of the engine (padded after the EOS, as the sampler leaves them).
-    prompt_ids, prompt_mask, texts = ours._encode_prompts([row["prompt"] for row in rows])
-    completion_ids = torch.full((PROMPTS * G, T), ours.pad_token_id)
+def completion_rollout(trainer, completions, sampling_logps=None):
+    """The fixed completions as a rollout of our engine (padded after the EOS, as the sampler leaves them)."""
+    prompt_ids, prompt_mask, texts = trainer._encode_prompts([row["prompt"] for row in ROWS])
+    completion_ids = torch.full((PROMPTS * G, T), trainer.pad_token_id)
     for k, ids in enumerate(completions):
         completion_ids[k, :len(ids)] = torch.tensor(ids)
-    decoded, mask = ours._decode(completion_ids)
+    decoded, mask = trainer._decode(completion_ids)
     rewards = torch.tensor(REWARDS, dtype=torch.float64)
-    clipped = ~torch.isin(completion_ids, torch.tensor(ours.eos_token_ids)).any(-1)
-    rollout = Rollout(rows, prompt_ids, prompt_mask, texts, completion_ids, mask, decoded, rewards, rewards[:, None],
-                      clipped, G)
+    clipped = ~torch.isin(completion_ids, torch.tensor(trainer.eos_token_ids)).any(-1)
+    return Rollout(ROWS, prompt_ids, prompt_mask, texts, completion_ids, mask, decoded, rewards, rewards[:, None],
+                   clipped, G, sampling_logps)
+
+
+def trl_generation(trainer, completions, sampling_logps=None):
+    """TRL's scoring, advantages and log-probs, on the fixed completions instead of sampled ones (with their
+    sampling log-probs as vLLM would return them)."""
+    logprobs = None if sampling_logps is None else [row[:len(ids)].tolist()
+                                                    for row, ids in zip(sampling_logps, completions)]
+    trainer._generate_single_turn = lambda *args, **kwargs: ([list(ids) for ids in completions], logprobs)
+    return trainer._generate_and_score_completions([dict(row) for row in ROWS for _ in range(G)])
+
+
+def assert_same_loss_and_gradients(ours, theirs, batch, trl_inputs):
+    our_loss = ours._policy_loss(ours.model, batch)
+    trl_loss = theirs._compute_loss(theirs.model, trl_inputs)
+    our_loss.backward()
+    trl_loss.backward()
+    assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
+    trl_params = dict(theirs.model.named_parameters())
+    for name, p in ours.model.named_parameters():
+        assert torch.allclose(p.grad, trl_params[name].grad, atol=1e-5), name
+    assert any(p.grad.abs().max() > 1e-3 for p in ours.model.parameters())
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+def test_loss_and_gradients_equal_trl(tmp_path, tiny_model_dir, loss_type, beta, num_iterations):
+    ours, theirs = trainers(tmp_path, tiny_model_dir, loss_type=loss_type, beta=beta, num_iterations=num_iterations)
+    completions = completion_lists(ours.processing_class)
+    trl_inputs = trl_generation(theirs, completions)
+    rollout = completion_rollout(ours, completions)
+    mask = rollout.completion_mask
     [batch] = ours._prepare_generation(ours.model, rollout)
 
     assert torch.equal(batch["prompt_ids"], trl_inputs["prompt_ids"])
@@ -98,15 +128,7 @@ def test_loss_and_gradients_equal_trl(tmp_path, tiny_model_dir, loss_type, beta,
     if beta:
         assert torch.allclose(batch["ref_logps"] * mask, trl_inputs["ref_per_token_logps"] * mask, atol=1e-5)
 
-    our_loss = ours._policy_loss(ours.model, batch)
-    trl_loss = theirs._compute_loss(theirs.model, trl_inputs)
-    our_loss.backward()
-    trl_loss.backward()
-    assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
-    trl_params = dict(theirs.model.named_parameters())
-    for name, p in ours.model.named_parameters():
-        assert torch.allclose(p.grad, trl_params[name].grad, atol=1e-5), name
-    assert any(p.grad.abs().max() > 1e-3 for p in ours.model.parameters())
+    assert_same_loss_and_gradients(ours, theirs, batch, trl_inputs)
 
     trl_metrics = theirs._metrics["train"]
     names = ["frac_reward_zero_std", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
@@ -120,6 +142,50 @@ def test_loss_and_gradients_equal_trl(tmp_path, tiny_model_dir, loss_type, beta,
         assert ours._metrics["kl"][0] > 1e-4
 
 
+IS_METRICS = ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+              "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+              "sampling/importance_sampling_ratio/max"]
+
+
+@pytest.mark.parametrize("loss_type, beta", [("dapo", 0.0), ("grpo", 0.04)])
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_vllm_importance_sampling_correction_equals_trl(tmp_path, tiny_model_dir, mode, loss_type, beta):
+    """Completions with sampling log-probabilities off the policy's by up to a nat (and one vLLM did not score, NaN):
+    the same weights pi_old / pi_vllm, loss, gradients and metrics as TRL's with `use_vllm` (TRL's vLLM engine is
+    not needed: its generation is replaced by the fixed completions and their log-probs). Both bounds bite."""
+    clip = dict(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.5,
+                vllm_importance_sampling_clip_max=2.0)
+    ours, theirs = trainers(tmp_path, tiny_model_dir, loss_type=loss_type, beta=beta, **clip)
+    theirs.use_vllm = True  # after construction: no vLLM engine here, and none is asked for
+    completions = completion_lists(ours.processing_class)
+    rollout = completion_rollout(ours, completions)
+    with torch.no_grad():
+        policy_logps = per_token_logprobs(ours.model, rollout.prompt_ids.repeat_interleave(G, 0),
+                                          rollout.prompt_mask.repeat_interleave(G, 0), rollout.completion_ids,
+                                          rollout.completion_mask, temperature=0.7)
+    noise = (torch.randn(policy_logps.shape, generator=torch.Generator().manual_seed(3)) * 0.4).clamp(-1, 1)
+    noise[0], noise[2] = -1.0, 1.0  # a completion vLLM found less likely than the policy does, one more likely
+    sampling_logps = (policy_logps + noise) * rollout.completion_mask
+    sampling_logps[4, 0] = float("nan")
+    rollout.sampling_logps = sampling_logps
+
+    trl_inputs = trl_generation(theirs, completions, sampling_logps)
+    [batch] = ours._prepare_generation(ours.model, rollout)
+    weights = batch["sampling_weights"]
+    assert weights.shape == trl_inputs["importance_sampling_ratio"].shape
+    assert torch.allclose(weights, trl_inputs["importance_sampling_ratio"], atol=1e-5)
+    counted = weights.flatten() if mode.startswith("sequence") else weights[rollout.completion_mask.bool()]
+    if mode.endswith("mask"):
+        assert (counted == 0).any() and (counted > 1).any() and (counted[counted > 0] >= 0.5).all()
+    else:
+        assert (counted == 0.5).any() and (counted == 2.0).any()
+    assert_same_loss_and_gradients(ours, theirs, batch, trl_inputs)
+    trl_metrics = theirs._metrics["train"]
+    for name in IS_METRICS:
+        assert ours._metrics[name] == pytest.approx(trl_metrics[name], abs=1e-5), name
+    assert 0 < ours._metrics["sampling/sampling_logp_difference/mean"][0] <= 1.0 + 1e-5
+
+
 def test_config_defaults_are_trls(tmp_path):
     """The offered fields default as TRL's (bf16 aside: as A2POConfig, on only where the GPU supports it)."""
     ours, theirs = GRPOConfig(output_dir=str(tmp_path), use_cpu=True), trl.GRPOConfig(output_dir=str(tmp_path),
@@ -127,5 +193,8 @@ def test_config_defaults_are_trls(tmp_path):
     for name in ("num_generations", "beta", "loss_type", "scale_rewards", "epsilon", "epsilon_high", "num_iterations",
                  "max_completion_length", "temperature", "top_p", "top_k", "learning_rate", "logging_steps",
                  "gradient_checkpointing", "mask_truncated_completions", "shuffle_dataset", "remove_unused_columns",
-                 "use_bias_correction_kl", "reward_weights", "model_init_kwargs", "trust_remote_code"):
+                 "use_bias_correction_kl", "reward_weights", "model_init_kwargs", "trust_remote_code",
+                 "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                 "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
+                 "vllm_importance_sampling_cap"):
         assert getattr(ours, name) == getattr(theirs, name), name

@@ -142,6 +142,17 @@ def test_gradient_accumulation_gives_the_same_update_as_one_batch(tmp_path, tiny
         assert torch.allclose(one_batch[name], accumulated[name], atol=1e-5), name
 
 
+def test_the_native_decoder_ignores_the_vllm_correction(tmp_path, tiny_model_dir):
+    """vllm_importance_sampling_correction (on by default, as in TRL) applies where vLLM samples: the native decoder
+    samples the trainer's own distribution, so there is no weight, no extra forward pass and no metric."""
+    args = config(tmp_path, vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=0.5)
+    assert args.vllm_importance_sampling_correction and not args.use_vllm
+    trainer = GRPOTrainer(tiny_model_dir, coin, args=args, train_dataset=prompts(8))
+    trainer.train()
+    assert not any(key.startswith("sampling/") for h in trainer.state.log_history for key in h)
+    assert not {"old_logps", "sampling_logps", "sampling_weights"} & set(trainer._buffer[0])
+
+
 class StopAt(TrainerCallback):
     def __init__(self, step):
         self.step = step

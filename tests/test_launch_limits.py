@@ -1,4 +1,4 @@
-"""The studio's queue and per-user limits hold when launches arrive together: `Services.launch` from many threads
+"""The studio's queue and per-user limits hold when launches arrive together: `Services.launch_run` from many threads
 at once, against a real SQLite file and a real (not started) job manager, never queues more than a limit allows."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def launch_together(studio: Services, users: list[User]) -> tuple[list[int], lis
     def one(user: User) -> None:
         start.wait()
         try:
-            launched.append(studio.launch({"preset": "quick-look"}, user))
+            launched.append(studio.launch_run({"preset": "quick-look"}, user)[0])
         except Refused as error:
             refused.append(str(error))
 
@@ -72,7 +72,7 @@ def test_a_study_over_a_users_limit_is_refused_whole_before_anything_is_queued(t
     else:
         raise AssertionError("a 3-run study was queued for a user allowed 2 runs")
     assert studio.store.list_runs() == []
-    studio.launch({"preset": "quick-look"}, ann)
+    studio.launch_run({"preset": "quick-look"}, ann)
     try:
         studio.launch_seeds({"preset": "quick-look"}, ann, "0, 1")
     except Refused as error:

@@ -1,24 +1,20 @@
 """The Run page in a real headless Chromium on a simulated live run: it follows the run without a reload (V* tab
 during stage 1, Training and Logs tabs during stage 2), a prompt's completions and the SQL search work, and the
-page stops polling once the run has finished. The worker is `scripts/polling_cost.py`'s simulator (no model).
+page stops polling once the run has finished. The worker is `benchmarks/polling_cost.py`'s simulator (no model).
 """
 
 from __future__ import annotations
 
 import re
-import socket
-import sys
 import time
-from pathlib import Path
 
 import playwright.sync_api as playwright
 import pytest
 
+from benchmarks import polling_cost
+from benchmarks.harness import studio as served
 from storage import Store, lifecycle
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import polling_cost  # noqa: E402
 
 TIMEOUT_MS = 30_000
 
@@ -27,18 +23,13 @@ TIMEOUT_MS = 30_000
 def studio(tmp_path):
     """(url, data folder, run ids, the simulated worker holder) of a studio with a finished and a live run."""
     ids = polling_cost.build(tmp_path, prompts=300, steps=20)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = polling_cost.start_app(tmp_path, port)
-    workers = {"now": polling_cost.Worker(tmp_path / "studio.db", ids, "values", interval=1.0)}
-    try:
-        yield f"http://127.0.0.1:{port}/", tmp_path, ids, workers
-    finally:
-        if workers["now"] is not None:
-            workers["now"].stop()
-        app.terminate()
-        app.wait(30)
+    with served(tmp_path, "--no-resume", env=polling_cost.APP_ENV) as app:
+        workers = {"now": polling_cost.Worker(tmp_path / "studio.db", ids, "values", interval=1.0)}
+        try:
+            yield app.url, tmp_path, ids, workers
+        finally:
+            if workers["now"] is not None:
+                workers["now"].stop()
 
 
 def test_the_run_page_follows_a_live_run_and_stops_when_it_ends(studio):

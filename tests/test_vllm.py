@@ -1,5 +1,6 @@
 """vLLM as the sampler (`use_vllm`), on vLLM's CPU build: both methods end to end, weights that match the trainer's,
-greedy answers equal to the native decoder's, and a resume that pushes the restored weights before sampling.
+greedy answers equal to the native decoder's, a resume that pushes the restored weights before sampling, GRPO's
+importance-sampling correction (TRL's metrics), and GRPO's gradient accumulation under vLLM's transformers.
 
 Runs in its own virtualenv (`make test-vllm`). Every trainer here uses one tiny model config, so the module shares
 one engine (`a2po.vllm_engine.engine_for`). vLLM's CPU attention needs a head size of 32 or more: 2 heads of 32.
@@ -68,7 +69,7 @@ class EngineLog:
 
         def spy_generate(engine, prompts, **kwargs):
             out = generate(engine, prompts, **kwargs)
-            self.events.append(("generate", out.shape[0]))
+            self.events.append(("generate", out[0].shape[0]))
             return out
 
         monkeypatch.setattr(engine_class, "load_weights", spy_load)
@@ -187,6 +188,61 @@ def test_a_resumed_run_pushes_its_restored_weights_before_sampling(tmp_path, mod
     assert (role, step) == ("policy", 2)
     assert all(torch.equal(pushed[name], tensor) for name, tensor in restored.items() if name in pushed)
     assert set(restored) <= set(pushed)
+
+
+IS_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+              "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+              "sampling/importance_sampling_ratio/max")
+
+
+def test_grpo_corrects_for_vllms_sampling_distribution_and_logs_trls_metrics(tmp_path, model_dir):
+    """vLLM returns each sampled token's log-probability after temperature; in fp32 the trainer's own equal them, so
+    TRL's metrics log a difference near 0 and weights near 1. Without the correction there are neither."""
+    trainer = GRPOTrainer(model_dir, coin, args=grpo_config(tmp_path / "on", temperature=0.7),
+                          train_dataset=prompts(8))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2
+    for log in logs:
+        assert 0 <= log["sampling/sampling_logp_difference/mean"] <= log["sampling/sampling_logp_difference/max"]
+        assert log["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+        for name in IS_METRICS[2:]:
+            assert log[name] == pytest.approx(1.0, abs=LOGPROB_TOLERANCE * 10), name
+    [batch, *_] = trainer._buffer
+    mask = batch["loss_mask"].bool()
+    assert mask.any() and torch.allclose(batch["sampling_logps"][mask], batch["old_logps"][mask],
+                                         atol=LOGPROB_TOLERANCE)
+    assert batch["sampling_weights"].shape == (len(mask), 1)  # "sequence_mask", TRL's default: one per completion
+
+    plain = GRPOTrainer(model_dir, coin, args=grpo_config(tmp_path / "off", vllm_importance_sampling_correction=False),
+                        train_dataset=prompts(8))
+    plain.train()
+    assert not any(name in h for h in plain.state.log_history for name in IS_METRICS)
+    assert "sampling_weights" not in plain._buffer[0] and "old_logps" not in plain._buffer[0]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_grpo_gradient_accumulation_gives_the_same_update_as_one_batch(tmp_path, model_dir, loss_type):
+    """Under the transformers vLLM pins (5.17: no `loss_is_scaled_for_ga`), an optimizer step of 2 x 2 completions
+    with accumulation updates the policy as one batch of 4 does (the samples are the same: each is seeded by its
+    own key), with the importance-sampling weights in the loss."""
+    def trained(batch, accumulation):
+        args = grpo_config(tmp_path / f"{batch}x{accumulation}", per_device_train_batch_size=batch,
+                           gradient_accumulation_steps=accumulation, max_steps=1, optim="sgd", learning_rate=0.5,
+                           max_grad_norm=1e9, lr_scheduler_type="constant", loss_type=loss_type,
+                           shuffle_dataset=False)
+        trainer = GRPOTrainer(model_dir, coin, args=args, train_dataset=prompts(8))
+        trainer.train()
+        [log] = [h for h in trainer.state.log_history if "loss" in h]
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, log
+
+    (one_batch, log), (accumulated, accumulated_log) = trained(4, 1), trained(2, 2)
+    initial = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
+    assert any(not torch.allclose(one_batch[n], initial[n].detach()) for n in one_batch)
+    assert accumulated_log["loss"] == pytest.approx(log["loss"], abs=1e-6)
+    assert accumulated_log["grad_norm"] == pytest.approx(log["grad_norm"], rel=1e-4)
+    for name in one_batch:
+        assert torch.allclose(one_batch[name], accumulated[name], atol=1e-5), name
 
 
 def test_one_engine_served_the_module():

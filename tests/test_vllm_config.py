@@ -46,3 +46,49 @@ def test_use_vllm_without_vllm_is_refused_with_the_install_line(monkeypatch):
     with pytest.raises(ConfigError, match="use_vllm needs vLLM, which is not installed here: pip install vllm"):
         GRPOConfig(output_dir="x", use_cpu=True, use_vllm=True)
     GRPOConfig(output_dir="x", use_cpu=True)  # the native decoder needs nothing more
+
+
+# TRL 1.16's GRPOConfig: vLLM's importance-sampling correction (GRPO only).
+TRL_IS_DEFAULTS = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
+                   "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": None,
+                   "vllm_importance_sampling_cap": None}
+
+
+def test_importance_sampling_settings_have_trls_names_and_defaults():
+    config = GRPOConfig(output_dir="x", use_cpu=True)
+    assert {name: getattr(config, name) for name in TRL_IS_DEFAULTS} == TRL_IS_DEFAULTS
+    trl = pytest.importorskip("trl", reason="TRL (the bench extra) gives the reference defaults")
+    assert {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig) if f.name in TRL_IS_DEFAULTS} == \
+        TRL_IS_DEFAULTS
+
+
+def test_a2po_takes_no_importance_sampling_settings():
+    """A*-PO's regression needs no correction (A2POConfig's docstring): its config refuses the setting rather than
+    accept one it would not honour."""
+    with pytest.raises(TypeError, match="vllm_importance_sampling_correction"):
+        A2POConfig(output_dir="x", use_cpu=True, vllm_importance_sampling_correction=True)
+
+
+@pytest.mark.parametrize("settings, field, message", [
+    (dict(vllm_importance_sampling_mode="sequence"), "vllm_importance_sampling_mode",
+     "vllm_importance_sampling_mode must be one of .*'sequence_mask'.* .got 'sequence'."),
+    (dict(vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=2.0),
+     "vllm_importance_sampling_clip_min", r"clip_min \(2.0\) must be less than vllm_importance_sampling_clip_max"),
+    (dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None),
+     "vllm_importance_sampling_mode", "clamps the ratio to .*set at least one of them"),
+    (dict(vllm_importance_sampling_clip_max=0.0), "vllm_importance_sampling_clip_max", "must be > 0 or None"),
+])
+def test_impossible_importance_sampling_settings_are_refused(settings, field, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        GRPOConfig(output_dir="x", use_cpu=True, **settings)
+    assert set(error.value.problems) == {field}
+
+
+def test_the_deprecated_cap_sets_clip_max_as_in_trl():
+    with pytest.warns(FutureWarning, match="vllm_importance_sampling_cap is deprecated"):
+        config = GRPOConfig(output_dir="x", use_cpu=True, vllm_importance_sampling_cap=5.0)
+    assert config.vllm_importance_sampling_clip_max == 5.0
+    # Without the correction a truncate mode needs no bound (TRL's check), and the mask modes never do.
+    GRPOConfig(output_dir="x", use_cpu=True, vllm_importance_sampling_correction=False,
+               vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None)
+    GRPOConfig(output_dir="x", use_cpu=True, vllm_importance_sampling_clip_max=None)

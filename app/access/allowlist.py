@@ -10,7 +10,8 @@ verdict (`a2po.runspec.RunSpec.from_dict`, which the CLI runs too); this module 
   else: `values_path`, `output_dir`, `report_to`, `deepspeed`, ... are refused;
 - datasets from the built-in generators, files inside `<data-dir>/datasets/` or received by Gradio's upload route
   (the form's file box), hub ids that look like hub ids (when the hub is allowed); models built in, under a model
-  root, or hub ids; at most the studio's numbers of prompts, samples, tokens, steps, processes...
+  root, or hub ids; at most the studio's numbers of prompts, samples, tokens, steps, processes...;
+- `use_vllm` only where the studio's machine has vLLM, outside a ZeroGPU Space, in one process and not in chunks.
 
 Every problem, the library's and the policy's, is reported at once, each once, keyed by the field's path
 (`config.beta1`, `dataset.path`); the form shows each next to its field. Apart from looking at the file system,
@@ -19,6 +20,7 @@ everything here is a pure function.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -119,10 +121,19 @@ PARAMS: list[Param] = [
     Param("values_seed", "Stage-1 seed (empty: the run seed)", "int", advanced=True, methods=A2PO,
           info="Runs with one stage-1 seed share one V* set; a sweep sets it for all its runs."),
     Param("use_cpu", "Force CPU", "bool", advanced=True),
+    # vLLM as the sampler (TRL's names): only where this studio's machine has it (`vllm_problem`).
+    Param("use_vllm", "Sample with vLLM (colocated)", "bool", advanced=True,
+          info="Stage 1, the rollouts and evaluation sample with a vLLM engine in the training process; the loss's "
+               "log-probabilities stay the trainer's own."),
+    Param("vllm_gpu_memory_utilization", "vLLM: share of the GPU's memory", "float", advanced=True,
+          info="With vLLM: the share of the GPU's memory its engine takes (weights and KV cache)."),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 # Settings an empty form field leaves out of the spec (their library default is another setting's value).
 EMPTY_MEANS_UNSET = {"values_seed"}
+# Settings that only vLLM reads: honoured with `use_vllm`, so refused without it unless left at their default.
+VLLM_ONLY = ("vllm_gpu_memory_utilization",)
+VLLM_OFF = "Turn use_vllm off (\"Sample with vLLM\" on the form): the native decoder samples."
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "max_train_seconds",
                    "eval_every_seconds"}
@@ -258,6 +269,34 @@ def _size_problem(model: str, config_file: Path, policy: Policy) -> str | None:
         return f"{model}: could not count its parameters from config.json ({short_error(error)})."
     if count > high:
         return f"{model} has {count / 1e9:.2f}B parameters; this studio allows at most {high / 1e9:.2f}B per model."
+    return None
+
+
+def full_finetune_problem(model: str, policy: Policy) -> str | None:
+    """Why `model` may not be trained without LoRA here, or None (`Limits.max_full_finetune_params`; a ZeroGPU Space
+    sets it: each chunk restores and saves the whole model with its optimizer state, docs/spaces.md). Called after
+    `check_model` accepted the model; a size that cannot be read (the default model before its first conversion,
+    SmolLM2-135M) is not refused here."""
+    from a2po.models import DEFAULT_MODEL, default_cache_dir, is_default_model
+
+    high = policy.limits.max_full_finetune_params
+    if high is None:
+        return None
+    if is_default_model(model):
+        config: str | Path | None = default_cache_dir() / DEFAULT_MODEL / "config.json"
+    elif model.startswith(("/", ".", "~")):
+        config = policy.inside(model, policy.local_model_roots()) / "config.json"
+    else:
+        config = _hub_cache_file(model, "config.json")
+    if config is None or not Path(config).is_file():
+        return None
+    try:
+        count = model_parameters(Path(config))
+    except Exception:  # noqa: BLE001 - check_model's size check names it where a size limit applies
+        return None
+    if count > high:
+        return (f"{model} has {count / 1e9:.2f}B parameters; this studio trains every weight of models up to "
+                f"{high / 1e9:.2f}B only: train it with LoRA (the form's LoRA box, or \"peft\" in a spec).")
     return None
 
 
@@ -447,6 +486,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
         problem = check_model(model, policy, offline=offline)
         if problem:
             errors["model"] = problem
+        elif full.get("peft") is None and (problem := full_finetune_problem(model.strip(), policy)):
+            errors["peft"] = problem
     # Every form setting, explicit: a stored spec says what ran (the preset's value, else the library's default),
     # whatever the library's defaults become.
     method = full.get("method", "a2po")
@@ -459,6 +500,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
                  "config": _check_config(given, policy, errors, method)}
     if method == "grpo" and isinstance(candidate["config"], Mapping):
         _check_grpo_batch(candidate["config"], policy.limits, errors)
+    if isinstance(candidate["config"], Mapping):
+        _check_vllm(full, candidate["config"], policy, errors)
     peft = full.get("peft")
     rank = _number(peft.get("r")) if isinstance(peft, Mapping) else None
     if rank is not None and rank > limits.max_lora_rank:
@@ -499,6 +542,45 @@ def _check_grpo_batch(config: Mapping[str, Any], limits: Limits, errors: dict[st
     if batch is not None and group and key not in errors and batch / group > limits.max_batch_size:
         errors[key] = (f"GRPO's batch counts completions: {batch:g} / G={group:g} is {batch / group:g} prompts per "
                        f"step, and this studio allows at most {limits.max_batch_size} prompts per step.")
+
+
+def vllm_problem(policy: Policy) -> str | None:
+    """Why no run of this studio may sample with vLLM, or None: on a ZeroGPU Space, or without vLLM beside the
+    studio (its workers run the studio's Python). Looks for the package without importing it: the studio's process
+    neither pays vLLM's import nor touches CUDA."""
+    if policy.zerogpu:
+        return ("vLLM is not offered on a ZeroGPU Space: a run there is a series of short GPU calls (chunks), and "
+                "each would start a vLLM engine again.")
+    if importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed beside this studio, so its workers cannot sample with it: the operator "
+                "installs it into the studio's environment (pip install vllm, on a CUDA machine) and restarts the "
+                "studio.")
+    return None
+
+
+def _check_vllm(spec: Mapping[str, Any], config: dict[str, Any], policy: Policy, errors: dict[str, str]) -> None:
+    """`use_vllm` only where its run can have it (`vllm_problem`, one process, not in chunks), and the settings
+    only vLLM reads only with it. A refused `use_vllm` is left out of `config`, so its reason is said once."""
+    if config.get("use_vllm") is not True:
+        for key in VLLM_ONLY:
+            value, default = _number(config.get(key)), default_value(key)
+            if value is not None and value != default and f"config.{key}" not in errors:
+                errors[f"config.{key}"] = (f"{PARAM_BY_KEY[key].label} is read only when vLLM samples: turn use_vllm "
+                                           f"on, or leave it at {default:g}.")
+        return
+    problem = vllm_problem(policy)
+    processes = _number(spec.get("num_processes"))
+    if problem is not None:
+        problem = f"{problem} {VLLM_OFF}"
+    elif spec.get("runner") == "chunked":
+        problem = ("use_vllm does not run in chunks: every chunk would start a vLLM engine again. Set runner to "
+                   "'worker', or turn use_vllm off.")
+    elif processes is not None and processes > 1:
+        problem = ("use_vllm runs one vLLM engine in a single training process: set num_processes to 1, or turn "
+                   "use_vllm off (the native decoder samples under several processes).")
+    if problem is not None:
+        errors["config.use_vllm"] = problem
+        del config["use_vllm"]
 
 
 def check_dataset(dataset: Any, policy: Policy) -> SpecResult:

@@ -54,10 +54,6 @@ class Services:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def check(self, spec: Any) -> dict[str, Any]:
-        """The clean spec, or `Refused` naming every problem (the API's and the form's allow-list)."""
-        return self.checked(spec)[0]
-
     def checked(self, spec: Any) -> tuple[dict[str, Any], list[str]]:
         """The clean spec and its warnings (a registered reward changed since the spec recorded it), or `Refused`
         naming every problem."""
@@ -70,14 +66,11 @@ class Services:
             raise Refused(result.message())
         return result.spec, result.warnings
 
-    def launch(self, spec: Any, user: User | None) -> int:
-        """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
-        size, runs per user); returns its id. No run is stored when it is refused."""
-        return self.launch_run(spec, user)[0]
-
     def launch_run(self, spec: Any, user: User | None) -> tuple[int, list[str]]:
-        """`launch`, returning the run's id and the warnings the check gave (also written to the run's log). A
-        `study` label in `spec` is left out, with a warning: only `launch_study` labels runs."""
+        """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
+        size, runs per user); returns its id and the warnings the check gave (also written to the run's log). No run
+        is stored when it is refused. A `study` label in `spec` is left out, with a warning: only `launch_study`
+        labels runs."""
         return self._queue(spec, user, study=None)
 
     def _queue(self, spec: Any, user: User | None, study: dict[str, Any] | None) -> tuple[int, list[str]]:
@@ -109,9 +102,9 @@ class Services:
         return run_id, warnings
 
     def launch_study(self, specs: list[dict[str, Any]], user: User | None) -> list[int]:
-        """Queue every run of a study (`app.studies`), all or nothing: each spec passes the checks of `launch`, and the
-        limits are counted for all of them together, before any is queued; a run refused while queueing (a launch
-        arriving at the same moment took the room) deletes those already queued. Returns their ids in order.
+        """Queue every run of a study (`app.studies`), all or nothing: each spec passes the checks of `launch_run`,
+        and the limits are counted for all of them together, before any is queued; a run refused while queueing (a
+        launch arriving at the same moment took the room) deletes those already queued. Returns their ids in order.
 
         `specs` are the studio's own (`study_specs`, `sweep_specs`, from a pair, seeds or a sweep): the only specs
         whose `study` label is kept, since a study is nothing but the runs that carry its label."""
@@ -175,7 +168,7 @@ class Services:
         except StudyError as error:
             raise Refused(str(error)) from None
         if not isinstance(spec, dict):
-            self.check(spec)  # names the problem
+            self.checked(spec)  # names the problem
         return self.launch_study(study_specs(dict(spec), chosen, pair=False), user)
 
     def launch_sweep(self, spec: Any, user: User | None, grid: Any, seeds: Any = None) -> list[int]:

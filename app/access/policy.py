@@ -48,6 +48,7 @@ class Limits:
     queued_per_user: int | None = None  # runs a user may have queued or running at once
     disk_quota_gb: float | None = None  # the data folder's size past which no run starts
     max_model_params: float | None = None  # parameters of a model (counted from its config); ZeroGPU: 0.6e9
+    max_full_finetune_params: float | None = None  # the same, for a run without LoRA; ZeroGPU: see below
 
     LABELS = {"max_prompts": "prompts per run", "max_eval_size": "held-out prompts", "max_value_samples": "N",
               "max_completion_length": "completion tokens", "max_prompt_length": "prompt tokens",
@@ -55,7 +56,8 @@ class Limits:
               "max_lora_rank": "LoRA rank", "max_name_length": "characters in a run name",
               "run_minutes": "minutes of wall-clock time per run", "upload_mb": "MB per upload",
               "queue_size": "runs in the queue", "queued_per_user": "queued or running runs per user",
-              "disk_quota_gb": "GB of disk for the data folder", "max_model_params": "parameters per model"}
+              "disk_quota_gb": "GB of disk for the data folder", "max_model_params": "parameters per model",
+              "max_full_finetune_params": "parameters per model trained without LoRA"}
 
     def describe(self) -> dict[str, Any]:
         """Every limit by name (`max_prompts`: 100000, ...), None where there is none: for the API and the form."""
@@ -73,9 +75,13 @@ PUBLIC_LIMITS = Limits(max_prompts=2_000, max_eval_size=256, max_value_samples=1
                        disk_quota_gb=30.0)
 
 
-# On a ZeroGPU Space every chunk restores and saves the run: small models (and LoRA, see `Services.check`) keep
+# On a ZeroGPU Space every chunk restores and saves the run: small models (and LoRA, see `Services.checked`) keep
 # that overhead a small share of a visitor's few minutes of GPU a day (docs/spaces.md).
 ZEROGPU_MAX_MODEL_PARAMS = 0.6e9
+# Above this, a ZeroGPU run trains LoRA: a full fine-tune's chunk restores and saves the weights and AdamW's two
+# moments (12 bytes a parameter in fp32), which for a 0.5B model takes longer than the GPU call's margin for it
+# (`app.runtime.chunks.CHUNK_MARGIN`; docs/spaces.md, "What a chunk costs").
+ZEROGPU_MAX_FULL_FINETUNE_PARAMS = 0.2e9
 
 
 def _number(value: Any) -> str:

@@ -1,35 +1,9 @@
 """The playground's model process: reference and trained policies answer one prompt side by side, scored by the
 run's reward (the page `app.web.pages.playground` and the `/playground` endpoint use it). No Gradio here.
 
-**A process of its own.** Models never load in the UI process: `PlaygroundClient` starts
-`python -m app.runtime.model_server` on first use, in its own session, with the workers' environment (no credentials,
-`Policy.worker_environment`), and talks to it in JSON lines over its stdin and stdout (anything the libraries print
-goes to `<data-dir>/logs/playground.log` instead). Requests are serialized: one at a time, each with a time limit
-(`REQUEST_TIMEOUT`); past it the process is killed and the request fails with a clear message. A process that died
-(killed, out of memory, or gone after its idle timeout) is started again by the next request.
-
-**Cache.** The process keeps the last (reference, trained) pair in memory, keyed by the model names, the weights
-folder and its files' modification times, and the last run's dataset (to score picked prompts): asking the same run
-again costs only the decoding. It exits after `IDLE_TIMEOUT` seconds without a request, freeing that memory.
-
-**A small share of the machine.** The studio trains one run at a time on a CPU machine; the playground does not wait
-for it: it runs beside it at a lower priority (`nice` +10) with one torch thread, so a training run keeps the other
-cores and wins every contended time slice (measured latencies: docs/api.md). On a GPU machine it takes a GPU that no
-run uses when there is one, else it shares the first GPU with the run there (a small model's few hundred MB; the
-scheduler does not count it, so a run may later start on its GPU too). The choice is made when the process starts.
-
-**Limits.** At most `MAX_SAMPLES` samples plus the greedy completion per policy, prompts of at most
-`MAX_PROMPT_CHARS` characters (cut to the run's `max_prompt_length` tokens from the left, as in training), and at
-most the run's `max_completion_length` new tokens, bounded by the studio's limit; temperature, top-p and top-k are
-the run's. Samples are a function of the run's seed, the prompt and the sample index (`a2po.rollout`): both policies
-read the same random streams, and asking again gives the same samples.
-
-**Rewards.** The run's reward functions, weighted as in training. A prompt of the run's data (matched by its
-question) is scored with its row's columns (ground truth, task entry, ...); a typed prompt only with an expected
-answer (as `ground_truth`), and never for reasoning-gym runs, whose checker needs the task's entry: there the
-reward is null. Without a run (a bare model), an expected answer is scored with `exact_match`. A reward that needs a
-column the prompt lacks (a TRL-style `solution`, say) is not called; the reply's `unscored_reason` names the column
-(or the reward's failure), and the page shows it.
+`PlaygroundClient` starts `python -m app.runtime.model_server` on first use, without credentials, and talks to it in
+JSON lines over stdin and stdout, one request at a time. Its process, cache, share of the machine, limits and
+scoring: docs/api.md, "The playground".
 """
 
 from __future__ import annotations

@@ -342,13 +342,6 @@ def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
             f"{a2po_state}; {grpo_part}{grpo_state}.{ratio}{grids}")
 
 
-def pick_pair(timelines: Sequence[Timeline]) -> tuple[Timeline, Timeline] | None:
-    """The first A*-PO run and the first GRPO run among those picked, or None without one of each."""
-    a2po = next((t for t in timelines if t.method == "a2po"), None)
-    grpo = next((t for t in timelines if t.method == "grpo"), None)
-    return (a2po, grpo) if a2po is not None and grpo is not None else None
-
-
 def cost_explanation(a2po: Timeline, grpo: Timeline, a2po_config: Mapping[str, Any],
                      grpo_config: Mapping[str, Any]) -> str:
     """Markdown: why the two cost what they cost, with the pair's own figures."""

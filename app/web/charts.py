@@ -1,11 +1,11 @@
-"""Plotly figure builders for the dashboard: pure functions from lists and dicts to `go.Figure`.
+"""Plotly figure builders for the dashboard: pure functions from lists and dicts to figure specs or `go.Figure`.
 
 Nothing here touches the database or Gradio, so every builder is unit-testable. The charts a live Run page redraws
 (training grid, V* histogram, correct-count bars, pass rates) are built as plain dicts (`*_spec`) that `to_json`
 serialises directly: building and checking a Plotly object cost the training grid more time than the queries
-behind it; the `go.Figure` functions wrap the same specs. Long series are downsampled
-(`downsample`) before drawing so a chart stays responsive with many thousands of logged steps, and training curves
-are drawn twice: the raw values faint, the exponential moving average (`ema`) on top.
+behind it. Long series are downsampled (`downsample`) before drawing so a chart stays responsive with many
+thousands of logged steps, and training curves are drawn twice: the raw values faint, the exponential moving
+average (`ema`) on top.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def _extremes(steps: Sequence[float], buckets: Mapping) -> Series:
 
 
 def bucketed_series(data: Mapping[str, Mapping[str, Sequence]]) -> tuple[dict[str, Series], dict[str, Mapping]]:
-    """`Store.metric_series` output as (series for `training_figure`, its `buckets` argument)."""
+    """`Store.metric_series` output as (series for `training_figure_spec`, its `buckets` argument)."""
     series = {name: (list(d["step"]), [math.nan if v is None else float(v) for v in d["value"]])
               for name, d in data.items()}
     return series, {name: d for name, d in data.items() if any(c > 1 for c in d["count"])}
@@ -268,36 +268,9 @@ def training_figure_spec(series: Mapping[str, Series], smoothing: float = 0.6, m
     return {"data": data, "layout": layout}
 
 
-def training_figure(series: Mapping[str, Series], smoothing: float = 0.6, max_points: int = MAX_POINTS,
-                    ceilings: Mapping[str, float] | None = None,
-                    metrics: Sequence[tuple[str, str]] = TRAINING_METRICS,
-                    buckets: Mapping[str, Mapping] | None = None) -> go.Figure:
-    """`training_figure_spec` as a Plotly figure."""
-    return go.Figure(training_figure_spec(series, smoothing, max_points, ceilings, metrics, buckets))
-
-
-def value_histogram(v_stars: Sequence[float | None], filtered: Sequence[bool] | None = None,
-                    bins: int = 30) -> go.Figure:
-    """Histogram of V* over prompts; filtered prompts (dropped before stage 2) stacked in their own color."""
-    if not v_stars:
-        return empty_figure("No V* estimates yet")
-    filtered = list(filtered) if filtered is not None else [False] * len(v_stars)
-    kept = [v for v, f in zip(v_stars, filtered, strict=True) if v is not None and not f]
-    dropped = [v for v, f in zip(v_stars, filtered, strict=True) if v is not None and f]
-    fig = go.Figure()
-    fig.add_trace(go.Histogram(x=kept, name=f"kept ({len(kept)})", nbinsx=bins, marker_color=PALETTE[0]))
-    if dropped:
-        fig.add_trace(go.Histogram(x=dropped, name=f"filtered ({len(dropped)})", nbinsx=bins,
-                                   marker_color="#bbbbbb"))
-    fig.update_layout(template="plotly_white", barmode="stack", height=300, title="V* over prompts",
-                      xaxis_title="V*(x)", yaxis_title="prompts", margin={"l": 50, "r": 20, "t": 50, "b": 40},
-                      legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"})
-    return fig
-
-
 def binned_value_histogram_spec(start: float, width: float, kept: Sequence[int], filtered: Sequence[int]) -> dict:
     """The V* histogram from counts binned in SQL (`Store.value_stats`): bin i spans start + i * width onward;
-    filtered prompts stacked in grey, as `value_histogram` draws them."""
+    filtered prompts stacked in grey."""
     if not sum(kept) + sum(filtered):
         return empty_spec("No V* estimates yet")
     centers = [start + (i + 0.5) * width for i in range(len(kept))]
@@ -315,12 +288,8 @@ def binned_value_histogram_spec(start: float, width: float, kept: Sequence[int],
         "legend": {"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"}}}
 
 
-def binned_value_histogram(start: float, width: float, kept: Sequence[int], filtered: Sequence[int]) -> go.Figure:
-    return go.Figure(binned_value_histogram_spec(start, width, kept, filtered))
-
-
 def counted_correct_bar_spec(counts: Sequence[int]) -> dict:
-    """`correct_count_bar` from the counts themselves: `counts[k]` prompts had k correct samples out of N."""
+    """How many prompts had k correct reference samples out of N, for k = 0..N (k = 0 in grey): `counts[k]`."""
     if not sum(counts):
         return empty_spec("No reference samples yet")
     n = len(counts) - 1
@@ -331,33 +300,6 @@ def counted_correct_bar_spec(counts: Sequence[int]) -> dict:
                        "title": {"text": f"Correct reference samples (out of N={n})"},
                        "xaxis": {"title": {"text": "correct samples"}, "dtick": 1},
                        "yaxis": {"title": {"text": "prompts"}}, "margin": {"l": 50, "r": 20, "t": 50, "b": 40}}}
-
-
-def counted_correct_bar(counts: Sequence[int]) -> go.Figure:
-    return go.Figure(counted_correct_bar_spec(counts))
-
-
-def correct_count_bar(num_correct: Sequence[int], num_samples: int) -> go.Figure:
-    """Bar chart: how many prompts had k correct reference samples out of N, for k = 0..N (k = 0 in grey)."""
-    if not num_correct:
-        return empty_figure("No reference samples yet")
-    n = max(num_samples, max(num_correct))
-    counts = np.bincount(np.asarray(num_correct, dtype=int), minlength=n + 1)
-    colors = ["#bbbbbb"] + [PALETTE[2]] * n
-    fig = go.Figure(go.Bar(x=list(range(n + 1)), y=counts.tolist(), marker_color=colors, name="prompts",
-                           hovertemplate="%{x} of " + str(n) + " correct: %{y} prompts<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=300, title=f"Correct reference samples (out of N={n})",
-                      xaxis_title="correct samples", yaxis_title="prompts", xaxis={"dtick": 1},
-                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
-    return fig
-
-
-def reference_pass_rates(num_correct: Sequence[int], num_samples: int) -> dict[str, float]:
-    """pass@1 (mean fraction of correct samples) and pass@N (fraction of prompts with any correct sample)."""
-    if not num_correct or num_samples < 1:
-        return {"pass@1": math.nan, "pass@N": math.nan}
-    arr = np.asarray(num_correct, dtype=float)
-    return {"pass@1": float(np.mean(arr / num_samples)), "pass@N": float(np.mean(arr > 0))}
 
 
 def pass_rate_spec(pass_at_1: float, pass_at_n: float, num_samples: int,
@@ -379,11 +321,6 @@ def pass_rate_spec(pass_at_1: float, pass_at_n: float, num_samples: int,
                        "margin": {"l": 200, "r": 20, "t": 50, "b": 30},
                        "shapes": [{"type": "line", "xref": "x", "x0": pass_at_n, "x1": pass_at_n, "yref": "y domain",
                                    "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#666"}}]}}
-
-
-def pass_rate_figure(pass_at_1: float, pass_at_n: float, num_samples: int,
-                     eval_accuracy: float | None = None) -> go.Figure:
-    return go.Figure(pass_rate_spec(pass_at_1, pass_at_n, num_samples, eval_accuracy))
 
 
 def compare_figure(runs: Mapping[str, Mapping[str, Series]], metrics: Sequence[str], smoothing: float = 0.6,

@@ -137,6 +137,19 @@ def pass_at_n_text(evaluations: Sequence[dict[str, Any]], eval_samples: Sequence
     return text
 
 
+def engine_text(spec: dict[str, Any] | None) -> str:
+    """Which engine sampled a run, from its spec (the worker follows its `use_vllm`), and what it sampled."""
+    spec = spec or {}
+    config = spec.get("config") or {}
+    sampled = ("its groups of G answers and the evaluations' answers" if spec.get("method") == "grpo" else
+               "stage 1's reference samples, the stage-2 answers and the evaluations' answers")
+    if config.get("use_vllm"):
+        return (f"**Sampled by vLLM**, colocated (one engine in the training process, given the policy's weights "
+                f"after every optimizer step): {sampled}. The log-probabilities in the loss, and so the implicit "
+                "rewards drawn here, are the trainer's own forward passes.")
+    return f"**Sampled by the native decoder** (the library's own, on the trainer's model): {sampled}."
+
+
 def build_explain_page(services: Services) -> gr.Dropdown:
     """Lay out the page; returns its run picker (refreshed when the page is opened)."""
     store = services.store
@@ -164,6 +177,7 @@ def build_explain_page(services: Services) -> gr.Dropdown:
     with gr.Row():
         picker = gr.Dropdown(choices=run_choices(store), label="Run", scale=3, elem_id="explain-run")
         refresh = gr.Button("Refresh", size="sm", scale=0, min_width=100)
+    engine = gr.Markdown(elem_id="explain-engine")
     scatter = gr.Plot(label="Implicit reward against its target", elem_id="explain-scatter")
     gr.Markdown("### 3. One prompt across training\nThe implicit reward of the answer sampled for one prompt at each "
                 "step: green when that answer was right, red when wrong; the dashed lines are where the loss pulls "
@@ -176,7 +190,7 @@ def build_explain_page(services: Services) -> gr.Dropdown:
     def load_run(run_id: int | None):
         if run_id is None:
             return (regression_figure([]), gr.Dropdown(choices=[], value=None), prompt_figure([], None),
-                    pass_at_n_text([], [], None))
+                    pass_at_n_text([], [], None), "")
         run = store.get_run(int(run_id)) or {}
         num_samples = ((run.get("config") or {}).get("config") or {}).get("num_value_samples")
         eval_samples = store.get_samples(int(run_id), split="eval", limit=MAX_POINTS, newest_first=True)
@@ -191,7 +205,7 @@ def build_explain_page(services: Services) -> gr.Dropdown:
         choices = [(f"{_question(texts[pid])[:80]} ({counts[pid]} steps)", pid) for pid in ranked]
         first = ranked[0] if ranked else None
         return (regression_figure(samples), gr.Dropdown(choices=choices, value=first), _prompt(run_id, first),
-                explained)
+                explained, engine_text(run.get("config")))
 
     def _prompt(run_id: int | None, prompt_id: str | None) -> go.Figure:
         if run_id is None or not prompt_id:
@@ -201,8 +215,9 @@ def build_explain_page(services: Services) -> gr.Dropdown:
         return prompt_figure(rows, rows[0]["v_star"] if rows else None)
 
     common = {"api_visibility": "private", "show_progress": "hidden"}
-    picker.change(load_run, picker, [scatter, prompt, trajectory, passn], **common)
-    refresh.click(load_run, picker, [scatter, prompt, trajectory, passn], **common)
+    shown = [scatter, prompt, trajectory, passn, engine]
+    picker.change(load_run, picker, shown, **common)
+    refresh.click(load_run, picker, shown, **common)
     prompt.change(_prompt, [picker, prompt], trajectory, **common)
 
     gr.Markdown("### 5. A*-PO against GRPO: why the costs differ\nPick an A*-PO run and a GRPO run (the Launch "

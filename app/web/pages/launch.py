@@ -3,19 +3,26 @@
 It opens on the teaching-demo preset, which works offline: one press of "Train" starts a run. A preset fills the
 form; the form still shows every value. Every problem is shown right under the field it concerns, with the
 studio's limits next to the fields they bound. The form goes through the same allow-list as the API
-(`app.access.allowlist.check_spec`, via `Services.launch`).
+(`app.access.allowlist.check_spec`, via `Services.launch_run`).
+
+The layout is a few sections that fill one `LaunchForm` (the page's components); the handlers are functions of it
+and of an event's values, returning {component: update} (one output: its value), so tests call them without a browser
+(tests/test_launch_page.py).
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
 import pandas as pd
+from gradio.components import Component
 
 from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
@@ -148,6 +155,7 @@ class LaunchPage:
     # "Launch sweep": the id of the study this session launched last, and its event.
     sweep_study: gr.State | None = None
     sweep_event: Any = None
+    form: LaunchForm | None = None  # the page's components, which its handlers take
 
 
 def load_dataset_preview(dataset: dict[str, Any], rows: int = PREVIEW_ROWS) -> tuple[list[str], pd.DataFrame]:
@@ -181,12 +189,64 @@ def load_dataset_preview(dataset: dict[str, Any], rows: int = PREVIEW_ROWS) -> t
     return columns, frame
 
 
-def _form_values(keys: list[str], values: tuple[Any, ...], reward_names: list[str]) -> dict[str, Any]:
-    raw = dict(zip(keys, values, strict=True))
-    form = {k: v for k, v in raw.items() if not k.startswith(("use_reward:", "weight_reward:"))}
-    form["rewards"] = {n: raw[f"weight_reward:{n}"] for n in reward_names if raw[f"use_reward:{n}"]}
-    form["operations"] = "".join(raw.get("operations") or [])
-    return form
+SOURCE_BOXES = ("arithmetic", "reasoning-gym", "hub", "file", "columns")  # `LaunchForm.boxes`
+
+
+@dataclass
+class LaunchForm:
+    """The Launch page's components, made once by its layout (`build_launch_page`). Every handler below takes it,
+    with the event's values as {component: value}, and returns its updates as {component: update}."""
+
+    services: Services
+    token: Any  # the session's login token (a `gr.BrowserState`; a `gr.State` where the page has no login)
+    defaults: dict[str, Any]  # the values the form opens with (`forms.default_form`)
+    reward_names: list[str]
+    inputs: dict[str, Component] = field(default_factory=dict)  # the form's fields by key (`app.web.forms`)
+    errors: dict[str, gr.Markdown] = field(default_factory=dict)  # the problem shown under each field
+    param_columns: dict[str, gr.Column] = field(default_factory=dict)  # a setting's column, shown for its methods
+    boxes: list[Any] = field(default_factory=list)  # the dataset's boxes, in `SOURCE_BOXES` order
+    buttons: dict[str, Any] = field(default_factory=dict)  # an action's, "pair", "sweep", "check", "save", ...
+    # The sections' other components.
+    preset: Any = None
+    status: Any = None
+    seeds: Any = None
+    protocol: Any = None
+    budget: Any = None
+    protocol_text: Any = None
+    pair_plan: Any = None
+    sweep_field: Any = None
+    sweep_grid: Any = None
+    sweep_plan: Any = None
+    try_verdict: Any = None
+    try_table: Any = None
+    command: Any = None
+    preview_info: Any = None
+    preview: Any = None
+    saved: Any = None
+    # Per session: the run launched last, the pair launched last ([A*-PO's, GRPO's, ...]), the sweep's study.
+    launched: gr.State = field(default_factory=lambda: gr.State(None))
+    pair: gr.State = field(default_factory=lambda: gr.State(None))
+    sweep_study: gr.State = field(default_factory=lambda: gr.State(None))
+
+    @property
+    def fields(self) -> list[Component]:
+        return list(self.inputs.values())
+
+    def error_slot(self, key: str) -> None:
+        self.errors[key] = gr.Markdown(visible=False, elem_classes=["field-error"], elem_id=f"error-{key}")
+
+    def number(self, key: str, label: str, info: str = "", **kw: Any) -> None:
+        self.inputs[key] = gr.Number(value=self.defaults[key], label=label, info=info or None,
+                                     elem_id=f"field-{key}", **kw)
+        self.error_slot(key)
+
+    def values(self, data: dict[Any, Any], **extra: Any) -> dict[str, Any]:
+        """The form's flat fields (`app.web.forms`) from an event's values, with `extra` fields set."""
+        raw = {key: data[component] for key, component in self.inputs.items()}
+        form = {k: v for k, v in raw.items() if not k.startswith(("use_reward:", "weight_reward:"))}
+        form["rewards"] = {n: raw[f"weight_reward:{n}"] for n in self.reward_names if raw[f"use_reward:{n}"]}
+        form["operations"] = "".join(raw.get("operations") or [])
+        return {**form, **extra}
 
 
 def validate(services: Services, form: dict[str, Any]) -> forms.FormResult:
@@ -214,492 +274,572 @@ def _task_help() -> str:
         lines.append(f"- **{name}**: {task.description} Settings: {settings}.")
     return "\n".join(lines)
 
+# ---------------------------------------------------------------------------------------------------------- handlers
+
+def error_updates(form: LaunchForm, problems: Mapping[str, str]) -> dict[Any, Any]:
+    """Every field's problem slot: shown with its problem, else hidden."""
+    return {slot: gr.Markdown(value=f"⚠ {problems[key]}", visible=True) if key in problems
+            else gr.Markdown(value="", visible=False) for key, slot in form.errors.items()}
+
+
+def check(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """"Check form": every problem under its field, and a verdict."""
+    result = validate(form.services, form.values(data))
+    message = "✅ The form is valid." if result.ok else f"❌ {len(result.errors)} problem(s): see the marked fields."
+    return {**error_updates(form, result.errors), form.status: message}
+
+
+def show_command(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """"Show command": the `python -m a2po` line that runs the form's spec."""
+    result = validate(form.services, form.values(data))
+    text = forms.command_line(result.spec) if result.ok else "# Fix the marked fields first."
+    return {**error_updates(form, result.errors), form.command: text}
+
+
+def show_preview(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """"Preview data": the dataset's columns and first rows, whatever the other fields hold."""
+    spec = forms.form_to_spec(form.values(data))
+    # The dataset as the allow-list states it (a file's path resolved).
+    result = allowlist.check_dataset(spec["dataset"], form.services.policy)
+    if not result.ok:
+        return {form.preview_info: "⚠ " + " ".join(result.errors.values()), form.preview: None}
+    try:
+        columns, frame = load_dataset_preview(result.spec)
+    except Exception as exc:  # shown to the user, not raised: a bad file is an input problem
+        return {form.preview_info: f"⚠ Could not read this dataset: {short(str(exc), 300)}", form.preview: None}
+    return {form.preview_info: f"Columns: {', '.join(f'`{c}`' for c in columns)}", form.preview: frame}
+
+
+def _user(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -> Any:
+    return form.services.auth.identify(token=data[form.token], request=request)
+
+
+def start(form: LaunchForm, action: str, data: dict[Any, Any], request: gr.Request | None) -> dict[Any, Any]:
+    """"Train", "Estimate V* only", "Evaluate": the form's run, or one per run seed as a study."""
+    result = validate(form.services, form.values(data, action=action))
+    if not result.ok:
+        return {**error_updates(form, result.errors), form.launched: None,
+                form.status: f"❌ Not started: {len(result.errors)} problem(s) — see the marked fields."}
+    seeds, user = data[form.seeds], _user(form, data, request)
+    try:
+        if seeds and seeds.strip():
+            ids = form.services.launch_seeds(result.spec, user, seeds)
+            return {**error_updates(form, {}), form.launched: ids[0],
+                    form.status: f"✅ Started a study of {len(ids)} runs, one per seed: "
+                                 + ", ".join(f"#{i}" for i in ids) + ". The Compare page shows them with their median."}
+        run_id, _ = form.services.launch_run(result.spec, user)
+    except Refused as exc:
+        return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None}
+    return {**error_updates(form, {}), form.status: f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).",
+            form.launched: run_id}
+
+
+def start_pair(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -> dict[Any, Any]:
+    """"A*-PO vs GRPO": the form's A*-PO run and its matched GRPO run (`app.access.gate.pair_specs`)."""
+    result = validate(form.services, form.values(data, action="train", method="a2po"))
+    if not result.ok:
+        return {**error_updates(form, result.errors), form.launched: None, form.pair: None,
+                form.status: f"❌ Not started: {len(result.errors)} problem(s) — see the marked fields (the pair "
+                             "starts from the form's A*-PO settings)."}
+    protocol = data[form.protocol]
+    try:
+        pairs = form.services.launch_pair(result.spec, _user(form, data, request), protocol=protocol,
+                                          budget_seconds=budget_seconds(data[form.budget]), seeds=data[form.seeds])
+    except (Refused, StudyError) as exc:
+        return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,
+                form.pair: None}
+    listed = "; ".join(f"A*-PO #{a} and GRPO #{g}" for a, g in pairs)
+    seeds = f" for {len(pairs)} seeds" if len(pairs) > 1 else ""
+    return {**error_updates(form, {}), form.launched: pairs[0][0], form.pair: [i for pair in pairs for i in pair],
+            form.status: f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. The Compare page "
+                         "shows them."}
+
+
+def plan_pair(form: LaunchForm, data: dict[Any, Any]) -> str:
+    """The pair the form would start (`pair_plan_text`): runs, steps, evaluations, time per method."""
+    result = validate(form.services, form.values(data, action="train", method="a2po"))
+    if not result.ok:
+        return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
+    return pair_plan_text(result.spec, data[form.protocol], data[form.seeds], data[form.budget],
+                          finished_history(form.services))
+
+
+def show_protocol(form: LaunchForm, protocol: str) -> dict[Any, Any]:
+    """The protocol's note; the time budget only for the equal-time protocol."""
+    return {form.budget: gr.update(visible=protocol == "time"), form.protocol_text: protocol_note(protocol)}
+
+
+def plan_sweep(form: LaunchForm, data: dict[Any, Any]) -> str:
+    """How many runs the grid and seeds make, and an estimate of their training time."""
+    if not (data[form.sweep_grid] or "").strip():
+        return SWEEP_NOTE
+    result = validate(form.services, form.values(data, action="train"))
+    if not result.ok:
+        return f"⚠ Fix the form first: {len(result.errors)} problem(s) (see the marked fields)."
+    try:
+        specs = sweeps.sweep_specs(result.spec, sweeps.grid_from_text(data[form.sweep_grid]),
+                                   parse_seeds(data[form.seeds]))
+    except StudyError as exc:
+        return f"⚠ {exc}"
+    return sweep_plan_text(form.services, specs)
+
+
+def start_sweep(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -> dict[Any, Any]:
+    """"Launch sweep": the form's run over the grid and run seeds, as one study."""
+    result = validate(form.services, form.values(data, action="train"))
+    if not result.ok:
+        return {**error_updates(form, result.errors), form.launched: None, form.sweep_study: None,
+                form.status: f"❌ Not started: {len(result.errors)} problem(s) — see the marked fields (the sweep "
+                             "starts from the form's run)."}
+    try:
+        grid = sweeps.grid_from_text(data[form.sweep_grid])
+        if not grid:
+            raise StudyError("Write the grid first: one setting per line, e.g. beta2: 0.001, 0.01")
+        ids = form.services.launch_sweep(result.spec, _user(form, data, request), grid, data[form.seeds])
+    except (Refused, StudyError) as exc:
+        return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,
+                form.sweep_study: None}
+    study = form.services.store.get_run(ids[0])["config"]["study"]["id"]
+    return {**error_updates(form, {}), form.launched: ids[0], form.sweep_study: study,
+            form.status: f"✅ Started a sweep of {len(ids)} runs ({', '.join(f'#{i}' for i in ids)}). The Studies "
+                         "page shows it."}
+
+
+def add_sweep_field(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """A grid line for the picked setting, starting from its value on the form."""
+    name, grid = data[form.sweep_field], data[form.sweep_grid]
+    if not name:
+        return {form.sweep_grid: gr.skip(), form.sweep_field: gr.skip()}
+    current = data[form.inputs[name]] if name in form.inputs else ""
+    line = f"{name}: {'' if current is None else current}, "
+    return {form.sweep_grid: grid.rstrip() + "\n" + line if grid and grid.strip() else line, form.sweep_field: None}
+
+
+def try_it(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -> dict[Any, Any]:
+    """"Try the reward" on a few of the dataset's prompts (`app.web.pages.playground.try_reward`)."""
+    from app.web.pages.playground import try_reward
+
+    spec = forms.form_to_spec(form.values(data))
+    try:
+        result = try_reward(form.services, _user(form, data, request), spec)
+    except Refused as exc:
+        return {form.try_verdict: f"❌ {exc}", form.try_table: gr.Dataframe(visible=False)}
+    return {form.try_verdict: result["verdict"],
+            form.try_table: gr.Dataframe(value=try_frame(result["rows"]), visible=bool(result["rows"]))}
+
+
+def show_method(form: LaunchForm, method: str) -> dict[Any, Any]:
+    """The settings of the chosen method; the other method's hidden."""
+    return {column: gr.update(visible=method in allowlist.PARAM_BY_KEY[key].methods)
+            for key, column in form.param_columns.items()}
+
+
+def show_source(form: LaunchForm, source: str) -> dict[Any, Any]:
+    """The boxes of the chosen dataset source (hub and file datasets share the columns box)."""
+    shown = {source, "columns"} if source in ("hub", "file") else {source}
+    return {box: gr.update(visible=name in shown) for name, box in zip(SOURCE_BOXES, form.boxes, strict=True)}
+
+
+def match_rewards(form: LaunchForm, source: str) -> dict[Any, Any]:
+    """A task is scored by its own checker, and only by it; other sources start from exact_match again."""
+    wanted = "task_checker" if source == "reasoning-gym" else "exact_match"
+    return {form.inputs[f"use_reward:{name}"]: gr.update(value=name == wanted) for name in form.reward_names}
+
+
+def fill(form: LaunchForm, values: dict[str, Any]) -> dict[Any, Any]:
+    """Updates that show `values` (the form's flat fields) in every input, and the right dataset boxes."""
+    updates: dict[Any, Any] = {}
+    for key, component in form.inputs.items():
+        if key.startswith("use_reward:"):
+            updates[component] = gr.update(value=key.split(":", 1)[1] in values["rewards"])
+        elif key.startswith("weight_reward:"):
+            updates[component] = gr.update(value=values["rewards"].get(key.split(":", 1)[1], 1.0))
+        elif key == "operations":
+            updates[component] = gr.update(value=list(values["operations"]))
+        elif key == "file_path":
+            updates[component] = gr.update()
+        else:
+            updates[component] = gr.update(value=values.get(key))
+    return {**updates, **show_source(form, values["dataset_source"])}
+
+
+def apply_preset(form: LaunchForm, name: str) -> dict[Any, Any]:
+    """Fill every field from the preset (the form keeps showing each value); a saved preset's spec goes through the
+    allow-list first, as a cloned run's does."""
+    from a2po.presets import PRESET_DESCRIPTIONS
+
+    if name and name.startswith(saved_presets.PREFIX):
+        spec = saved_presets.saved(form.services.data_dir).get(name[len(saved_presets.PREFIX):])
+        if spec is None:
+            return {form.preset: gr.Dropdown(choices=preset_choices(form.services)),
+                    form.status: "❌ That preset is gone: pick another."}
+        return {**load_spec(form, spec, "Loaded preset"), form.preset: gr.Dropdown(info="A preset saved on this "
+                                                                                         "studio.")}
+    return {**fill(form, forms.default_form(name)), form.preset: gr.Dropdown(info=PRESET_DESCRIPTIONS[name])}
+
+
+def save_yaml(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """"Save as YAML": the form's spec as a config file for `python -m a2po train --config`."""
+    from a2po.runspec import RunSpec
+
+    result = validate(form.services, form.values(data))
+    if not result.ok:
+        return {**error_updates(form, result.errors), form.status: "❌ Fix the marked fields first.",
+                form.saved: gr.File(visible=False)}
+    spec = RunSpec.from_dict(result.spec)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.name)[:60]
+    path = form.services.exports_dir / f"config-{safe}.yaml"
+    path.write_text(spec.to_yaml())
+    return {**error_updates(form, {}), form.saved: gr.File(value=str(path), visible=True),
+            form.status: f"✅ Saved {path.name}: run it with `python -m a2po train --config {path.name}`, or load it "
+                         "here later."}
+
+
+def load_yaml(form: LaunchForm, file: str | None) -> dict[Any, Any]:
+    """"Load YAML": fill the form from a config file, after the same allow-list as the API (a file can name
+    anything)."""
+    from a2po.cli import spec_from_config_file
+
+    if not file:
+        return {form.status: gr.skip()}
+    try:
+        spec = spec_from_config_file(file).to_dict()
+    except ValueError as exc:
+        return {form.status: f"❌ Not loaded: {short(str(exc), 500)}"}
+    return load_spec(form, spec, "Loaded")
+
+
+def load_spec(form: LaunchForm, spec: Any, verb: str) -> dict[Any, Any]:
+    """Fill the form from a run spec (a YAML file's, a saved preset's, a run's to clone) after the API's allow-list:
+    a spec that names a refused field fills nothing and says why."""
+    result = allowlist.check_spec(spec, form.services.policy, offline=offline())
+    if not result.ok:
+        return {form.status: f"❌ Not {verb.lower()}: {short(result.message(), 800)}"}
+    warnings = "".join(f"\n\n⚠ {html.escape(w)}" for w in result.warnings)
+    return {**fill(form, forms.spec_to_form(result.spec)),
+            form.status: f"✅ {verb} {html.escape(result.spec['name'])}: check the fields, then start it.{warnings}"}
+
+
+# ---------------------------------------------------------------------------------------------------------- layout
 
 def build_launch_page(services: Services, token: gr.BrowserState | None = None) -> LaunchPage:
     """Lay out the launch form and wire presets, validation, preview, the command view and the three actions."""
-    from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS
-
-    limits = services.policy.limits
-    defaults = forms.default_form()
     reward_info = reward_choices()
-    reward_names = list(reward_info)
-    inputs: dict[str, gr.components.Component] = {}
-    errors: dict[str, gr.Markdown] = {}
-
-    def error_slot(key: str) -> None:
-        errors[key] = gr.Markdown(visible=False, elem_classes=["field-error"], elem_id=f"error-{key}")
-
-    def number(key: str, label: str, info: str = "", **kw: Any) -> None:
-        inputs[key] = gr.Number(value=defaults[key], label=label, info=info or None, elem_id=f"field-{key}", **kw)
-        error_slot(key)
-
+    form = LaunchForm(services=services, token=token if token is not None else gr.State(None),
+                      defaults=forms.default_form(), reward_names=list(reward_info))
     gr.Markdown("## Launch a run\nThe teaching demo works offline: press **Train** to fine-tune the built-in "
                 "model on arithmetic and watch stage 1 (V* estimation) and stage 2 (A*-PO training) live.")
     with gr.Row():
         with gr.Column(scale=3):
-            preset = gr.Dropdown(preset_choices(services),
-                                 value=DEFAULT_PRESET, label="Preset", elem_id="field-preset",
-                                 info=PRESET_DESCRIPTIONS[DEFAULT_PRESET])
-            with gr.Group():
-                inputs["name"] = gr.Textbox(value=defaults["name"], label="Run name", elem_id="field-name",
-                                            max_length=limits.max_name_length)
-                error_slot("name")
-                inputs["model"] = gr.Dropdown(choices=model_choices(services), value=defaults["model"],
-                                              allow_custom_value=True, label="Model", elem_id="field-model",
-                                              info="Built-in name, hub id (org/name) or a folder under "
-                                                   f"{services.data_dir / 'models'}.")
-                error_slot("model")
-            gr.Markdown("### Dataset")
-            with gr.Group():
-                inputs["dataset_source"] = gr.Radio(SOURCES, value=defaults["dataset_source"], label="Source",
-                                                    elem_id="field-dataset_source")
-                error_slot("dataset_source")
-                with gr.Row():
-                    with gr.Column():
-                        number("num_prompts", "Number of prompts", precision=0, minimum=1,
-                               info=f"At most {limits.max_prompts} here.")
-                    with gr.Column():
-                        number("data_seed", "Data seed", precision=0)
-                    with gr.Column():
-                        number("eval_size", "Held-out eval prompts", precision=0, minimum=0,
-                               info=f"At most {limits.max_eval_size} here.")
-                with gr.Row(visible=defaults["dataset_source"] == "arithmetic") as arithmetic_box:
-                    with gr.Column():
-                        inputs["difficulty"] = gr.Slider(1, MAX_DIFFICULTY, value=defaults["difficulty"],
-                                                         step=1, label="Difficulty (digits)",
-                                                         elem_id="field-difficulty")
-                        error_slot("difficulty")
-                    with gr.Column():
-                        inputs["operations"] = gr.CheckboxGroup(list(forms.ARITHMETIC_OPERATIONS),
-                                                                value=list(defaults["operations"]),
-                                                                label="Operations", elem_id="field-operations")
-                        error_slot("operations")
-                with gr.Column(visible=False) as task_box:
-                    with gr.Row():
-                        inputs["task"] = gr.Dropdown(_task_names(), value=defaults["task"], label="Task",
-                                                     elem_id="field-task")
-                        inputs["task_settings"] = gr.Textbox(
-                            value=defaults["task_settings"], label="Settings (JSON)", elem_id="field-task_settings",
-                            info='e.g. {"max_terms": 3}; or a mix: [{"task": "chain_sum", "weight": 2}, ...]')
-                    inputs["answer_format"] = gr.Radio(
-                        [("between <answer> tags", "tags"), ("just the number (numeric tasks)", "number")],
-                        value=defaults["answer_format"], label="Answer format", elem_id="field-answer_format",
-                        info="Small models rarely write the tags (SmolLM2: never on chain sums); with 'number' the "
-                             "checker reads the completion's last number.")
-                    error_slot("answer_format")
-                    error_slot("task")
-                    error_slot("task_settings")
-                    with gr.Accordion("Tasks and their settings", open=False):
-                        gr.Markdown(_task_help())
-                with gr.Row(visible=False) as hub_box:
-                    with gr.Column(scale=2):
-                        inputs["hub_name"] = gr.Textbox(value=defaults["hub_name"], label="Hub dataset id",
-                                                        elem_id="field-hub_name")
-                        error_slot("hub_name")
-                    inputs["hub_config"] = gr.Textbox(value=defaults["hub_config"], label="Config")
-                    inputs["hub_split"] = gr.Textbox(value=defaults["hub_split"], label="Split")
-                with gr.Column(visible=False) as file_box:
-                    upload = f" (at most {limits.upload_mb:g} MB)" if limits.upload_mb else ""
-                    inputs["file_path"] = gr.File(label=f"Data file{upload}", file_types=list(allowlist.DATA_SUFFIXES),
-                                                  type="filepath", elem_id="field-file_path")
-                    error_slot("file_path")
-                with gr.Row(visible=False) as columns_box:
-                    with gr.Column():
-                        inputs["prompt_column"] = gr.Textbox(label="Prompt column (default: prompt)",
-                                                             elem_id="field-prompt_column")
-                        error_slot("prompt_column")
-                    with gr.Column():
-                        inputs["answer_column"] = gr.Textbox(label="Answer column (default: ground_truth)",
-                                                             elem_id="field-answer_column")
-                        error_slot("answer_column")
-                with gr.Row():
-                    with gr.Column(min_width=200, scale=1):
-                        inputs["template_system_prompt"] = gr.Checkbox(
-                            value=defaults["template_system_prompt"], label="Chat template's own system prompt",
-                            elem_id="field-template_system_prompt",
-                            info="SmolLM2's adds 16 tokens ('You are a helpful AI assistant named SmolLM, ...') "
-                                 "to every prompt.")
-                    with gr.Column(scale=3):
-                        inputs["system_prompt"] = gr.Textbox(
-                            value=defaults["system_prompt"], label="System prompt (when the box is off)",
-                            elem_id="field-system_prompt", max_lines=4, placeholder="empty: an empty system message",
-                            info="Put before every conversational prompt; empty keeps prompts short (the teaching "
-                                 "demo's choice).")
-                        error_slot("system_prompt")
-            gr.Markdown("### Rewards")
-            with gr.Group():
-                for name in reward_names:
-                    with gr.Row():
-                        inputs[f"use_reward:{name}"] = gr.Checkbox(value=name in defaults["rewards"], label=name,
-                                                                   info=reward_info[name] or None,
-                                                                   elem_id=f"field-use-{element_id(name)}")
-                        inputs[f"weight_reward:{name}"] = gr.Number(value=defaults["rewards"].get(name, 1.0),
-                                                                    label=f"{name} weight", minimum=0)
-                error_slot("rewards")
-            with gr.Row():
-                try_btn = gr.Button("Try the reward", size="sm", scale=0, min_width=160, elem_id="try-reward")
-                try_verdict = gr.Markdown("Scores a few of the dataset's prompts before launching: their answer "
-                                          "column (should score 1), a wrong answer (should score 0) and a sample of "
-                                          "the model.", elem_id="try-verdict")
-            try_table = gr.Dataframe(headers=TRY_COLUMNS, interactive=False, wrap=True, visible=False,
-                                     label="Try the reward", elem_id="try-table", max_height=400,
-                                     column_widths=["40%", "16%", "32%", "12%"])
-            gr.Markdown("### Method")
-            inputs["method"] = gr.Radio(METHODS, value=defaults["method"], label="Method", elem_id="field-method",
-                                        info="The other method's settings are hidden; \"A*-PO vs GRPO\" launches "
-                                             "both, matched.")
-            error_slot("method")
-            gr.Markdown("### Hyper-parameters")
-            param_columns: dict[str, Any] = {}
-            with gr.Row():
-                for param in [p for p in allowlist.PARAMS if not p.advanced]:
-                    with gr.Column(min_width=200, visible=defaults["method"] in param.methods) as column:
-                        _param_input(param, defaults, inputs, limits)
-                        error_slot(param.key)
-                    param_columns[param.key] = column
-            with gr.Accordion("Advanced", open=False, elem_id="advanced"):
-                with gr.Row():
-                    for param in [p for p in allowlist.PARAMS if p.advanced]:
-                        with gr.Column(min_width=200, visible=defaults["method"] in param.methods) as column:
-                            _param_input(param, defaults, inputs, limits)
-                            error_slot(param.key)
-                        param_columns[param.key] = column
-            gr.Markdown("### LoRA")
-            with gr.Row():
-                with gr.Column(min_width=150):
-                    inputs["lora"] = gr.Checkbox(value=defaults["lora"], label="Train a LoRA adapter",
-                                                 elem_id="field-lora")
-                with gr.Column(min_width=150):
-                    inputs["lora_r"] = gr.Number(value=defaults["lora_r"], label="Rank r", precision=0,
-                                                 elem_id="field-lora_r", info=f"At most {limits.max_lora_rank} here.")
-                    error_slot("lora_r")
-                with gr.Column(min_width=150):
-                    inputs["lora_alpha"] = gr.Number(value=defaults["lora_alpha"], label="Alpha",
-                                                     elem_id="field-lora_alpha")
-                    error_slot("lora_alpha")
-            gr.Markdown("### Processes")
-            with gr.Row():
-                with gr.Column(min_width=150):
-                    inputs["num_processes"] = gr.Number(value=defaults["num_processes"], label="Processes / GPUs",
-                                                        precision=0, minimum=1, elem_id="field-num_processes",
-                                                        info=processes_info(services))
-                    error_slot("num_processes")
+            _run_section(form)
+            _dataset_section(form)
+            _rewards_section(form, reward_info)
+            _settings_section(form)
         with gr.Column(scale=2):
-            gr.Markdown("### Start")
-            buttons = [gr.Button(ACTION_LABELS[action], variant="primary" if action == "train" else "secondary",
-                                 elem_id=f"action-{action}") for action in ACTIONS]
-            seeds_box = gr.Textbox(label="Run seeds (a study: one run per seed)", placeholder="e.g. 0, 1, 2 "
-                                   "(empty: the form's seed)", elem_id="field-seeds")
-            pair_btn = gr.Button("A*-PO vs GRPO", variant="secondary", elem_id="action-pair")
-            protocol_box = gr.Radio([(label, key) for key, label in PROTOCOL_LABELS.items()], value=DEFAULT_PROTOCOL,
-                                    label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
-            budget_box = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)",
-                                   minimum=0.1, visible=False, elem_id="pair-budget")
-            protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
-            pair_plan = gr.Markdown(elem_id="pair-plan")
-            gr.Markdown(PAIR_NOTE, elem_id="pair-note")
-            with gr.Accordion("Sweep: the form's run over a grid of settings", open=False, elem_id="sweep-panel"):
-                sweep_field = gr.Dropdown(sweep_fields(), value=None, label="Add a setting to the grid",
-                                          elem_id="sweep-field")
-                sweep_grid = gr.Textbox(label="Grid (one setting per line: name: value, value, ...)", lines=3,
-                                        placeholder="beta2: 0.001, 0.01, 0.1\nlearning_rate: 5e-6, 1e-5, 2e-5",
-                                        elem_id="sweep-grid")
-                sweep_plan = gr.Markdown(SWEEP_NOTE, elem_id="sweep-plan")
-                sweep_btn = gr.Button("Launch sweep", variant="secondary", elem_id="action-sweep")
-            error_slot(forms.FORM_ERROR)
-            status = gr.Markdown(elem_id="launch-status")
+            _actions_section(form)
+    starts, pair_event, sweep_event = _wire_actions(form)
+    _wire_form(form)
+    return LaunchPage(launched=form.launched, events=starts, model=form.inputs["model"], inputs=form.inputs,
+                      preset=form.preset, sweep_study=form.sweep_study, sweep_event=sweep_event,
+                      fill_outputs=[*form.fields, *form.boxes, form.status],
+                      load_spec=functools.partial(load_spec, form), pair=form.pair, pair_event=pair_event,
+                      plan_pair_on=functools.partial(plan_pair_on, form), form=form)
+
+
+def _run_section(form: LaunchForm) -> None:
+    """The preset, the run's name and its model."""
+    from a2po.presets import DEFAULT_PRESET, PRESET_DESCRIPTIONS
+
+    services, inputs = form.services, form.inputs
+    form.preset = gr.Dropdown(preset_choices(services), value=DEFAULT_PRESET, label="Preset", elem_id="field-preset",
+                              info=PRESET_DESCRIPTIONS[DEFAULT_PRESET])
+    with gr.Group():
+        inputs["name"] = gr.Textbox(value=form.defaults["name"], label="Run name", elem_id="field-name",
+                                    max_length=services.policy.limits.max_name_length)
+        form.error_slot("name")
+        inputs["model"] = gr.Dropdown(choices=model_choices(services), value=form.defaults["model"],
+                                      allow_custom_value=True, label="Model", elem_id="field-model",
+                                      info="Built-in name, hub id (org/name) or a folder under "
+                                           f"{services.data_dir / 'models'}.")
+        form.error_slot("model")
+
+
+def _dataset_section(form: LaunchForm) -> None:
+    """The dataset: its source, size and seed, then the source's own box (`SOURCE_BOXES`), and the system prompt."""
+    inputs, defaults, limits = form.inputs, form.defaults, form.services.policy.limits
+    gr.Markdown("### Dataset")
+    with gr.Group():
+        inputs["dataset_source"] = gr.Radio(SOURCES, value=defaults["dataset_source"], label="Source",
+                                            elem_id="field-dataset_source")
+        form.error_slot("dataset_source")
+        with gr.Row():
+            with gr.Column():
+                form.number("num_prompts", "Number of prompts", precision=0, minimum=1,
+                            info=f"At most {limits.max_prompts} here.")
+            with gr.Column():
+                form.number("data_seed", "Data seed", precision=0)
+            with gr.Column():
+                form.number("eval_size", "Held-out eval prompts", precision=0, minimum=0,
+                            info=f"At most {limits.max_eval_size} here.")
+        with gr.Row(visible=defaults["dataset_source"] == "arithmetic") as arithmetic_box:
+            with gr.Column():
+                inputs["difficulty"] = gr.Slider(1, MAX_DIFFICULTY, value=defaults["difficulty"], step=1,
+                                                 label="Difficulty (digits)", elem_id="field-difficulty")
+                form.error_slot("difficulty")
+            with gr.Column():
+                inputs["operations"] = gr.CheckboxGroup(list(forms.ARITHMETIC_OPERATIONS),
+                                                        value=list(defaults["operations"]), label="Operations",
+                                                        elem_id="field-operations")
+                form.error_slot("operations")
+        with gr.Column(visible=False) as task_box:
             with gr.Row():
-                check_btn = gr.Button("Check form", size="sm", elem_id="check-form")
-                command_btn = gr.Button("Show command", size="sm", elem_id="show-command")
-                preview_btn = gr.Button("Preview data", size="sm", elem_id="preview-data")
+                inputs["task"] = gr.Dropdown(_task_names(), value=defaults["task"], label="Task", elem_id="field-task")
+                inputs["task_settings"] = gr.Textbox(
+                    value=defaults["task_settings"], label="Settings (JSON)", elem_id="field-task_settings",
+                    info='e.g. {"max_terms": 3}; or a mix: [{"task": "chain_sum", "weight": 2}, ...]')
+            inputs["answer_format"] = gr.Radio(
+                [("between <answer> tags", "tags"), ("just the number (numeric tasks)", "number")],
+                value=defaults["answer_format"], label="Answer format", elem_id="field-answer_format",
+                info="Small models rarely write the tags (SmolLM2: never on chain sums); with 'number' the checker "
+                     "reads the completion's last number.")
+            for key in ("answer_format", "task", "task_settings"):
+                form.error_slot(key)
+            with gr.Accordion("Tasks and their settings", open=False):
+                gr.Markdown(_task_help())
+        with gr.Row(visible=False) as hub_box:
+            with gr.Column(scale=2):
+                inputs["hub_name"] = gr.Textbox(value=defaults["hub_name"], label="Hub dataset id",
+                                                elem_id="field-hub_name")
+                form.error_slot("hub_name")
+            inputs["hub_config"] = gr.Textbox(value=defaults["hub_config"], label="Config")
+            inputs["hub_split"] = gr.Textbox(value=defaults["hub_split"], label="Split")
+        with gr.Column(visible=False) as file_box:
+            upload = f" (at most {limits.upload_mb:g} MB)" if limits.upload_mb else ""
+            inputs["file_path"] = gr.File(label=f"Data file{upload}", file_types=list(allowlist.DATA_SUFFIXES),
+                                          type="filepath", elem_id="field-file_path")
+            form.error_slot("file_path")
+        with gr.Row(visible=False) as columns_box:
+            with gr.Column():
+                inputs["prompt_column"] = gr.Textbox(label="Prompt column (default: prompt)",
+                                                     elem_id="field-prompt_column")
+                form.error_slot("prompt_column")
+            with gr.Column():
+                inputs["answer_column"] = gr.Textbox(label="Answer column (default: ground_truth)",
+                                                     elem_id="field-answer_column")
+                form.error_slot("answer_column")
+        _system_prompt_row(form)
+    form.boxes = [arithmetic_box, task_box, hub_box, file_box, columns_box]
+
+
+def _system_prompt_row(form: LaunchForm) -> None:
+    with gr.Row():
+        with gr.Column(min_width=200, scale=1):
+            form.inputs["template_system_prompt"] = gr.Checkbox(
+                value=form.defaults["template_system_prompt"], label="Chat template's own system prompt",
+                elem_id="field-template_system_prompt",
+                info="SmolLM2's adds 16 tokens ('You are a helpful AI assistant named SmolLM, ...') to every prompt.")
+        with gr.Column(scale=3):
+            form.inputs["system_prompt"] = gr.Textbox(
+                value=form.defaults["system_prompt"], label="System prompt (when the box is off)",
+                elem_id="field-system_prompt", max_lines=4, placeholder="empty: an empty system message",
+                info="Put before every conversational prompt; empty keeps prompts short (the teaching demo's "
+                     "choice).")
+            form.error_slot("system_prompt")
+
+
+def _rewards_section(form: LaunchForm, reward_info: dict[str, str]) -> None:
+    """A check box and a weight per reward (`reward_choices`), and "Try the reward"."""
+    defaults = form.defaults
+    gr.Markdown("### Rewards")
+    with gr.Group():
+        for name in form.reward_names:
             with gr.Row():
-                save_btn = gr.Button("Save as YAML", size="sm", elem_id="save-yaml")
-                load_btn = gr.UploadButton("Load YAML", file_types=[".yaml", ".yml"], size="sm", elem_id="load-yaml")
-            saved = gr.File(label="Config file (python -m a2po train --config FILE)", visible=False,
-                            interactive=False, elem_id="saved-yaml")
-            command = gr.Code(label="Equivalent command line", language="shell", lines=3, interactive=False,
-                              elem_id="command", wrap_lines=True)
-            default_dataset = forms.form_to_spec(defaults)["dataset"]
-            preview_info = gr.Markdown("The preset's prompts:", elem_id="preview-info")
-            preview = gr.Dataframe(value=lambda: load_dataset_preview(default_dataset)[1],
-                                   label="First rows of the dataset", interactive=False, wrap=True,
-                                   elem_id="preview", max_height=300)
-            gr.Markdown(f"**This studio's limits:** at most {limits.text()}.", elem_id="limits-info")
+                form.inputs[f"use_reward:{name}"] = gr.Checkbox(value=name in defaults["rewards"], label=name,
+                                                                info=reward_info[name] or None,
+                                                                elem_id=f"field-use-{element_id(name)}")
+                form.inputs[f"weight_reward:{name}"] = gr.Number(value=defaults["rewards"].get(name, 1.0),
+                                                                 label=f"{name} weight", minimum=0)
+        form.error_slot("rewards")
+    with gr.Row():
+        form.buttons["try"] = gr.Button("Try the reward", size="sm", scale=0, min_width=160, elem_id="try-reward")
+        form.try_verdict = gr.Markdown("Scores a few of the dataset's prompts before launching: their answer column "
+                                       "(should score 1), a wrong answer (should score 0) and a sample of the model.",
+                                       elem_id="try-verdict")
+    form.try_table = gr.Dataframe(headers=TRY_COLUMNS, interactive=False, wrap=True, visible=False,
+                                  label="Try the reward", elem_id="try-table", max_height=400,
+                                  column_widths=["40%", "16%", "32%", "12%"])
 
-    keys = list(inputs)
-    error_keys = list(errors)
-    launched = gr.State(None)
-    token = token if token is not None else gr.State(None)
 
-    def error_updates(result_errors: dict[str, str]) -> list[Any]:
-        return [gr.Markdown(value=f"⚠ {result_errors[k]}", visible=True) if k in result_errors
-                else gr.Markdown(value="", visible=False) for k in error_keys]
+def _settings_section(form: LaunchForm) -> None:
+    """The method, its hyper-parameters (the advanced ones folded), LoRA and the number of processes."""
+    inputs, defaults, limits = form.inputs, form.defaults, form.services.policy.limits
+    gr.Markdown("### Method")
+    inputs["method"] = gr.Radio(METHODS, value=defaults["method"], label="Method", elem_id="field-method",
+                                info="The other method's settings are hidden; \"A*-PO vs GRPO\" launches both, "
+                                     "matched.")
+    form.error_slot("method")
+    gr.Markdown("### Hyper-parameters")
+    with gr.Row():
+        _param_columns(form, [p for p in allowlist.PARAMS if not p.advanced])
+    with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+        with gr.Row():
+            _param_columns(form, [p for p in allowlist.PARAMS if p.advanced])
+    gr.Markdown("### LoRA")
+    with gr.Row():
+        with gr.Column(min_width=150):
+            inputs["lora"] = gr.Checkbox(value=defaults["lora"], label="Train a LoRA adapter", elem_id="field-lora")
+        with gr.Column(min_width=150):
+            inputs["lora_r"] = gr.Number(value=defaults["lora_r"], label="Rank r", precision=0,
+                                         elem_id="field-lora_r", info=f"At most {limits.max_lora_rank} here.")
+            form.error_slot("lora_r")
+        with gr.Column(min_width=150):
+            inputs["lora_alpha"] = gr.Number(value=defaults["lora_alpha"], label="Alpha", elem_id="field-lora_alpha")
+            form.error_slot("lora_alpha")
+    gr.Markdown("### Processes")
+    with gr.Row():
+        with gr.Column(min_width=150):
+            inputs["num_processes"] = gr.Number(value=defaults["num_processes"], label="Processes / GPUs",
+                                                precision=0, minimum=1, elem_id="field-num_processes",
+                                                info=processes_info(form.services))
+            form.error_slot("num_processes")
 
-    def check(*values: Any) -> list[Any]:
-        result = validate(services, _form_values(keys, values, reward_names))
-        message = ("✅ The form is valid." if result.ok
-                   else f"❌ {len(result.errors)} problem(s): see the marked fields.")
-        return [*error_updates(result.errors), message]
 
-    def show_command(*values: Any) -> list[Any]:
-        result = validate(services, _form_values(keys, values, reward_names))
-        text = forms.command_line(result.spec) if result.ok else "# Fix the marked fields first."
-        return [*error_updates(result.errors), text]
+def _param_columns(form: LaunchForm, params: list[allowlist.Param]) -> None:
+    """A column per setting, shown for the methods that have it; vLLM's shown disabled, with the reason, where this
+    studio cannot run vLLM."""
+    vllm_off = allowlist.vllm_problem(form.services.policy)
+    for param in params:
+        with gr.Column(min_width=200, visible=form.defaults["method"] in param.methods) as column:
+            locked = vllm_off if param.key in ("use_vllm", *allowlist.VLLM_ONLY) else None
+            _param_input(param, form.defaults, form.inputs, form.services.policy.limits, locked)
+            form.error_slot(param.key)
+        form.param_columns[param.key] = column
 
-    def show_preview(*values: Any) -> tuple[Any, ...]:
-        spec = forms.form_to_spec(_form_values(keys, values, reward_names))
-        # The dataset as the allow-list states it (a file's path resolved), whatever the other fields hold.
-        result = allowlist.check_dataset(spec["dataset"], services.policy)
-        if not result.ok:
-            return "⚠ " + " ".join(result.errors.values()), None
-        try:
-            columns, frame = load_dataset_preview(result.spec)
-        except Exception as exc:  # shown to the user, not raised: a bad file is an input problem
-            return f"⚠ Could not read this dataset: {short(str(exc), 300)}", None
-        return f"Columns: {', '.join(f'`{c}`' for c in columns)}", frame
 
-    def start(action: str):
-        # Inputs as a set: the handler gets a dict of values, and Gradio can add the request (for the login).
-        def handler(data: dict, request: gr.Request) -> list[Any]:
-            values = tuple(data[inputs[k]] for k in keys)
-            user_token = data[token]
-            form = {**_form_values(keys, values, reward_names), "action": action}
-            result = validate(services, form)
-            if not result.ok:
-                return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) "
-                        "— see the marked fields.", None]
-            seeds = data[seeds_box]
-            user = services.auth.identify(token=user_token, request=request)
-            try:
-                if seeds and seeds.strip():
-                    ids = services.launch_seeds(result.spec, user, seeds)
-                    return [*error_updates({}), f"✅ Started a study of {len(ids)} runs, one per seed: "
-                            + ", ".join(f"#{i}" for i in ids) + ". The Compare page shows them with their median.",
-                            ids[0]]
-                run_id = services.launch(result.spec, user)
-            except Refused as exc:
-                return [*error_updates({}), f"❌ Not started: {exc}", None]
-            return [*error_updates({}), f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).", run_id]
-        return handler
+def _actions_section(form: LaunchForm) -> None:
+    """The right-hand column: the actions, run seeds, "A*-PO vs GRPO", the sweep, the status and the form's tools."""
+    limits = form.services.policy.limits
+    gr.Markdown("### Start")
+    for action in ACTIONS:
+        form.buttons[action] = gr.Button(ACTION_LABELS[action], variant="primary" if action == "train" else
+                                         "secondary", elem_id=f"action-{action}")
+    form.seeds = gr.Textbox(label="Run seeds (a study: one run per seed)", placeholder="e.g. 0, 1, 2 (empty: the "
+                            "form's seed)", elem_id="field-seeds")
+    form.buttons["pair"] = gr.Button("A*-PO vs GRPO", variant="secondary", elem_id="action-pair")
+    form.protocol = gr.Radio([(label, key) for key, label in PROTOCOL_LABELS.items()], value=DEFAULT_PROTOCOL,
+                             label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
+    form.budget = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)", minimum=0.1,
+                            visible=False, elem_id="pair-budget")
+    form.protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
+    form.pair_plan = gr.Markdown(elem_id="pair-plan")
+    gr.Markdown(PAIR_NOTE, elem_id="pair-note")
+    with gr.Accordion("Sweep: the form's run over a grid of settings", open=False, elem_id="sweep-panel"):
+        form.sweep_field = gr.Dropdown(sweep_fields(), value=None, label="Add a setting to the grid",
+                                       elem_id="sweep-field")
+        form.sweep_grid = gr.Textbox(label="Grid (one setting per line: name: value, value, ...)", lines=3,
+                                     placeholder="beta2: 0.001, 0.01, 0.1\nlearning_rate: 5e-6, 1e-5, 2e-5",
+                                     elem_id="sweep-grid")
+        form.sweep_plan = gr.Markdown(SWEEP_NOTE, elem_id="sweep-plan")
+        form.buttons["sweep"] = gr.Button("Launch sweep", variant="secondary", elem_id="action-sweep")
+    form.error_slot(forms.FORM_ERROR)
+    form.status = gr.Markdown(elem_id="launch-status")
+    with gr.Row():
+        form.buttons["check"] = gr.Button("Check form", size="sm", elem_id="check-form")
+        form.buttons["command"] = gr.Button("Show command", size="sm", elem_id="show-command")
+        form.buttons["preview"] = gr.Button("Preview data", size="sm", elem_id="preview-data")
+    with gr.Row():
+        form.buttons["save"] = gr.Button("Save as YAML", size="sm", elem_id="save-yaml")
+        form.buttons["load"] = gr.UploadButton("Load YAML", file_types=[".yaml", ".yml"], size="sm",
+                                               elem_id="load-yaml")
+    form.saved = gr.File(label="Config file (python -m a2po train --config FILE)", visible=False, interactive=False,
+                         elem_id="saved-yaml")
+    form.command = gr.Code(label="Equivalent command line", language="shell", lines=3, interactive=False,
+                           elem_id="command", wrap_lines=True)
+    default_dataset = forms.form_to_spec(form.defaults)["dataset"]
+    form.preview_info = gr.Markdown("The preset's prompts:", elem_id="preview-info")
+    form.preview = gr.Dataframe(value=lambda: load_dataset_preview(default_dataset)[1],
+                                label="First rows of the dataset", interactive=False, wrap=True, elem_id="preview",
+                                max_height=300)
+    gr.Markdown(f"**This studio's limits:** at most {limits.text()}.", elem_id="limits-info")
 
-    def start_pair(data: dict, request: gr.Request) -> list[Any]:
-        """The form's A*-PO run and its matched GRPO run (`app.access.gate.pair_specs`), through the gate."""
-        values = tuple(data[inputs[k]] for k in keys)
-        form = {**_form_values(keys, values, reward_names), "action": "train", "method": "a2po"}
-        result = validate(services, form)
-        if not result.ok:
-            return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) — see the "
-                    "marked fields (the pair starts from the form's A*-PO settings).", None, None]
-        protocol, minutes = data[protocol_box], data[budget_box]
-        try:
-            pairs = services.launch_pair(result.spec, services.auth.identify(token=data[token], request=request),
-                                         protocol=protocol, budget_seconds=budget_seconds(minutes),
-                                         seeds=data[seeds_box])
-        except (Refused, StudyError) as exc:
-            return [*error_updates({}), f"❌ Not started: {exc}", None, None]
-        ids = [run_id for pair in pairs for run_id in pair]
-        listed = "; ".join(f"A*-PO #{a} and GRPO #{g}" for a, g in pairs)
-        seeds = f" for {len(pairs)} seeds" if len(pairs) > 1 else ""
-        return [*error_updates({}), f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. "
-                "The Compare page shows them.", pairs[0][0], ids]
 
-    def plan_pair(data: dict) -> str:
-        """The pair the form would start (`pair_plan_text`): runs, steps, evaluations, time per method."""
-        values = tuple(data[inputs[k]] for k in keys)
-        result = validate(services, {**_form_values(keys, values, reward_names), "action": "train", "method": "a2po"})
-        if not result.ok:
-            return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
-        return pair_plan_text(result.spec, data[protocol_box], data[seeds_box], data[budget_box],
-                              finished_history(services))
+# ---------------------------------------------------------------------------------------------------------- wiring
 
-    def form_spec(data: dict) -> forms.FormResult:
-        values = tuple(data[inputs[k]] for k in keys)
-        return validate(services, {**_form_values(keys, values, reward_names), "action": "train"})
+PRIVATE = {"api_visibility": "private"}
+# The fields that change a pair's length; the rest are read when one of these, or the page, changes.
+PAIR_LENGTH_FIELDS = ("model", "num_prompts", "eval_size", "num_train_epochs", "max_steps",
+                      "per_device_train_batch_size", "gradient_accumulation_steps", "num_value_samples", "eval_steps")
 
-    def plan_sweep(data: dict) -> str:
-        """How many runs the grid and seeds make, and an estimate of their training time."""
-        if not (data[sweep_grid] or "").strip():
-            return SWEEP_NOTE
-        result = form_spec(data)
-        if not result.ok:
-            return f"⚠ Fix the form first: {len(result.errors)} problem(s) (see the marked fields)."
-        try:
-            specs = sweeps.sweep_specs(result.spec, sweeps.grid_from_text(data[sweep_grid]),
-                                       parse_seeds(data[seeds_box]))
-        except StudyError as exc:
-            return f"⚠ {exc}"
-        return sweep_plan_text(services, specs)
 
-    def start_sweep(data: dict, request: gr.Request) -> list[Any]:
-        result = form_spec(data)
-        if not result.ok:
-            return [*error_updates(result.errors), f"❌ Not started: {len(result.errors)} problem(s) — see the "
-                    "marked fields (the sweep starts from the form's run).", None, None]
-        try:
-            grid = sweeps.grid_from_text(data[sweep_grid])
-            if not grid:
-                raise StudyError("Write the grid first: one setting per line, e.g. beta2: 0.001, 0.01")
-            ids = services.launch_sweep(result.spec, services.auth.identify(token=data[token], request=request),
-                                        grid, data[seeds_box])
-        except (Refused, StudyError) as exc:
-            return [*error_updates({}), f"❌ Not started: {exc}", None, None]
-        study = services.store.get_run(ids[0])["config"]["study"]["id"]
-        return [*error_updates({}), f"✅ Started a sweep of {len(ids)} runs ({', '.join(f'#{i}' for i in ids)}). "
-                "The Studies page shows it.", ids[0], study]
+def _bind(handler: Callable[..., Any], form: LaunchForm, *args: Any) -> Callable[..., Any]:
+    """`handler(form, *args, ...)` as an event function, under the handler's name."""
+    event = functools.partial(handler, form, *args)
+    event.__name__ = handler.__name__
+    return event
 
-    def try_it(data: dict, request: gr.Request) -> list[Any]:
-        from app.web.pages.playground import try_reward
 
-        values = tuple(data[inputs[k]] for k in keys)
-        spec = forms.form_to_spec(_form_values(keys, values, reward_names))
-        try:
-            result = try_reward(services, services.auth.identify(token=data[token], request=request), spec)
-        except Refused as exc:
-            return [f"❌ {exc}", gr.Dataframe(visible=False)]
-        return [result["verdict"], gr.Dataframe(value=try_frame(result["rows"]), visible=bool(result["rows"]))]
+def _with_request(handler: Callable[..., Any], form: LaunchForm, *args: Any) -> Callable[..., Any]:
+    """`handler(form, *args, data, request)` as an event function: Gradio hands the request (for the login) to a
+    parameter annotated `gr.Request`."""
+    def event(data: dict, request: gr.Request) -> dict[Any, Any]:
+        return handler(form, *args, data, request)
+    event.__name__ = handler.__name__
+    return event
 
-    all_inputs = [inputs[k] for k in keys]
-    errors_out = [errors[k] for k in error_keys]
-    try_btn.click(try_it, {token, *all_inputs}, [try_verdict, try_table], api_visibility="private",
-                  concurrency_limit=1, concurrency_id="playground")
-    check_btn.click(check, all_inputs, [*errors_out, status], api_visibility="private")
-    command_btn.click(show_command, all_inputs, [*errors_out, command], api_visibility="private")
-    preview_btn.click(show_preview, all_inputs, [preview_info, preview], api_visibility="private")
-    events = [button.click(start(action), {token, seeds_box, *all_inputs}, [*errors_out, status, launched],
-                           api_visibility="private", concurrency_limit=1)
-              for button, action in zip(buttons, ACTIONS, strict=True)]
 
-    pair = gr.State(None)
-    pair_event = pair_btn.click(start_pair, {token, seeds_box, protocol_box, budget_box, *all_inputs},
-                                [*errors_out, status, launched, pair], api_visibility="private", concurrency_limit=1)
-    protocol_box.change(lambda protocol: (gr.update(visible=protocol == "time"), protocol_note(protocol)),
-                        protocol_box, [budget_box, protocol_text], api_visibility="private")
-    events.append(pair_event)
-    # The fields that change a pair's length; the rest are read when one of these, or the page, changes.
-    lengths = ["model", "num_prompts", "eval_size", "num_train_epochs", "max_steps", "per_device_train_batch_size",
-               "gradient_accumulation_steps", "num_value_samples", "eval_steps"]
+def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
+    """The buttons that start runs and the form's tools. Returns the events after which the Run page opens the run
+    launched (one per action, then the pair's), the pair's event and the sweep's."""
+    bind, buttons = _bind, form.buttons
+    errors = list(form.errors.values())
+    buttons["try"].click(_with_request(try_it, form), {form.token, *form.fields}, [form.try_verdict, form.try_table],
+                         concurrency_limit=1, concurrency_id="playground", **PRIVATE)
+    buttons["check"].click(bind(check, form), set(form.fields), [*errors, form.status], **PRIVATE)
+    buttons["command"].click(bind(show_command, form), set(form.fields), [*errors, form.command], **PRIVATE)
+    buttons["preview"].click(bind(show_preview, form), set(form.fields), [form.preview_info, form.preview],
+                             **PRIVATE)
+    events = [buttons[action].click(_with_request(start, form, action), {form.token, form.seeds, *form.fields},
+                                    [*errors, form.status, form.launched], concurrency_limit=1, **PRIVATE)
+              for action in ACTIONS]
+    pair_event = buttons["pair"].click(_with_request(start_pair, form),
+                                       {form.token, form.seeds, form.protocol, form.budget, *form.fields},
+                                       [*errors, form.status, form.launched, form.pair], concurrency_limit=1,
+                                       **PRIVATE)
+    sweep_event = buttons["sweep"].click(_with_request(start_sweep, form),
+                                         {form.token, form.seeds, form.sweep_grid, *form.fields},
+                                         [*errors, form.status, form.launched, form.sweep_study], concurrency_limit=1,
+                                         **PRIVATE)
+    buttons["save"].click(bind(save_yaml, form), set(form.fields), [*errors, form.status, form.saved], **PRIVATE)
+    buttons["load"].upload(bind(load_yaml, form), buttons["load"], [*form.fields, *form.boxes, form.status],
+                           **PRIVATE)
+    return [*events, pair_event], pair_event, sweep_event
 
-    def plan_pair_on(triggers: list[Any]) -> None:
-        gr.on(triggers, plan_pair, {seeds_box, protocol_box, budget_box, *all_inputs}, pair_plan,
-              api_visibility="private", trigger_mode="always_last")
 
-    plan_pair_on([protocol_box.change, seeds_box.change, budget_box.change,
-                  *(inputs[k].change for k in lengths if k in inputs)])
-    sweep_study = gr.State(None)
-    plan_inputs = {sweep_grid, seeds_box, *all_inputs}
-    sweep_grid.change(plan_sweep, plan_inputs, sweep_plan, api_visibility="private", trigger_mode="always_last")
-    seeds_box.change(plan_sweep, plan_inputs, sweep_plan, api_visibility="private", trigger_mode="always_last")
+def plan_pair_on(form: LaunchForm, triggers: list[Any]) -> None:
+    """Refresh the pair's plan (runs, steps, time per method) on these events."""
+    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, *form.fields},
+          form.pair_plan, trigger_mode="always_last", **PRIVATE)
 
-    def add_field(name: str | None, grid: str, *values: Any) -> tuple[Any, Any]:
-        if not name:
-            return gr.skip(), gr.skip()
-        current = dict(zip(keys, values, strict=True)).get(name, "")
-        line = f"{name}: {'' if current is None else current}, "
-        return (grid.rstrip() + "\n" + line if grid and grid.strip() else line), None
 
-    sweep_field.input(add_field, [sweep_field, sweep_grid, *all_inputs], [sweep_grid, sweep_field],
-                      api_visibility="private")
-    sweep_event = sweep_btn.click(start_sweep, {token, seeds_box, sweep_grid, *all_inputs},
-                                  [*errors_out, status, launched, sweep_study], api_visibility="private",
-                                  concurrency_limit=1)
-    param_keys = list(param_columns)
-
-    def show_method(method: str) -> list[Any]:
-        return [gr.update(visible=method in allowlist.PARAM_BY_KEY[k].methods) for k in param_keys]
-
-    inputs["method"].change(show_method, inputs["method"], [param_columns[k] for k in param_keys],
-                            api_visibility="private")
-    boxes = [arithmetic_box, task_box, hub_box, file_box, columns_box]
-
-    def toggle(source: str) -> list[Any]:
-        return [gr.update(visible=source == "arithmetic"), gr.update(visible=source == "reasoning-gym"),
-                gr.update(visible=source == "hub"), gr.update(visible=source == "file"),
-                gr.update(visible=source in ("hub", "file"))]
-
-    inputs["dataset_source"].change(toggle, inputs["dataset_source"], boxes, api_visibility="private")
-    reward_boxes = [inputs[f"use_reward:{name}"] for name in reward_names]
-
-    def match_rewards(source: str) -> list[Any]:
-        """A task is scored by its own checker, and only by it; other sources start from exact_match again."""
-        wanted = "task_checker" if source == "reasoning-gym" else "exact_match"
-        return [gr.update(value=name == wanted) for name in reward_names]
-
+def _wire_form(form: LaunchForm) -> None:
+    """What changes with the form's fields: the protocol's note, the plans of a pair and a sweep, the method's
+    settings, the dataset's boxes and rewards, a preset."""
+    bind, inputs = _bind, form.inputs
+    form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.protocol_text], **PRIVATE)
+    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change,
+                        *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
+    plan_inputs = {form.sweep_grid, form.seeds, *form.fields}
+    for box in (form.sweep_grid, form.seeds):
+        box.change(bind(plan_sweep, form), plan_inputs, form.sweep_plan, trigger_mode="always_last", **PRIVATE)
+    form.sweep_field.input(bind(add_sweep_field, form), {form.sweep_field, form.sweep_grid, *form.fields},
+                           [form.sweep_grid, form.sweep_field], **PRIVATE)
+    inputs["method"].change(bind(show_method, form), inputs["method"], list(form.param_columns.values()), **PRIVATE)
+    inputs["dataset_source"].change(bind(show_source, form), inputs["dataset_source"], form.boxes, **PRIVATE)
     # `.input`: only a user's pick switches the rewards, not a preset, a loaded config or a clone filling the form.
-    inputs["dataset_source"].input(match_rewards, inputs["dataset_source"], reward_boxes, api_visibility="private")
-
-    def fill(values: dict[str, Any]) -> list[Any]:
-        """Updates that show `values` (the form's flat fields) in every input, and the right dataset boxes."""
-        updates = []
-        for key in keys:
-            if key.startswith("use_reward:"):
-                updates.append(gr.update(value=key.split(":", 1)[1] in values["rewards"]))
-            elif key.startswith("weight_reward:"):
-                updates.append(gr.update(value=values["rewards"].get(key.split(":", 1)[1], 1.0)))
-            elif key == "operations":
-                updates.append(gr.update(value=list(values["operations"])))
-            elif key == "file_path":
-                updates.append(gr.update())
-            else:
-                updates.append(gr.update(value=values.get(key)))
-        return [*updates, *toggle(values["dataset_source"])]
-
-    def apply_preset(name: str) -> list[Any]:
-        """Fill every field from the preset (the form keeps showing each value); a saved preset's spec goes through
-        the allow-list first, as a cloned run's does."""
-        if name and name.startswith(saved_presets.PREFIX):
-            spec = saved_presets.saved(services.data_dir).get(name[len(saved_presets.PREFIX):])
-            if spec is None:
-                return [*(gr.update() for _ in [*all_inputs, *boxes]), gr.Dropdown(choices=preset_choices(services)),
-                        "❌ That preset is gone: pick another."]
-            *filled, message = load_spec(spec, "Loaded preset")
-            return [*filled, gr.Dropdown(info="A preset saved on this studio."), message]
-        return [*fill(forms.default_form(name)), gr.Dropdown(info=PRESET_DESCRIPTIONS[name]), gr.skip()]
-
-    preset.input(apply_preset, preset, [*all_inputs, *boxes, preset, status], api_visibility="private")
-
-    def save_yaml(*values: Any) -> list[Any]:
-        from a2po.runspec import RunSpec
-
-        result = validate(services, _form_values(keys, values, reward_names))
-        if not result.ok:
-            return [*error_updates(result.errors), "❌ Fix the marked fields first.", gr.File(visible=False)]
-        spec = RunSpec.from_dict(result.spec)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.name)[:60]
-        path = services.exports_dir / f"config-{safe}.yaml"
-        path.write_text(spec.to_yaml())
-        return [*error_updates({}), f"✅ Saved {path.name}: run it with `python -m a2po train --config "
-                f"{path.name}`, or load it here later.", gr.File(value=str(path), visible=True)]
-
-    def load_yaml(file: str | None) -> list[Any]:
-        """Fill the form from a YAML config, after the same allow-list as the API (a file can name anything)."""
-        from a2po.cli import spec_from_config_file
-
-        keep = [gr.update() for _ in [*all_inputs, *boxes]]
-        if not file:
-            return [*keep, gr.skip()]
-        try:
-            spec = spec_from_config_file(file).to_dict()
-        except ValueError as exc:
-            return [*keep, f"❌ Not loaded: {short(str(exc), 500)}"]
-        return load_spec(spec, "Loaded")
-
-    def load_spec(spec: Any, verb: str) -> list[Any]:
-        """Fill the form from a run spec (a YAML file's, or a run's to clone) after the API's allow-list: a spec that
-        names a refused field fills nothing and says why."""
-        result = allowlist.check_spec(spec, services.policy, offline=offline())
-        if not result.ok:
-            return [*(gr.update() for _ in [*all_inputs, *boxes]), f"❌ Not {verb.lower()}: "
-                    f"{short(result.message(), 800)}"]
-        warnings = "".join(f"\n\n⚠ {html.escape(w)}" for w in result.warnings)
-        return [*fill(forms.spec_to_form(result.spec)), f"✅ {verb} {html.escape(result.spec['name'])}: check the "
-                                                      f"fields, then start it.{warnings}"]
-
-    save_btn.click(save_yaml, all_inputs, [*errors_out, status, saved], api_visibility="private")
-    load_btn.upload(load_yaml, load_btn, [*all_inputs, *boxes, status], api_visibility="private")
-    return LaunchPage(launched=launched, events=events, model=inputs["model"], inputs=inputs, preset=preset,
-                      sweep_study=sweep_study, sweep_event=sweep_event,
-                      fill_outputs=[*all_inputs, *boxes, status], load_spec=load_spec, pair=pair,
-                      pair_event=pair_event, plan_pair_on=plan_pair_on)
+    inputs["dataset_source"].input(bind(match_rewards, form), inputs["dataset_source"],
+                                   [inputs[f"use_reward:{name}"] for name in form.reward_names], **PRIVATE)
+    form.preset.input(bind(apply_preset, form), form.preset, [*form.fields, *form.boxes, form.preset, form.status],
+                      **PRIVATE)
 
 
 def reward_choices() -> dict[str, str]:
@@ -752,17 +892,21 @@ def _task_names() -> list[str]:
     return list(TASKS)
 
 
-def _param_input(param: allowlist.Param, defaults: dict[str, Any], inputs: dict[str, Any], limits) -> None:
+def _param_input(param: allowlist.Param, defaults: dict[str, Any], inputs: dict[str, Any], limits,
+                 locked: str | None = None) -> None:
+    """The form's input for `param`; `locked`: why this studio refuses the setting, shown on a disabled input."""
     value = defaults[param.key]
     elem_id = f"field-{param.key}"
-    info = allowlist.limit_info(param, limits) or None
+    info = f"Not available here: {locked}" if locked else allowlist.limit_info(param, limits) or None
     if param.kind == "bool":
-        inputs[param.key] = gr.Checkbox(value=value, label=param.label, info=info, elem_id=elem_id)
+        inputs[param.key] = gr.Checkbox(value=value, label=param.label, info=info, elem_id=elem_id,
+                                        interactive=False if locked else None)
     elif param.kind == "choice":
         inputs[param.key] = gr.Dropdown(list(param.choices), value=value, label=param.label, info=info,
                                         elem_id=elem_id)
     else:
         inputs[param.key] = gr.Number(value=value, label=param.label, info=info, elem_id=elem_id,
-                                      precision=0 if param.kind == "int" else None)
+                                      precision=0 if param.kind == "int" else None,
+                                      interactive=False if locked else None)
 
 

@@ -1,19 +1,22 @@
 """Run page: one run, live while it works.
 
+What the page shows is a list of views (`VIEWS`): each declares its tab, the poller's group that redraws it, the
+components it fills, what moves it and how it is built; the page's outputs, its tabs and the poller's groups are
+derived from that list, so a new view is one declaration there (and its component in the layout).
+
 A `gr.Timer` ticks every `POLL_SECONDS` while the run is active (queued, running, stopping) and is switched off
 (`gr.Timer(active=False)`) once it is not: a finished, failed, stopped or interrupted run costs nothing while its
 page stays open. Picking an active run, or resuming this one, switches it on again.
 
-A tick is cheap, on both sides. Its event runs in the browser only (`POLLER_JS`): a Gradio event, even one that
-changes nothing, makes the page walk every component of the app twice (their loading status), which is costly
-on this page; so the tick only asks `run_version` for a short string saying what the run
-could show, read from a snapshot shared by every session (`live.snapshot`, read at most once a second). When it
-moved, the poller clicks a hidden Redraw button (at most every `LIVE_REDRAW_SECONDS`, at once when the status
-changed), and that Gradio event (`refresh`) sends only the views on screen whose version moved: the header and the
-selected tab (the others catch up when their tab is opened). Each session keeps in a `gr.State` only the run id,
-the selected tab and one version per view. What a view shows is computed once per version for all sessions
-(`live.SHARED`): the V* aggregates and the table page once per stage-1 batch, the training figure once per new
-metric rows, each fetched incrementally (rows newer than the last id) where that is possible.
+A tick is cheap, on both sides. Its event runs in the browser only (the poller, `app/web/static/run_poller.js`,
+given `POLLER_CONFIG`): a Gradio event, even one that changes nothing, makes the page walk every component of the
+app twice (their loading status), which is costly on this page; so the tick only asks `run_version` for a short
+string per group saying what the run could show, read from a snapshot shared by every session (`live.snapshot`,
+read at most once a second). When one moved, the poller clicks that group's hidden Redraw button (at most every
+`LIVE_REDRAW_SECONDS`, at once when the status changed), and that Gradio event (`draw_group`) sends only that
+group's outputs. A session's own events (`refresh`: a tab opened, a filter changed, a run picked) send only the
+views on screen whose version moved. Each session keeps in a `gr.State` only the run id, the selected tab and one
+version per view. What a view shows is computed once per version for all sessions (`live.SHARED`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from __future__ import annotations
 import html
 import json
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import gradio as gr
@@ -44,20 +50,17 @@ from app.web.common import (
 from app.web.pages import training, values
 from storage import Store
 from storage.lifecycle import LIVE, UNFINISHED
-from storage.secrets import scrub_text
 
 POLL_SECONDS = 2.5
+# How often a page on a live run redraws at most (a run writes every second or two); a change of status at once.
+LIVE_REDRAW_SECONDS = 5.0
 # Opens the Run page's tab (its button's id comes from the tab's elem_id "page-run" in app.web): run in the browser,
 # since a Gradio event with the main tabs as an output would make every later event walk the whole app.
 SHOW_RUN_TAB = "() => { document.getElementById('page-run-button')?.click(); return []; }"
 MAX_LOG_LINES = 300
 SEARCH_WINDOW = 100_000
 MAX_POINTS = charts.MAX_POINTS
-TABS = ("values", "filtered", "training", "samples", "logs")
-# Outputs of `refresh`, in the order of `build_run_page`'s outputs list (each a component there).
-OUTPUTS = ("state", "timer", "header", "progress", "error", "summary", "split", "histogram", "correct_bar",
-           "pass_rates", "table_info", "table", "filtered_summary", "filtered_table", "plot", "evaluations",
-           "samples", "samples_info", "logs", "stop", "resume", "delete", "picker")
+
 
 
 @dataclass
@@ -148,14 +151,26 @@ def remaining_text(estimate: Remaining) -> str:
     return f'<span id="run-remaining">{html.escape(shown)}</span>'
 
 
+def sampler(spec: dict[str, Any] | None) -> str:
+    """The engine that samples a run (stage 1, rollouts, evaluation), from its spec: vLLM in the training process
+    when its config sets `use_vllm` (the worker follows the spec), else the library's own decoder."""
+    config = (spec or {}).get("config") or {}
+    if not config.get("use_vllm"):
+        return "the native decoder"
+    mode = config.get("vllm_mode") or "colocate"
+    return "vLLM (colocated)" if mode == "colocate" else f"vLLM ({mode})"
+
+
 def header(run: dict[str, Any], evaluations: list[dict[str, Any]] | None = None,
            clock: dict[str, float] | None = None) -> str:
-    """The run's title line and facts: its times (wall time since it started; training time and the remaining
-    estimate from its clock, `clock_from_metrics`) and its accuracy before and after training."""
+    """The run's title line and facts: the engine that samples it (`sampler`), its times (wall time since it
+    started; training time and the remaining estimate from its clock, `clock_from_metrics`) and its accuracy before
+    and after training."""
     done = len({e["step"] for e in evaluations or []})
     estimate = estimate_remaining(run, clock, done or None)
     parts = [f"### #{run['id']} {html.escape(run['name'])} {status_badge(run['status'])}",
-             f"**{run['action']}** · model `{run['model']}` · dataset `{run['dataset']}` · stage "
+             f"**{run['action']}** · model `{run['model']}` · dataset `{run['dataset']}` · sampled by "
+             f'<span id="run-sampler">{html.escape(sampler(run.get("config")))}</span> · stage '
              f"`{run.get('stage') or '–'}` · created {format_time(run['created_at'])} · wall time "
              f"{format_duration(elapsed_seconds(run))} · training time {format_duration(training_seconds(clock))} · "
              + remaining_text(estimate)]
@@ -188,7 +203,9 @@ def _splits(run: dict[str, Any] | None) -> list[str]:
     return sorted(s for s, n in ((run or {}).get("value_counts") or {}).items() if n)
 
 
-# ------------------------------------------------------------------ views, computed once per version
+
+
+# ------------------------------------------------------------------ what the views show, computed once per version
 
 
 def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | None,
@@ -199,17 +216,14 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
             "progress": marker + stage_progress(run, _count(run, split), value_set)}
 
 
-def _public(text: str | None, jobs: Any) -> str:
-    """What a visitor reads of a text a process wrote: the job manager's scrubber (`JobManager.public_text`)."""
-    public = getattr(jobs, "public_text", None)
-    return public(text) if public is not None else scrub_text(text)
-
-
-def _controls_view(store: Store, run: dict[str, Any], jobs: Any = None) -> dict[str, Any]:
-    """The error box, the buttons and the picker's labels: component updates (each costs the server a component
-    built and the session's config updated), so sent only when the status or the error changed."""
-    error = _public(run.get("error"), jobs)
-    return {"error": gr.Textbox(value=error, visible=bool(error)), "picker": gr.Dropdown(choices=run_choices(store)),
+def _controls_view(services: Services, run: dict[str, Any], split: str = "train") -> dict[str, Any]:
+    """The error box (as a visitor may read it: `Services.public_text`), the buttons, the picker's labels and the
+    split picker's choices: component updates (each costs the server a component built and the session's config
+    updated), so sent only when the status, the error or the splits changed."""
+    error = services.public_text(run.get("error"))
+    return {"error": gr.Textbox(value=error, visible=bool(error)),
+            "picker": gr.Dropdown(choices=run_choices(services.store)),
+            "split": gr.Dropdown(choices=_splits(run) or [split], value=split),
             **dict(zip(("stop", "resume", "delete"), _button_updates(run), strict=True))}
 
 
@@ -347,275 +361,310 @@ def _samples_view(store: Store, run_id: int, sample_id: int, query: dict[str, An
     return {"samples": training.samples_frame(rows), "samples_info": info}
 
 
-def _logs_view(store: Store, run_id: int, log_id: int, jobs: Any = None) -> dict[str, Any]:
+
+def _logs_view(services: Services, run_id: int, log_id: int) -> dict[str, Any]:
+    store, jobs, public = services.store, services.jobs, services.public_text
+
     def compute(previous: tuple[int, list[str]] | None) -> tuple[int, list[str]]:
         after, lines = (previous[0], previous[1]) if previous is not None and previous[0] <= log_id else (0, [])
         if not after:
             after = max(0, log_id - MAX_LOG_LINES)  # ids of one run grow by one per line: the last page at most
-        new = [f"{format_time(x['created_at'])} {x['level']:7} {_public(x['message'], jobs)}"
+        new = [f"{format_time(x['created_at'])} {x['level']:7} {public(x['message'])}"
                for x in store.get_logs(run_id, after_id=after, limit=None)]
         return log_id, (lines + new)[-MAX_LOG_LINES:]
 
     text = "\n".join(live.SHARED.get(("logs", run_id), log_id, compute)[1])
     run = store.get_run(run_id)
-    if jobs is not None and getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
+    if getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
         # A Ray run's worker output is the job's log, on the cluster (a local worker's is a file of the data folder).
         output = live.SHARED.get(("ray-logs", run_id), log_id,
-                                 lambda _prev: _public(jobs.worker_output(run_id, run, 40), jobs))
+                                 lambda _prev: public(jobs.worker_output(run_id, run, 40)))
         text += f"\n\n--- output of Ray job {run['ray_job_id']} (last lines) ---\n{output}"
     return {"logs": text}
 
 
-# ------------------------------------------------------------------ one poll
+# ------------------------------------------------------------------ the views, declared once
 
-# How often a page on a live run redraws at most (a run writes every second or two); a change of status at once.
-LIVE_REDRAW_SECONDS = 5.0
-TAB_VIEWS = {"values": ("summary", "charts", "table_info", "table"), "filtered": ("filtered",),
-             "training": ("training",), "samples": ("samples",), "logs": ("logs",)}
-# What the poller redraws, group by group: each group is its own Gradio event with exactly its outputs (an output
-# left out with `gr.skip()` still costs the server a component built and its config regenerated, which adds up
-# over a page's many outputs), drawn when its version in `run_version` moved and its tab (None: any) is open.
-# A tab's group redraws the header too (one event instead of two; "head" alone when nothing else moved).
-HEAD = ("header", "progress")
+
+@dataclass(frozen=True)
+class Frame:
+    """One draw of the run in `snap` (`live.snapshot`) for one session's inputs: what every view is built from."""
+
+    services: Services
+    snap: dict[str, Any]
+    chart: ChartOptions
+    split: str
+    order: str
+    search: str | None
+    correct: str
+    text: str | None
+    step: str | None
+
+    @classmethod
+    def of(cls, services: Services, snap: dict[str, Any], chart: ChartOptions, split: str, order: str,
+           search: str | None, correct: str, text: str | None, step: str | None) -> Frame:
+        """The session's inputs as a draw reads them: the train split, stage-1 order and no search by default."""
+        return cls(services, snap, chart, split or "train", order if order in values.ORDERS else "stage-1 order",
+                   (search or "").strip() or None, correct, text, step)
+
+    @property
+    def store(self) -> Store:
+        return self.services.store
+
+    @property
+    def run(self) -> dict[str, Any]:
+        return self.snap["run"]
+
+    def version(self, view: View) -> tuple[Any, ...]:
+        """What `view` would show: the run's changes it follows and the session's inputs it reads."""
+        first_page = view.first_page_changes is not None and self.order == "stage-1 order" and not self.search
+        changes = view.first_page_changes if first_page else view.changes
+        return (changes(self.snap), *(getattr(self, name) for name in view.inputs))
+
+
+@dataclass(frozen=True)
+class View:
+    """One part of the Run page. `tab`: the tab it is on (None: above the tabs, always drawn). `group`: the poller's
+    group that redraws it (views of one group share a tab). `outputs`: the components it fills, by their names in
+    `build_run_page`. `changes(snapshot)`: what moves it, the same for every session (the poller compares it);
+    `inputs`: the session's inputs (`Frame` fields) it also reads. `build(frame)`: its outputs (a dict that may hold
+    more). `first_page_changes`: what moves it while it shows the first page in stage-1 order, if that differs.
+    `with_header`: its group redraws the header too (one event instead of two; False for a group that only moves
+    along with one that does)."""
+
+    name: str
+    tab: str | None
+    group: str
+    outputs: tuple[str, ...]
+    changes: Callable[[dict[str, Any]], tuple[Any, ...]]
+    build: Callable[[Frame], dict[str, Any]]
+    inputs: tuple[str, ...] = ()
+    first_page_changes: Callable[[dict[str, Any]], tuple[Any, ...]] | None = None
+    with_header: bool = True
+
+
+def _rows(snap: dict[str, Any]) -> tuple[Any, ...]:
+    """The run's own V* rows: their value set, count per split, a revision that moves with any rewrite of them,
+    and whether the set is complete."""
+    run, value_set = snap["run"], snap["value_set"]
+    return (run.get("value_set_id"), tuple(sorted((run.get("value_counts") or {}).items())),
+            run.get("values_revision"), bool(value_set and value_set["complete"]))
+
+
+def _header_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    run = snap["run"]
+    active = run["status"] in UNFINISHED  # the elapsed time moves every 10 s while the run is active
+    return (run["status"], run.get("stage"), round(run.get("progress") or 0, 3), snap["ids"]["evaluations"],
+            *_rows(snap), int(time.time() // 10) if active else 0)
+
+
+def _controls_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    run = snap["run"]
+    # The error's checksum, not its text: versions go to every browser that polls.
+    return run["status"], zlib.crc32((run.get("error") or "").encode()), tuple(_splits(run))
+
+
+def _summary_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    return *_rows(snap), str((snap["value_set"] or {}).get("summary")), snap["run"].get("stage") == "values"
+
+
+def _charts_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    return *_rows(snap), str((snap["value_set"] or {}).get("summary")), snap["run"].get("best_eval_accuracy")
+
+
+def _first_page_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    """A full first page in stage-1 order moves only when the run's rows are rewritten, not when rows are added
+    after it."""
+    counts = (snap["run"].get("value_counts") or {}).values()
+    value_set_id, _, revision, complete = _rows(snap)
+    full = bool(counts) and all(n >= values.PAGE_ROWS for n in counts)
+    return ("full", value_set_id, revision, complete) if full else _rows(snap)
+
+
+def _training_changes(snap: dict[str, Any]) -> tuple[Any, ...]:
+    run, ids = snap["run"], snap["ids"]
+    # The reference's pass rates drawn beside the eval accuracy move with the run's held-out V* rows.
+    return ids["metrics"], ids["evaluations"], _count(run, "eval"), run.get("values_revision")
+
+
+def _build_header(frame: Frame) -> dict[str, Any]:
+    run, split = frame.run, frame.split
+    return live.SHARED.get(("header", run["id"], split), (_header_changes(frame.snap), split),
+                           lambda _prev: _header_view(frame.store, run, frame.snap["value_set"], split))
+
+
+def _build_values(frame: Frame) -> dict[str, Any]:
+    """The V* tab's summary and charts, computed together once per change of either for every session."""
+    run, split = frame.run, frame.split
+    version = (_summary_changes(frame.snap), _charts_changes(frame.snap), split)
+    return live.SHARED.get(("values", run["id"], split), version,
+                           lambda _prev: _values_view(frame.store, run, frame.snap["value_set"], split))
+
+
+def _build_training(frame: Frame) -> dict[str, Any]:
+    run, ids = frame.run, frame.snap["ids"]
+    ceilings = _eval_pass_rates(frame.store, run, ids, frame.snap["value_set"])
+    return _training_view(frame.store, run["id"], ids, frame.chart, ceilings)
+
+
+VIEWS: dict[str, View] = {view.name: view for view in (
+    View("header", tab=None, group="head", outputs=("header", "progress"), changes=_header_changes,
+         build=_build_header, inputs=("split",)),
+    View("controls", tab=None, group="controls", outputs=("error", "stop", "resume", "delete", "picker", "split"),
+         changes=_controls_changes, build=lambda f: _controls_view(f.services, f.run, f.split), inputs=("split",)),
+    View("summary", tab="values", group="values", outputs=("summary",), changes=_summary_changes,
+         build=_build_values, inputs=("split",)),
+    View("charts", tab="values", group="values", outputs=("histogram", "correct_bar", "pass_rates"),
+         changes=_charts_changes, build=_build_values, inputs=("split",)),
+    View("table_info", tab="values", group="values", outputs=("table_info",), changes=_rows,
+         build=lambda f: _table_view(f.store, f.run, f.split, f.order, f.search), inputs=("split", "order", "search")),
+    View("table", tab="values", group="table", outputs=("table",), changes=_rows,
+         build=lambda f: _table_view(f.store, f.run, f.split, f.order, f.search), inputs=("split", "order", "search"),
+         first_page_changes=_first_page_changes, with_header=False),
+    View("filtered", tab="filtered", group="filtered", outputs=("filtered_summary", "filtered_table"),
+         changes=_rows, build=lambda f: _filtered_view(f.store, f.run, f.split), inputs=("split",)),
+    View("training", tab="training", group="training", outputs=("plot", "evaluations"), changes=_training_changes,
+         build=_build_training, inputs=("chart",)),
+    View("samples", tab="samples", group="samples", outputs=("samples", "samples_info"),
+         changes=lambda snap: (snap["ids"]["samples"],), inputs=("correct", "text", "step"),
+         build=lambda f: _samples_view(f.store, f.run["id"], f.snap["ids"]["samples"],
+                                       training.sample_query(f.correct, f.text, f.step))),
+    View("logs", tab="logs", group="logs", outputs=("logs",), changes=lambda snap: (snap["ids"]["logs"],),
+         build=lambda f: _logs_view(f.services, f.run["id"], f.snap["ids"]["logs"])),
+)}
+
+# ------------------------------------------------------------------ derived from VIEWS
+
+HEADER = VIEWS["header"]
+# Outputs of `refresh`, in the order of `build_run_page`'s outputs list.
+OUTPUTS = ("state", "timer", *dict.fromkeys(name for view in VIEWS.values() for name in view.outputs))
+TABS = tuple(dict.fromkeys(view.tab for view in VIEWS.values() if view.tab is not None))
+# What a session sees with each tab open: the views above the tabs and the tab's.
+ON_TAB = {tab: tuple(view for view in VIEWS.values() if view.tab in (None, tab)) for tab in TABS}
+# The poller's last word once it saw an end twice (see the poller): the header and the timer (off) from one snapshot,
+# so the page always ends on the end, even when an earlier header draw was dropped or read a snapshot from before it
+# on a busy server (a visitor's page stuck on "running" after the owner's stop).
+IDLE = "idle"
+
+
+def _own_views() -> dict[str, tuple[View, ...]]:
+    """Each poller group's views (those whose changes make its version), in the order of `VIEWS`."""
+    groups: dict[str, tuple[View, ...]] = {}
+    for view in VIEWS.values():
+        groups[view.group] = (*groups.get(view.group, ()), view)
+    for group, views in groups.items():
+        if len({view.tab for view in views}) > 1:
+            raise ValueError(f"The Run page's views {[v.name for v in views]} share the poller group {group!r} but "
+                             "not a tab: give the views of each tab their own group.")
+    return groups
+
+
+GROUP_OWN = _own_views()
+GROUP_TAB = {group: views[0].tab for group, views in GROUP_OWN.items()}
+# What each group draws: each group is its own Gradio event with exactly its outputs (an output left out with
+# `gr.skip()` still costs the server a component built and its config regenerated, which adds up over a page's many
+# outputs), drawn when its version in `run_version` moved and its tab (None: any) is open.
+GROUP_VIEWS = {**{group: (HEADER, *views) if GROUP_TAB[group] is not None and all(v.with_header for v in views)
+                  else views for group, views in GROUP_OWN.items()},
+               IDLE: (HEADER,)}
 GROUPS: dict[str, tuple[str | None, tuple[str, ...]]] = {
-    "head": (None, HEAD),
-    "controls": (None, ("error", "stop", "resume", "delete", "picker", "split")),
-    # The poller's last word once it saw an end twice (see POLLER_JS): the header and the timer (off) from one
-    # snapshot, so the page always ends on the end, even when an earlier header draw was dropped or read a snapshot
-    # from before it on a busy server (a visitor's page stuck on "running" after the owner's stop).
-    "idle": (None, (*HEAD, "timer")),
-    "values": ("values", (*HEAD, "summary", "histogram", "correct_bar", "pass_rates", "table_info")),
-    "table": ("values", ("table",)),
-    "filtered": ("filtered", (*HEAD, "filtered_summary", "filtered_table")),
-    "training": ("training", (*HEAD, "plot", "evaluations")),
-    "samples": ("samples", (*HEAD, "samples", "samples_info")),
-    "logs": ("logs", (*HEAD, "logs")),
+    group: (GROUP_TAB.get(group), (*dict.fromkeys(name for view in views for name in view.outputs),
+                                   *(("timer",) if group == IDLE else ())))
+    for group, views in GROUP_VIEWS.items()}
+# The poller's one config object (see app/web/static/run_poller.js).
+POLLER_CONFIG = {
+    "redraw_ms": int(LIVE_REDRAW_SECONDS * 1000),
+    "active_statuses": sorted(UNFINISHED),
+    "group_tabs": GROUP_TAB,
+    "head": HEADER.group,
+    "groups_with_head": [group for group in GROUP_TAB if group != HEADER.group and HEADER in GROUP_VIEWS[group]],
+    "first_page_groups": [group for group, views in GROUP_OWN.items() if any(v.first_page_changes for v in views)],
 }
-# The page's poller (the timer's event, run in the browser only, see the module docstring): ask `run_version`, and
-# click the hidden button of each group on screen whose version moved, at most every LIVE_REDRAW_SECONDS unless the
-# run's status changed. The table's version depends on the order picked: the first page in stage-1 order stops
-# changing once full.
-POLLER_JS = r"""
-async () => {
-  const live = document.getElementById("run-live");
-  if (!live) return [];
-  const run = Number(live.dataset.run), now = Date.now();
-  const root = ((window.gradio_config && window.gradio_config.root) || location.origin).replace(/\/$/, "");
-  // One session for all of this page's polls: without one, each poll makes the server build a new session (CPU,
-  // and memory kept per poll).
-  window.__runPollSession = window.__runPollSession || "run-poll-" + Math.random().toString(36).slice(2);
-  let versions = null;
-  try {
-    const post = await fetch(`${root}/gradio_api/call/run_version`, {method: "POST",
-      headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({data: [run], session_hash: window.__runPollSession})});
-    const event = (await post.json()).event_id;
-    const answer = await (await fetch(`${root}/gradio_api/call/run_version/${event}`)).text();
-    const data = answer.split("\n").find((line) => line.startsWith("data:"));
-    versions = data ? JSON.parse(data.slice(5))[0] : null;
-  } catch (error) {
-    console.debug("run poll:", error);
-  }
-  if (!versions || !versions.status) return [];
-  const seenBefore = window.__runLive;
-  if (seenBefore && seenBefore.run === run && versions.status === seenBefore.versions.status
-      && !ACTIVE_STATUSES.includes(versions.status)) {
-    // This end was drawn at an earlier poll (from a snapshot at least as new): polling can stop.
-    document.getElementById("run-draw-idle")?.click();
-    return [];
-  }
-  const order = document.querySelector("#values-order input");
-  const search = document.querySelector("#values-search textarea, #values-search input");
-  const first = order && order.value === "stage-1 order" && !(search && search.value.trim());
-  versions.table = first ? versions.table_first : versions.table;
-  const seen = window.__runLive;
-  if (!seen || seen.run !== run) {
-    window.__runLive = {run: run, versions: versions, at: now};  // a run just picked: drawn then
-    return [];
-  }
-  if (versions.status === seen.versions.status && now - seen.at < LIVE_REDRAW_MS) return [];
-  const due = [];
-  for (const [group, tab] of Object.entries(GROUP_TABS)) {
-    if (versions[group] === seen.versions[group]) continue;
-    const panel = tab && document.getElementById("tab-" + tab);
-    if (!tab || (panel && panel.offsetParent !== null)) due.push(group);
-    seen.versions[group] = versions[group];  // a hidden tab is drawn when it is opened
-  }
-  const withHead = due.some((group) => GROUPS_WITH_HEAD.includes(group));
-  for (const group of due) {
-    if (group !== "head" || !withHead) document.getElementById("run-draw-" + group)?.click();
-  }
-  seen.versions.status = versions.status;
-  seen.at = now;
-  return [];
-}
-""".replace("LIVE_REDRAW_MS", str(int(LIVE_REDRAW_SECONDS * 1000))).replace(
-    "GROUP_TABS", json.dumps({group: tab for group, (tab, _) in GROUPS.items()})).replace(
-    "GROUPS_WITH_HEAD", json.dumps([g for g, (_, names) in GROUPS.items() if g != "head" and HEAD[0] in names])
-).replace("ACTIVE_STATUSES", json.dumps(list(UNFINISHED)))
+POLLER_SOURCE = resources.files("app.web").joinpath("static", "run_poller.js").read_text(encoding="utf-8")
+POLLER_JS = f"() => ({POLLER_SOURCE.strip()})({json.dumps(POLLER_CONFIG)})"
+
+
+# ------------------------------------------------------------------ drawing
 
 
 def run_version(store: Store, run_id: int) -> dict[str, str]:
     """What a page on `run_id` could show, group by group (see `GROUPS`), as short strings from the shared snapshot:
-    the page's poller compares them with the last ones and redraws only the groups that moved."""
+    the page's poller compares them with the last ones and redraws only the groups that moved. A group with a view
+    whose first page in stage-1 order stops changing once full also has `<group>_first`."""
     snap = live.snapshot(store, int(run_id))
     if snap is None:
         return {"status": "gone"}
-    run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
-    active = run["status"] in UNFINISHED
-    # The run's own V* rows: their counts, and a revision that moves with any change of them.
-    counts = sorted((run.get("value_counts") or {}).items())
-    revision = run.get("values_revision")
-    complete = bool(value_set and value_set["complete"])
-    full = all(n >= values.PAGE_ROWS for _, n in counts) and bool(counts)
-    parts = {
-        "status": (run["status"],),
-        "head": (run["status"], run.get("stage"), round(run.get("progress") or 0, 3), ids["evaluations"],
-                 counts, complete, int(time.time() // 10) if active else 0),
-        "controls": (run["status"], bool(run.get("error")), [split for split, n in counts if n]),
-        "values": (counts, revision, complete, run.get("best_eval_accuracy"), (value_set or {}).get("summary")),
-        "table": (counts, revision, complete),
-        # A full first page only moves when the run's rows are rewritten (not when rows are added after it).
-        "table_first": ("full", revision, complete) if full else (counts, revision, complete),
-        "filtered": (counts, revision, complete),
-        "training": (ids["metrics"], ids["evaluations"]),
-        "samples": (ids["samples"],),
-        "logs": (ids["logs"],),
-    }
-    return {group: "|".join(str(x) for x in part) for group, part in parts.items()}
+
+    def joined(parts: list[tuple[Any, ...]]) -> str:
+        return "|".join(str(x) for part in parts for x in part)
+
+    versions = {"status": snap["run"]["status"]}
+    for group, views in GROUP_OWN.items():
+        versions[group] = joined([view.changes(snap) for view in views])
+        if group in POLLER_CONFIG["first_page_groups"]:
+            versions[f"{group}_first"] = joined([(view.first_page_changes or view.changes)(snap) for view in views])
+    return versions
 
 
 def draw_group(services: Services, group: str, run_id: int | None, chart: ChartOptions, split: str, order: str,
                search: str | None, correct: str, text: str | None, step: str | None) -> list[Any]:
     """One group's outputs (see `GROUPS`) for the poller: no session state is read or written (the poller decided
     what moved); each value comes from what every session shares (`live.SHARED`)."""
-    store = services.store
-    snap = live.snapshot(store, run_id) if run_id is not None else None
+    snap = live.snapshot(services.store, run_id) if run_id is not None else None
     names = GROUPS[group][1]
     if snap is None:
         return [gr.skip()] * len(names)
-    run = snap["run"]
-    split, order, search = _inputs(split, order, search)
-    versions = _versions(snap, chart, split, order, search, correct, text, step)
+    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step)
     out: dict[str, Any] = {}
     for view in GROUP_VIEWS[group]:
-        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
-                         services.jobs))
-    if group == "controls":
-        out["split"] = gr.Dropdown(choices=_splits(run) or [split], value=split)
-    if group == "idle":
-        out["timer"] = gr.Timer(POLL_SECONDS, active=run["status"] in UNFINISHED)
+        built = view.build(frame)
+        out.update({name: built[name] for name in view.outputs})
+    if group == IDLE:
+        out["timer"] = gr.Timer(POLL_SECONDS, active=frame.run["status"] in UNFINISHED)
     return [out.get(name, gr.skip()) for name in names]
-
-
-def _inputs(split: str, order: str, search: str | None) -> tuple[str, str, str | None]:
-    return split or "train", order if order in values.ORDERS else "stage-1 order", (search or "").strip() or None
-
-
-def _versions(snap: dict[str, Any], chart: ChartOptions, split: str, order: str, search: str | None, correct: str,
-              text: str | None, step: str | None) -> dict[str, Any]:
-    """The current version of each view: what it would show, as ids and counts (compared with the shown ones)."""
-    run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
-    active = run["status"] in UNFINISHED
-    vs_version = (run.get("value_set_id"), split, _count(run, split), run.get("values_revision"),
-                  bool(value_set and value_set["complete"]), str((value_set or {}).get("summary")))
-    return {
-        # Header and progress: the elapsed time moves every 10 s while active.
-        "header": (run["status"], run.get("stage"), round(run.get("progress") or 0, 3), run.get("error"),
-                   ids["evaluations"], vs_version, int(time.time() // 10) if active else 0),
-        "controls": (run["status"], run.get("error")),
-        "summary": (vs_version, run.get("stage") == "values"),
-        "charts": (vs_version, run.get("best_eval_accuracy")),
-        # The first page in stage-1 order never changes once full: its rows are not sent again with each batch.
-        "table_info": (vs_version, order, search),
-        "table": (vs_version[:2], order, search, bool(value_set and value_set["complete"]),
-                  ("full", run.get("values_revision"))
-                  if order == "stage-1 order" and not search and _count(run, split) >= values.PAGE_ROWS
-                  else (_count(run, split), run.get("values_revision"))),
-        "filtered": vs_version,
-        "training": (ids["metrics"], ids["evaluations"], chart, vs_version),
-        "samples": (ids["samples"], training.sample_query(correct, text, step)),
-        "logs": ids["logs"],
-    }
 
 
 def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None, chart: ChartOptions, split: str,
             order: str, search: str | None, correct: str, text: str | None, step: str | None,
             tab: str | None = None) -> list[Any]:
     """Draw what moved since `state` (a tab switch, a filter change, a new run picked): updates for the
-    `OUTPUTS`, where only the views on screen (the header and the selected tab) whose version moved since `state`
-    are sent, everything else `gr.skip()`."""
-    store = services.store
+    `OUTPUTS`, where only the views on screen (`ON_TAB`: above the tabs and the selected tab's) whose version moved
+    since `state` are sent, everything else `gr.skip()`."""
     if state is None or state.get("run_id") != run_id:
         state = new_state(run_id, (state or {}).get("tab", "values"))
     if tab is not None:
         state["tab"] = tab
     out: dict[str, Any] = {"state": state}
-    snap = live.snapshot(store, run_id) if run_id is not None else None
+    snap = live.snapshot(services.store, run_id) if run_id is not None else None
     if snap is None:
         _set_timer(state, out, False)
-        if state["shown"].get("empty"):
-            return _updates(out)
-        state["shown"] = {"empty": True}
-        out.update(header="Pick a run above, launch one, or open one from the Runs page.", progress="",
-                   error=gr.Textbox(visible=False, value=""), logs="", plot=_plot(charts.empty_spec("No run selected")),
-                   evaluations=None, samples=None, samples_info="", picker=gr.Dropdown(choices=run_choices(store)),
-                   **_values_view(store, {}, None, split or "train"), **_table_view(store, None, "", "", None),
-                   **_filtered_view(store, None, ""), **dict(zip(("stop", "resume", "delete"), _button_updates(None),
-                                                                 strict=True)))
+        if not state["shown"].get("empty"):
+            state["shown"] = {"empty": True}
+            out.update(_no_run(services.store, split or "train"))
         return _updates(out)
 
-    split, order, search = _inputs(split, order, search)
+    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step)
     shown = state["shown"]
-    versions = _versions(snap, chart, split, order, search, correct, text, step)
-    for view in ("header", "controls", *TAB_VIEWS[state["tab"]]):
-        if shown.get(view) == versions[view]:
-            continue
-        out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
-                         services.jobs))
-        if view == "summary" and shown.get("splits") != out["split"].choices:
-            shown["splits"] = out["split"].choices  # a component update only when the splits changed
-        elif view == "summary":
-            del out["split"]
-        shown[view] = versions[view]
+    for view in ON_TAB[state["tab"]]:
+        version = frame.version(view)
+        if shown.get(view.name) != version:
+            built = view.build(frame)
+            out.update({name: built[name] for name in view.outputs})
+            shown[view.name] = version
     shown.pop("empty", None)
-    _set_timer(state, out, snap["run"]["status"] in UNFINISHED, rearm=True)
+    _set_timer(state, out, frame.run["status"] in UNFINISHED, rearm=True)
     return _updates(out)
 
 
-# The views behind each poller group of `GROUPS`.
-GROUP_VIEWS = {"head": ("header",), "controls": ("controls",), "values": ("header", "summary", "charts", "table_info"),
-               "table": ("table",), "filtered": ("header", "filtered"), "training": ("header", "training"),
-               "samples": ("header", "samples"), "logs": ("header", "logs"), "idle": ("header",)}
-
-
-def _view(store: Store, snap: dict[str, Any], versions: dict[str, Any], view: str, split: str, order: str,
-          search: str | None, chart: ChartOptions, correct: str, text: str | None, step: str | None,
-          jobs: Any = None) -> dict[str, Any]:
-    """The outputs of one view of the run in `snap`, computed once per version for every session."""
-    run, ids, value_set = snap["run"], snap["ids"], snap["value_set"]
-    run_id = run["id"]
-    if view == "header":
-        return live.SHARED.get(("header", run_id, split), versions["header"],
-                               lambda _prev: _header_view(store, run, value_set, split))
-    if view == "controls":
-        return _controls_view(store, run, jobs)
-    if view in ("summary", "charts"):
-        both = live.SHARED.get(("values", run_id, split), (versions["summary"], versions["charts"]),
-                               lambda _prev: _values_view(store, run, value_set, split))
-        keys = ("summary", "split") if view == "summary" else ("histogram", "correct_bar", "pass_rates")
-        return {k: both[k] for k in keys}
-    if view in ("table_info", "table"):
-        return {view: _table_view(store, run, split, order, search)[view]}
-    if view == "filtered":
-        return _filtered_view(store, run, split)
-    if view == "training":
-        return _training_view(store, run_id, ids, chart, _eval_pass_rates(store, run, ids, value_set))
-    if view == "samples":
-        return _samples_view(store, run_id, ids["samples"], training.sample_query(correct, text, step))
-    if view == "logs":
-        return _logs_view(store, run_id, ids["logs"], jobs)
-    raise ValueError(f"Unknown view {view!r}.")
+def _no_run(store: Store, split: str) -> dict[str, Any]:
+    """The page with no run picked."""
+    return {"header": "Pick a run above, launch one, or open one from the Runs page.", "progress": "",
+            "error": gr.Textbox(visible=False, value=""), "logs": "",
+            "plot": _plot(charts.empty_spec("No run selected")), "evaluations": None, "samples": None,
+            "samples_info": "", "picker": gr.Dropdown(choices=run_choices(store)),
+            **_values_view(store, {}, None, split), **_table_view(store, None, "", "", None),
+            **_filtered_view(store, None, ""),
+            **dict(zip(("stop", "resume", "delete"), _button_updates(None), strict=True))}
 
 
 def _set_timer(state: dict[str, Any], out: dict[str, Any], active: bool, rearm: bool = False) -> None:
@@ -658,17 +707,61 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
                               elem_id="run-logs")
     state = gr.State(None)
     timer = gr.Timer(POLL_SECONDS, active=False)  # on while the picked run is active
-    # Clicked by the poller (POLLER_JS), one per group of views.
-    draw_buttons = {group: gr.Button(group, visible="hidden", elem_id=f"run-draw-{group}") for group in GROUPS}
-
-    chart_inputs = ttab.controls()  # smoothing, x axis, log scale
-    inputs = [picker, state, *chart_inputs, vtab.split, vtab.order, vtab.search, *stab.filters()]
+    # The components the views fill (`View.outputs`) and the tabs they are on, by name.
     components = {"state": state, "timer": timer, "header": head, "progress": progress, "error": error,
                   **vtab.outputs(), "plot": ttab.plot, "evaluations": ttab.evaluations, "samples": stab.table,
                   "samples_info": stab.info, "logs": logs, "stop": stop_btn, "resume": resume_btn,
                   "delete": delete_btn, "picker": picker}
-    outputs = [components[name] for name in OUTPUTS]
+    tabs = {"values": vtab.values_tab, "filtered": vtab.filtered_tab, "training": ttab.tab, "samples": stab.tab,
+            "logs": logs_tab}
+    chart_inputs = ttab.controls()  # smoothing, x axis, log scale
+    filters = [vtab.split, vtab.order, vtab.search, *stab.filters()]
+    _add_redraws(services, picker, timer, components, chart_inputs, filters)
+    triggers = (vtab.split.change, vtab.order.change, vtab.search.submit, ttab.smoothing.release, ttab.x_axis.change,
+                ttab.log_y.change, stab.correct.change, stab.text.submit, stab.step.submit)
+    _add_refreshes(services, picker, state, components, tabs, chart_inputs, filters, triggers)
+    _add_details(services, picker, vtab, ttab)
+    _add_actions(services, picker, token, timer, action_msg, {"stop": stop_btn, "resume": resume_btn,
+                                                              "delete": delete_btn})
+    return RunPage(picker=picker, state=state, timer=timer, clone=clone_btn)
 
+
+def _add_redraws(services: Services, picker: gr.Dropdown, timer: gr.Timer, components: dict[str, Any],
+                 chart_inputs: list[Any], filters: list[Any]) -> None:
+    """The poller: the timer's event runs in the browser only (`POLLER_JS`): no Gradio event (each costs the page a
+    walk over every component of the app), just a request to `run_version`; a group is redrawn by a Gradio event
+    (its hidden button's click) when it moved. They are callable by clients (scripts/polling_cost.py simulates a
+    class with them); they read only what any viewer of the page may see."""
+    draw_buttons = {group: gr.Button(group, visible="hidden", elem_id=f"run-draw-{group}") for group in GROUPS}
+
+    def drawer(group: str):
+        def handler(run_id, smoothing, x_axis, log_y, *rest):
+            updates = draw_group(services, group, run_id, ChartOptions.of(smoothing, x_axis, log_y), *rest)
+            # One output takes the value itself: a list of one would be read as a table of one row.
+            return updates[0] if len(updates) == 1 else updates
+        return handler
+
+    def version(run_id: int) -> dict[str, str]:
+        """The run's versions (see `run_version`): what the page's poller asks every few seconds."""
+        return run_version(services.store, run_id)
+
+    timer.tick(None, None, None, js=POLLER_JS)
+    gr.api(version, api_name="run_version", api_visibility="undocumented", concurrency_limit=None)
+    # A click while the group's last draw is still running (a busy server) draws once more after it: with Gradio's
+    # default for buttons the click would be dropped, and the poller, which counts the change as drawn, would leave
+    # the page showing the state before it.
+    draw_inputs = [picker, *chart_inputs, *filters]
+    for group, button in draw_buttons.items():
+        button.click(drawer(group), draw_inputs, [components[name] for name in GROUPS[group][1]],
+                     api_name=f"run_draw_{group}", api_visibility="undocumented", trigger_mode="always_last",
+                     show_progress="hidden", concurrency_limit=None)
+
+
+def _add_refreshes(services: Services, picker: gr.Dropdown, state: gr.State, components: dict[str, Any],
+                   tabs: dict[str, Any], chart_inputs: list[Any], filters: list[Any], triggers: tuple) -> None:
+    """A session's own events: a run picked, a tab opened, a filter changed (`refresh`)."""
+    inputs = [picker, state, *chart_inputs, *filters]
+    outputs = [components[name] for name in OUTPUTS]
     # Only a change of the picker draws the page without a run. Any other event that finds no run picked was
     # triggered before the picker's new value reached it (the Run tab opening from a click on the Runs page); run
     # beside the picker's reload, it could finish last and blank the page that reload drew.
@@ -690,42 +783,17 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
             return refresh(services, run_id, state, ChartOptions.of(smoothing, x_axis, log_y), *rest, tab=tab)
         return handler
 
-    def drawer(group: str):
-        def handler(run_id, smoothing, x_axis, log_y, *rest):
-            updates = draw_group(services, group, run_id, ChartOptions.of(smoothing, x_axis, log_y), *rest)
-            # One output takes the value itself: a list of one would be read as a table of one row.
-            return updates[0] if len(updates) == 1 else updates
-        return handler
-
-    def version(run_id: int) -> dict[str, str]:
-        """The run's versions (see `run_version`): what the page's poller asks every few seconds."""
-        return run_version(services.store, run_id)
-
-    common = {"show_progress": "hidden", "concurrency_limit": None}
-    private = {**common, "api_visibility": "private"}
-    # The timer's event runs in the browser only: no Gradio event (each costs the page a walk over every component
-    # of the app), just a request to `run_version`; a group is redrawn by a Gradio event when it moved. They are
-    # callable by clients (scripts/polling_cost.py simulates a class with them); they read only what any viewer of
-    # the page may see.
-    timer.tick(None, None, None, js=POLLER_JS)
-    gr.api(version, api_name="run_version", api_visibility="undocumented", concurrency_limit=None)
-    draw_inputs = [picker, *chart_inputs, vtab.split, vtab.order, vtab.search, *stab.filters()]
-    # A click while the group's last draw is still running (a busy server) draws once more after it: with Gradio's
-    # default for buttons the click would be dropped, and the poller, which counts the change as drawn, would leave
-    # the page showing the state before it.
-    for group, button in draw_buttons.items():
-        button.click(drawer(group), draw_inputs, [components[name] for name in GROUPS[group][1]],
-                     api_name=f"run_draw_{group}", api_visibility="undocumented", trigger_mode="always_last",
-                     **common)
+    private = {"show_progress": "hidden", "concurrency_limit": None, "api_visibility": "private"}
     picker.change(reload, inputs, outputs, **private)
     picker.change(None, None, None, js=SHOW_RUN_TAB)  # a run picked here, launched or clicked on the Runs page
-    for trigger in (vtab.split.change, vtab.order.change, vtab.search.submit, ttab.smoothing.release,
-                    ttab.x_axis.change, ttab.log_y.change,
-                    stab.correct.change, stab.text.submit, stab.step.submit):
+    for trigger in triggers:
         trigger(update, inputs, outputs, **private)
-    for tab_id, tab in (("values", vtab.values_tab), ("filtered", vtab.filtered_tab), ("training", ttab.tab),
-                        ("samples", stab.tab), ("logs", logs_tab)):
-        tab.select(select(tab_id), inputs, outputs, **private)
+    for tab_id in TABS:
+        tabs[tab_id].select(select(tab_id), inputs, outputs, **private)
+
+
+def _add_details(services: Services, picker: gr.Dropdown, vtab: Any, ttab: Any) -> None:
+    """The training tab's download and a prompt's completions, on request."""
 
     def chart_data(run_id: int | None):
         """Every logged metric of the run, one row per (step, name), as the Export page writes it."""
@@ -747,13 +815,18 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     vtab.table.select(show_prompt, [picker, vtab.split], [vtab.prompt_text, vtab.completions],
                       api_visibility="private")
 
+
+def _add_actions(services: Services, picker: gr.Dropdown, token: Any, timer: gr.Timer, message: gr.Markdown,
+                 buttons: dict[str, gr.Button]) -> None:
+    """Stop, Resume and Delete, checked like the API's (`Services.act`: own runs, or any as admin)."""
+
     def act(action: str):
         def handler(run_id: int | None, token_value: str | None, request: gr.Request):
             if run_id is None:
                 return "Pick a run first.", gr.skip(), gr.skip()
             user = services.auth.identify(token=token_value, request=request)
             try:
-                services.act(action, run_id, user)  # the permission check of the API: own runs, or any as admin
+                services.act(action, run_id, user)
             except (ValueError, KeyError, RuntimeError) as exc:
                 return f"❌ {exc}", gr.skip(), gr.skip()
             live.forget_run(run_id)
@@ -766,6 +839,5 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
                     gr.Timer(POLL_SECONDS, active=True))
         return handler
 
-    for button, action in ((stop_btn, "stop"), (resume_btn, "resume"), (delete_btn, "delete")):
-        button.click(act(action), [picker, token], [action_msg, picker, timer], api_visibility="private")
-    return RunPage(picker=picker, state=state, timer=timer, clone=clone_btn)
+    for action, button in buttons.items():
+        button.click(act(action), [picker, token], [message, picker, timer], api_visibility="private")

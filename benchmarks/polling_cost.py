@@ -1,7 +1,7 @@
 """What watching a run costs: the dashboard's CPU (and memory) while pages poll it.
 
-    python scripts/polling_cost.py                      # every measurement, 60 s windows
-    python scripts/polling_cost.py --window 30 --only idle,page-live --prompts 20000
+    python -m benchmarks.polling_cost                      # every measurement, 60 s windows
+    python -m benchmarks.polling_cost --window 30 --only idle,page-live --prompts 20000
 
 Starts `python -m app` on a fresh data folder holding a finished run (stage 1 done, a trained curve, samples) and a
 live one whose worker is simulated: a process registered as that run's worker (so the studio supervises it like a
@@ -31,23 +31,19 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the simulated worker runs this file as a script
 
+from benchmarks.harness import CHROMIUM, CHROMIUM_ARGS, studio  # noqa: E402
 from storage import Store, lifecycle  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
 TICK = os.sysconf("SC_CLK_TCK")
 N = 8
 TRAIN_METRICS = ["loss", "reward", "advantage", "implicit_reward", "log_ratio", "completion_length",
@@ -222,21 +218,7 @@ def machine_load() -> float:
 # ------------------------------------------------------------------ the app, pages and clients
 
 
-def start_app(data_dir: Path, port: int) -> subprocess.Popen:
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--data-dir", str(data_dir),
-                             "--no-resume"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("the app did not answer")
+APP_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def open_run_page(context, url: str, run_name: str, tab: str):
@@ -315,7 +297,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20_000, help="V* prompts of the finished run")
     parser.add_argument("--steps", type=int, default=2000, help="training steps of the finished run")
     parser.add_argument("--only", default="idle,page-live,page-finished,sessions")
-    parser.add_argument("--port", type=int, default=7895)
+    parser.add_argument("--port", type=int, default=None, help="the studio's port (default: a free one)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -324,11 +306,6 @@ def main() -> None:
     t0 = time.monotonic()
     ids = build(data_dir, args.prompts, args.steps)
     print(f"data: {data_dir} ({time.monotonic() - t0:.0f} s to fill)", flush=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = start_app(data_dir, port)
-    url = f"http://127.0.0.1:{port}/"
     rows: list[dict] = []
     worker = None
 
@@ -346,67 +323,65 @@ def main() -> None:
         if old is not None:
             old.stop()
 
-    try:
-        time.sleep(args.settle)
-        if "idle" in only:
-            record("idle app, no page, no active run", measure(app.pid, args.window))
-        for stage, tab in (("values", "V*"), ("train", "Training")):
-            with_worker(stage)
+    with studio(data_dir, "--no-resume", port=args.port, env=APP_ENV) as app:
+        url = app.url
+        try:
             time.sleep(args.settle)
-            if "idle" in only or "page-live" in only:
-                record(f"no page, live run in stage {'1' if stage == 'values' else '2'}", measure(app.pid, args.window))
-            if "page-live" in only:
+            if "idle" in only:
+                record("idle app, no page, no active run", measure(app.process.pid, args.window))
+            for stage, tab in (("values", "V*"), ("train", "Training")):
+                with_worker(stage)
+                time.sleep(args.settle)
+                if "idle" in only or "page-live" in only:
+                    record(f"no page, live run in stage {'1' if stage == 'values' else '2'}",
+                           measure(app.process.pid, args.window))
+                if "page-live" in only:
+                    import playwright.sync_api as playwright
+
+                    with playwright.sync_playwright() as p:
+                        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                        context = browser.new_context(viewport={"width": 1400, "height": 900})
+                        open_run_page(context, url, "live-run", tab)
+                        time.sleep(args.settle)
+                        record(f"1 page on the live run, stage {'1' if stage == 'values' else '2'} ({tab} tab)",
+                               measure(app.process.pid, args.window, with_chromium=True))
+                        browser.close()
+                if "sessions" in only:
+                    stop, errors, counts = threading.Event(), [], {"version": 0, "draw": 0}
+                    threads = poll_clients(url, ids["live"], args.sessions, stop, errors, counts)
+                    time.sleep(args.settle + 5)
+                    before = dict(counts)
+                    result = measure(app.process.pid, args.window)
+                    record(f"{args.sessions} client sessions polling the live run, stage "
+                           f"{'1' if stage == 'values' else '2'}", result, errors=len(errors),
+                           polls=counts["version"] - before["version"], draws=counts["draw"] - before["draw"])
+                    stop.set()
+                    for t in threads:
+                        t.join(30)
+                    if errors:
+                        print("client errors:", errors[:3], flush=True)
+            if worker is not None:
+                worker.stop()
+                worker = None
+                Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
+            if "page-finished" in only:
                 import playwright.sync_api as playwright
 
                 with playwright.sync_playwright() as p:
                     browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                     context = browser.new_context(viewport={"width": 1400, "height": 900})
-                    open_run_page(context, url, "live-run", tab)
+                    pages = [open_run_page(context, url, "finished-run", "V*")]
                     time.sleep(args.settle)
-                    record(f"1 page on the live run, stage {'1' if stage == 'values' else '2'} ({tab} tab)",
-                           measure(app.pid, args.window, with_chromium=True))
+                    record("1 page on a finished run", measure(app.process.pid, args.window, with_chromium=True))
+                    pages += [open_run_page(context, url, "finished-run", "V*") for _ in range(3)]
+                    time.sleep(args.settle)
+                    record("4 pages on a finished run", measure(app.process.pid, args.window, with_chromium=True))
                     browser.close()
-            if "sessions" in only:
-                stop, errors, counts = threading.Event(), [], {"version": 0, "draw": 0}
-                threads = poll_clients(url, ids["live"], args.sessions, stop, errors, counts)
-                time.sleep(args.settle + 5)
-                before = dict(counts)
-                result = measure(app.pid, args.window)
-                record(f"{args.sessions} client sessions polling the live run, stage "
-                       f"{'1' if stage == 'values' else '2'}", result, errors=len(errors),
-                       polls=counts["version"] - before["version"], draws=counts["draw"] - before["draw"])
-                stop.set()
-                for t in threads:
-                    t.join(30)
-                if errors:
-                    print("client errors:", errors[:3], flush=True)
-        if worker is not None:
-            worker.stop()
-            worker = None
-            Store(data_dir / "studio.db").apply(ids["live"], lifecycle.FINISH)
-        if "page-finished" in only:
-            import playwright.sync_api as playwright
-
-            with playwright.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                context = browser.new_context(viewport={"width": 1400, "height": 900})
-                pages = [open_run_page(context, url, "finished-run", "V*")]
                 time.sleep(args.settle)
-                record("1 page on a finished run", measure(app.pid, args.window, with_chromium=True))
-                pages += [open_run_page(context, url, "finished-run", "V*") for _ in range(3)]
-                time.sleep(args.settle)
-                record("4 pages on a finished run", measure(app.pid, args.window, with_chromium=True))
-                browser.close()
-            time.sleep(args.settle)
-            record("idle app after the pages closed", measure(app.pid, args.window))
-    finally:
-        if worker is not None:
-            worker.stop()
-        app.terminate()
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            app.kill()
+                record("idle app after the pages closed", measure(app.process.pid, args.window))
+        finally:
+            if worker is not None:
+                worker.stop()
     print("\n| measurement | app % of a core | Chromium % | app RSS MiB (start -> end, max) | 1-min load |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:

@@ -1,0 +1,125 @@
+"""The Launch page's handlers called directly, without a browser: the page is built once in a `gr.Blocks` on a real
+SQLite file and a real (never started) scheduler; each handler gets an event's values ({component: value}) and is
+checked by the updates it returns ({component: update}). The browser tests (tests/test_app_browser*.py) click the
+same handlers through Chromium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from app.access.gate import Services
+from app.runtime.devices import Devices
+from app.runtime.scheduler import JobManager
+from app.web.pages import launch
+from storage import Store
+
+
+@pytest.fixture(scope="module")
+def form(tmp_path_factory) -> launch.LaunchForm:
+    data_dir = tmp_path_factory.mktemp("launch-page")
+    store = Store(data_dir / "studio.db")
+    jobs = JobManager(store, data_dir, devices=Devices.parse("none"))  # never started: launched runs stay queued
+    with gr.Blocks():
+        page = launch.build_launch_page(Services(store=store, jobs=jobs, data_dir=data_dir))
+    return page.form
+
+
+def event(form: launch.LaunchForm, **fields) -> dict:
+    """What the browser sends for the form as it opens, with `fields` (by form key) changed."""
+    data = {component: component.value for component in form.fields}
+    data.update({form.inputs[key]: value for key, value in fields.items()})
+    return {**data, form.token: None, form.seeds: "", form.protocol: "paper", form.budget: 10,
+            form.sweep_grid: "", form.sweep_field: None}
+
+
+def shown_problems(form: launch.LaunchForm, updates: dict) -> dict[str, str]:
+    """The problems the updates show, by field."""
+    return {key: updates[slot].value for key, slot in form.errors.items() if updates[slot].visible}
+
+
+def runs(form: launch.LaunchForm) -> list[dict]:
+    return form.services.store.list_runs()
+
+
+def test_a_valid_form_checks_and_starts_a_run(form):
+    updates = launch.check(form, event(form))
+    assert updates[form.status] == "✅ The form is valid." and shown_problems(form, updates) == {}
+    assert "python -m a2po train --model SmolLM2-135M-Instruct" in launch.show_command(form, event(form))[form.command]
+    before = len(runs(form))
+    updates = launch.start(form, "values", event(form, name="from-the-handler"), None)
+    run_id = updates[form.launched]
+    assert updates[form.status] == f"✅ Started run #{run_id} (Estimate V* only)."
+    assert len(runs(form)) == before + 1
+    run = form.services.store.get_run(run_id)
+    assert run["name"] == "from-the-handler" and run["config"]["action"] == "values"
+
+
+def test_problems_show_under_their_fields_and_start_nothing(form):
+    limit = form.services.policy.limits.max_prompts
+    updates = launch.check(form, event(form, num_prompts=limit + 1, beta1=0))
+    assert updates[form.status] == "❌ 2 problem(s): see the marked fields."
+    problems = shown_problems(form, updates)
+    assert set(problems) == {"num_prompts", "beta1"}
+    assert f"at most {limit}" in problems["num_prompts"] and problems["beta1"].startswith("⚠ beta1 must be > 0")
+    before = len(runs(form))
+    updates = launch.start(form, "train", event(form, beta1=0), None)
+    assert updates[form.launched] is None and updates[form.status].startswith("❌ Not started: 1 problem(s)")
+    assert len(runs(form)) == before
+
+
+def test_sampling_with_vllm_is_disabled_with_the_reason_and_refused(form):
+    checkbox = form.inputs["use_vllm"]
+    assert checkbox.interactive is False and checkbox.info.startswith("Not available here: vLLM is not installed")
+    assert form.inputs["vllm_gpu_memory_utilization"].interactive is False
+    assert form.inputs["use_cpu"].interactive is not False  # the other advanced settings stay editable
+    before = len(runs(form))
+    updates = launch.start(form, "train", event(form, use_vllm=True), None)
+    assert list(shown_problems(form, updates)) == ["use_vllm"] and updates[form.launched] is None
+    assert len(runs(form)) == before
+
+
+def test_presets_methods_and_sources_switch_what_the_form_shows(form):
+    updates = launch.apply_preset(form, "none")  # the library's own defaults (TRL's)
+    assert updates[form.inputs["max_completion_length"]]["value"] == 256
+    assert updates[form.inputs["lora_r"]]["value"] == 16 and form.status not in updates
+    shown = launch.show_source(form, "hub")
+    assert [shown[box]["visible"] for box in form.boxes] == [False, False, True, False, True]
+    assert [launch.show_source(form, "arithmetic")[box]["visible"] for box in form.boxes] == [True] + [False] * 4
+    rewards = launch.match_rewards(form, "reasoning-gym")
+    assert {key for key, component in form.inputs.items()
+            if component in rewards and rewards[component]["value"]} == {"use_reward:task_checker"}
+    columns = launch.show_method(form, "grpo")
+    assert columns[form.param_columns["num_generations"]]["visible"] is True
+    assert columns[form.param_columns["num_value_samples"]]["visible"] is False
+    assert columns[form.param_columns["learning_rate"]]["visible"] is True
+
+
+def test_a_loaded_spec_fills_the_form_only_through_the_allow_list(form):
+    refused = launch.load_spec(form, {"config": {"output_dir": "/etc"}}, "Loaded")
+    assert list(refused) == [form.status]  # nothing filled
+    assert refused[form.status].startswith("❌ Not loaded: Invalid run spec: config.output_dir: not allowed")
+    filled = launch.load_spec(form, {"name": "cloned", "config": {"beta2": 0.01}}, "Cloned run #1 as")
+    assert filled[form.inputs["name"]]["value"] == "cloned" and filled[form.inputs["beta2"]]["value"] == 0.01
+    assert filled[form.status].startswith("✅ Cloned run #1 as cloned: check the fields")
+
+
+def test_a_sweep_grid_from_the_form_and_its_plan(form):
+    data = {**event(form), form.sweep_field: "beta2"}
+    line = launch.add_sweep_field(form, data)
+    assert line[form.sweep_grid] == "beta2: 0.001, " and line[form.sweep_field] is None
+    data[form.sweep_grid] = "beta2: 0.001, 0.01"
+    assert launch.plan_sweep(form, data).startswith("**2 runs**: 2 grid point(s) x 1 seed(s)")
+    assert launch.plan_sweep(form, event(form)) == launch.SWEEP_NOTE
+
+
+def test_save_as_yaml_writes_a_config_the_cli_reads(form):
+    from a2po.cli import spec_from_config_file
+
+    updates = launch.save_yaml(form, event(form, name="saved-run"))
+    path = Path(updates[form.saved].value["path"] if isinstance(updates[form.saved].value, dict)
+                else updates[form.saved].value)
+    assert path.name == "config-saved-run.yaml" and updates[form.status].startswith("✅ Saved config-saved-run.yaml")
+    assert spec_from_config_file(str(path)).name == "saved-run"
