@@ -238,8 +238,9 @@ def enter_worker_cwd(data_dir: Path) -> Path:
     model name then means in this process what it means in a worker (a hub id, unless an absolute path inside the
     studio's folders), never a folder of wherever the operator started the studio. Call it once every path given on the
     command line is resolved."""
-    cwd = data_dir / "cache" / "worker-cwd"
-    cwd.mkdir(parents=True, exist_ok=True)
+    from app.runtime.data_folder import DataFolder
+
+    cwd = DataFolder(data_dir).make_worker_cwd()
     os.chdir(cwd)
     return cwd
 

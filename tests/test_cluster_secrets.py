@@ -13,9 +13,10 @@ import pytest
 
 from app.access.auth import Auth
 from app.access.policy import Policy
+from app.runtime.credentials import STORE_PASSWORD_FILE
+from app.runtime.data_folder import DataFolder
 from app.runtime.ray_backend import Node, RayCluster
 from app.runtime.scheduler import Devices, JobManager
-from app.runtime.worker import STORE_PASSWORD_FILE, run_log_path
 from app.web.api import runs_go_to
 from storage import Store
 from tests import postgres
@@ -142,7 +143,7 @@ def test_a_password_in_pgpassword_reaches_the_workers_store_only(postgres_server
     seen = json.loads(dump.read_text())
     assert "PGPASSWORD" not in seen and not any("s3cret" in value for value in seen.values())
     assert "s3cret" not in " ".join(manager.worker_command(run_id, {}))  # `ps`, a Ray job's entrypoint
-    assert "s3cret" not in run_log_path(data_dir, run_id).read_text() + visible_texts(store, run_id)
+    assert "s3cret" not in DataFolder(data_dir).run_log(run_id).read_text() + visible_texts(store, run_id)
     assert (data_dir / STORE_PASSWORD_FILE).stat().st_mode & 0o777 == 0o600
     store.close()
     # A password in the URL takes the same way, off the command line.

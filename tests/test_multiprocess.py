@@ -24,10 +24,10 @@ import pytest
 
 from app.access import allowlist
 from app.access.policy import Policy
+from app.runtime.checkpoints import checkpoint_complete
 from app.runtime.devices import Devices
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive
 from app.runtime.scheduler import JobManager
-from app.runtime.worker import checkpoint_complete
 from app.web import forms
 from storage import Store
 from tests import helpers

@@ -237,7 +237,7 @@ def test_the_worker_drops_credentials_it_was_not_given_on_purpose():
 
     env = with_project_path({"PATH": os.environ["PATH"], "NODE_API_KEY": "node", "AWS_SECRET_ACCESS_KEY": "node",
                              "HF_TOKEN": "studio", "A2PO_PASSED_SECRETS": "HF_TOKEN"})
-    code = ("import json, os; from app.runtime.worker import drop_secrets; drop_secrets(); "
+    code = ("import json, os; from app.runtime.credentials import drop_secrets; drop_secrets(); "
             "print(json.dumps(sorted(k for k in os.environ if k in ('NODE_API_KEY', 'AWS_SECRET_ACCESS_KEY', "
             "'HF_TOKEN'))))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from app.runtime.data_folder import DataFolder
 from app.runtime.scheduler import JobManager
-from app.runtime.worker import run_output_dir
 from storage import Store
 from tests import helpers
 
@@ -160,7 +160,7 @@ def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_mode
 
     # Deleting the failed run removes its rows and files.
     output_dir = Path(failed["output_dir"])
-    assert output_dir == run_output_dir(tmp_path / "data", run_id).resolve() and output_dir.is_dir()
+    assert output_dir == DataFolder(tmp_path / "data").run_output(run_id).resolve() and output_dir.is_dir()
     assert manager.delete(run_id)
     assert store.get_run(run_id) is None and not output_dir.exists() and store.get_metrics(run_id) == []
 

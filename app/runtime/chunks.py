@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from app.runtime import journal
+from app.runtime.data_folder import DataFolder
 from storage import Store, lifecycle
 
 READY = lifecycle.WAITING  # what a chunk may start on (a paused run is unpaused first)
@@ -150,8 +151,7 @@ def _run_logging(ledger: journal.ChunkLedger, run_id: int):
 def worker_directory(data_dir: str | os.PathLike[str]):
     """Work in the workers' empty folder (`<data-dir>/cache/worker-cwd`): a hub id such as "runs/run-3" must
     never name a folder relative to the studio's working directory."""
-    folder = Path(data_dir) / "cache" / "worker-cwd"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = DataFolder(data_dir).make_worker_cwd()
     before = os.getcwd()
     os.chdir(folder)
     try:
@@ -282,13 +282,13 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
     """After a chunk's process is gone (returned, exited or died): apply the rest of its journal, then move the run
     on as the chunk ended it, or as a lost chunk when it wrote no end (`how` says what happened to its process;
     `paused`: ZeroGPU, where a page drives the next chunk). Returns the outcome recorded. Idempotent."""
-    from app.runtime.worker import remove_checkpoints, run_output_dir
+    from app.runtime.checkpoints import remove_checkpoints
 
     ingest(store, data_dir, run_id)
     run = store.get_run(run_id)
     if run is None:  # deleted while its chunk ran: what the chunk wrote since goes too
         journal.clear(data_dir, run_id)
-        shutil.rmtree(run_output_dir(data_dir, run_id), ignore_errors=True)
+        shutil.rmtree(DataFolder(data_dir).run_output(run_id), ignore_errors=True)
         return "gone"
     end = ended(store, data_dir, run_id)
     outcome = "lost"
@@ -318,7 +318,6 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
 def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], how: str, paused: bool) -> str:
     """A chunk's process died without writing how it ended: what it wrote stays (V* rows, checkpoints), and the
     run waits for its next chunk, at most `MAX_AUTO_RESUMES` times in a row."""
-    from app.runtime.worker import run_log_path, tail
     from storage.secrets import scrub_text
 
     run_id, now = run["id"], time.time()
@@ -333,7 +332,7 @@ def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, A
                 "per_device_eval_batch_size, or give chunks more time with --chunk-seconds)")
     if not lifecycle.may_auto_resume(run):
         message = (f"Chunk processes of this run died {failures} times in a row (the last {how}); giving up. Last "
-                   f"lines of its output:\n{scrub_text(tail(run_log_path(data_dir, run_id)), data_dir)}")
+                   f"lines of its output:\n{scrub_text(DataFolder(data_dir).log_tail(run_id), data_dir)}")
         if store.apply(run_id, lifecycle.FAIL, seconds=seconds, error=message):
             store.add_log(run_id, message, level="ERROR")
         return "failed"

@@ -69,37 +69,25 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from app.access.policy import SECRET_ENV
 from app.runtime import chunks, journal
+from app.runtime.checkpoints import remove_checkpoints
 from app.runtime.chunks import DEFAULT_BUDGET, ForkedChunk, fork_chunk, is_chunk_of, is_chunked
+from app.runtime.credentials import PASSED_SECRETS_ENV, keep_store_password, split_password
+from app.runtime.data_folder import LOG_TAIL_LINES, TOKEN_ENV, DataFolder, tail
 from app.runtime.devices import Devices
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive, with_project_path
 from app.runtime.ray_backend import RayCluster, RayJob, RayUnavailable
-from app.runtime.worker import (
-    DATA_FOLDER_MARK,
-    DATA_FOLDER_TOKEN_ENV,
-    HEARTBEAT_INTERVAL,
-    LOG_TAIL_LINES,
-    PASSED_SECRETS_ENV,
-    keep_store_password,
-    remove_checkpoints,
-    run_log_path,
-    run_output_dir,
-    split_password,
-    tail,
-)
+from app.runtime.worker import HEARTBEAT_INTERVAL
 from storage import Store, lifecycle
 from storage.lifecycle import LIVE
 from storage.secrets import scrub_text
@@ -170,6 +158,7 @@ class JobManager:
                  pause_after: float = PAUSE_AFTER, ray: RayCluster | None = None) -> None:
         self.store = store
         self.data_dir = Path(data_dir).expanduser().resolve()
+        self.folder = DataFolder(self.data_dir)
         self.poll_interval = poll_interval
         self.stale_after = stale_after
         self.watchdog_after = watchdog_after
@@ -448,12 +437,11 @@ class JobManager:
         if self.ray is not None:
             self._launch_ray(run_id, devices, spec or {})
             return
-        log_path = run_log_path(self.data_dir, run_id)
+        log_path = self.folder.run_log(run_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         command = self.worker_command(run_id, spec or {})
         # An empty working directory: a hub id such as "org/name" must never name a local folder by accident.
-        cwd = self.data_dir / "cache" / "worker-cwd"
-        cwd.mkdir(parents=True, exist_ok=True)
+        cwd = self.folder.make_worker_cwd()
         with open(log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             log.flush()
@@ -472,11 +460,10 @@ class JobManager:
         """Submit the run's worker as a Ray job (`app.runtime.ray_backend`); a job Ray refuses, or a cluster that
         cannot be reached, is a launch failure (retried after the back-off, then the run fails with the reason)."""
         command = self.worker_command(run_id, spec)
-        cwd = self.data_dir / "cache" / "worker-cwd"
-        cwd.mkdir(parents=True, exist_ok=True)
+        cwd = self.folder.make_worker_cwd()
         gpus = processes_of(spec) if self.devices.gpus else 0
         self._launched_at[run_id] = time.time()
-        env = {**self._worker_env(devices), DATA_FOLDER_TOKEN_ENV: self._data_folder_token()}
+        env = {**self._worker_env(devices), TOKEN_ENV: self._data_folder_token()}
         try:
             job_id = self.ray.submit(run_id, command, env, str(cwd), gpus)
         except RayUnavailable as error:
@@ -495,17 +482,7 @@ class JobManager:
                                    "output is the job's log.")
 
     def _data_folder_token(self) -> str:
-        """The token of `<data_dir>/.a2po-data-folder`, which a worker on a node reads to prove it sees this data
-        folder (`app.runtime.worker.folder_problem`); made once per folder."""
-        mark = self.data_dir / DATA_FOLDER_MARK
-        try:
-            token = mark.read_text().strip()
-        except OSError:
-            token = ""
-        if not token:
-            token = uuid.uuid4().hex
-            mark.write_text(token + "\n")
-        return token
+        return self.folder.token()
 
     def _refresh_cluster(self) -> None:
         """Read the cluster's devices; while it does not answer, keep the last known ones and say so once."""
@@ -542,7 +519,7 @@ class JobManager:
         run = run if run is not None else self.store.get_run(run_id)
         if run is not None and self._on_ray(run):
             return self.ray.logs(run["ray_job_id"], lines)
-        return tail(run_log_path(self.data_dir, run_id), lines)
+        return tail(self.folder.run_log(run_id), lines)
 
     def public_text(self, text: str | None) -> str:
         """`text` as a visitor may read it: through the one scrubber (`storage.secrets.scrub_text`), which keeps
@@ -556,7 +533,7 @@ class JobManager:
         claimed = chunks.claim(self.store, self.data_dir, run, pid=os.getpid(), devices=",".join(devices))
         if claimed is None:
             return False
-        log_path = run_log_path(self.data_dir, run_id)
+        log_path = self.folder.run_log(run_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} chunk {run['chunks_done'] + 1} of run {run_id} "
@@ -577,7 +554,7 @@ class JobManager:
         running."""
         if self._on_ray(run):
             return -1 if self.ray.active(run["ray_job_id"]) else None
-        here = str(self.data_dir / "cache" / "worker-cwd")
+        here = str(self.folder.worker_cwd)
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
         except OSError:
@@ -641,7 +618,7 @@ class JobManager:
                 self._launch_failed(run, f"exited with code {code} before starting the run")
             elif run is not None and run["status"] in LIVE and run["pid"] == proc.pid:
                 self._end(run_id, lifecycle.FAIL, f"Worker exited with code {code} without recording an end; last "
-                                                  f"lines of its output:\n{tail(run_log_path(self.data_dir, run_id))}")
+                                                  f"lines of its output:\n{tail(self.folder.run_log(run_id))}")
             self._forget(run_id)
 
     def _reap_ray(self, run: dict[str, Any], job: RayJob) -> None:
@@ -701,7 +678,7 @@ class JobManager:
 
     def _launch_failed(self, run: dict[str, Any], what: str, output: str | None = None) -> None:
         failures = run["launch_failures"] + 1
-        output = self.public_text(tail(run_log_path(self.data_dir, run["id"])) if output is None else output)
+        output = self.public_text(tail(self.folder.run_log(run["id"])) if output is None else output)
         if failures > len(self.launch_backoff):
             self._retry_at.pop(run["id"], None)
             message = (f"The worker {what}, {failures} times in a row; giving up. Last lines of its output:\n"
@@ -747,7 +724,7 @@ class JobManager:
                     continue
                 self._end(run_id, lifecycle.FAIL, f"Worker died: process {run['pid']} is gone (killed, for example out "
                                                   "of memory, or crashed); last lines of its output:\n"
-                                                  f"{tail(run_log_path(self.data_dir, run_id))}")
+                                                  f"{tail(self.folder.run_log(run_id))}")
                 continue
             beat = run["heartbeat_at"] or run["started_at"] or now
             progress = run["progress_at"] or run["started_at"] or now
@@ -854,18 +831,7 @@ class JobManager:
         """Outputs, logs, journals and exports of runs that no longer exist (deleted while files were busy, or by an
         older studio that left them behind): a run's files go with it. And the checkpoints of finished runs (a kill
         between recording the end and removing them)."""
-        known = {r["id"] for r in self.store.list_runs()}
-        patterns = [(self.data_dir / "runs", re.compile(r"run-(\d+)")),
-                    (self.data_dir / "logs", re.compile(r"run-(\d+)\.log")),
-                    (journal.journal_dir(self.data_dir), re.compile(r"run-(\d+)\..*")),
-                    (self.data_dir / "exports", re.compile(r"run-(\d+)-.*"))]
-        for folder, pattern in patterns:
-            if not folder.is_dir():
-                continue
-            for path in folder.iterdir():
-                match = pattern.fullmatch(path.name)
-                if match and int(match.group(1)) not in known:
-                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        self.folder.remove_orphans({r["id"] for r in self.store.list_runs()})
         for run in self.store.list_runs(status=lifecycle.FINISHED):
             remove_checkpoints(self.store, run["id"])
 
@@ -939,16 +905,7 @@ class JobManager:
             self._forget(run_id)
             self._retry_at.pop(run_id, None)
             self.store.delete_run(run_id)
-        runs_dir = self.data_dir / "runs"
-        for path in {run_output_dir(self.data_dir, run_id), *([Path(run["output_dir"])] if run["output_dir"] else [])}:
-            # Only directories under <data_dir>/runs: never a folder a spec or a user pointed elsewhere.
-            if path.is_dir() and path.resolve() != runs_dir and path.resolve().is_relative_to(runs_dir):
-                shutil.rmtree(path, ignore_errors=True)
-        run_log_path(self.data_dir, run_id).unlink(missing_ok=True)
-        if not in_flight:  # else its page removes them once the chunk returns (`app.runtime.chunks.settle`)
-            journal.clear(self.data_dir, run_id)
-        for export in (self.data_dir / "exports").glob(f"run-{run_id}-*"):
-            shutil.rmtree(export, ignore_errors=True) if export.is_dir() else export.unlink(missing_ok=True)
+        self.folder.remove_run(run_id, run["output_dir"], keep_journal=in_flight)
         return True
 
     # ------------------------------------------------------------------ helpers
