@@ -341,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
-    devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
+    devices = jobs.devices.describe()
+    if jobs.backend.name == "zerogpu":
+        devices = "ZeroGPU (runs in chunks, driven by their pages)"
     if ray is not None:
         devices = f"the Ray cluster at {ray.address} ({ray_summary(ray)})"
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "

@@ -129,7 +129,7 @@ def test_stop_reaches_every_process_and_resume_and_crashes_work_as_for_one(tmp_p
         wait_for(lambda: steps_done(store, run_id) >= 2, 180, "two training steps")
         run = store.get_run(run_id)
         launcher, ranks = run["pid"], launched_processes(run["pid"])
-        assert launcher == manager._procs[run_id].pid and is_worker_of(launcher, run_id)
+        assert launcher == manager.backend.launchers["worker"].procs[run_id].pid and is_worker_of(launcher, run_id)
         assert sorted(map(rank_of, ranks)) == [0, 1] and all(os.getpgid(r) == r for r in ranks)
 
         # Stop: both processes stop after the same step and write its checkpoint; the run ends "stopped".

@@ -217,7 +217,7 @@ def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_clus
     run_id = manager.submit(durable_spec(tiny_model_dir, "unseen"))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / ".a2po-data-folder").write_text("another studio's folder\n")
-    manager._data_folder_token = lambda: "this studio's token"  # what the studio would pass: not what the node sees
+    manager.folder.token = lambda: "this studio's token"  # what the studio would pass: not what the node sees
     started = time.monotonic()
     manager.start()
     try:

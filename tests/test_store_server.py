@@ -111,7 +111,7 @@ def test_a_worker_writes_the_same_run_to_the_server_as_to_a_file(postgres_server
 
 def _stub_launches(manager: JobManager) -> None:
     """Starting a worker does nothing: `tick()` still returns the runs it would have started."""
-    manager._launch = lambda run_id, devices, spec=None: None
+    manager._launch = lambda run, devices: True
 
 
 def test_a_lost_lock_stops_scheduling_until_it_is_taken_back(postgres_server, tmp_path, caplog):
@@ -171,7 +171,7 @@ def test_a_running_studio_takes_its_lock_back_after_a_server_restart(postgres_se
     wait_for(lambda: first.lock_problem is None, 30, "the lock to be taken back", poll=0.05)
     with pytest.raises(AlreadyServing, match="http://first"):
         second.start()
-    first._launch = lambda run_id, devices, spec=None: store.apply(run_id, lifecycle.CANCEL)
+    first._launch = lambda run, devices: store.apply(run["id"], lifecycle.CANCEL)
     run_id = store.create_run("after the restart", "train", {})
     wait_for(lambda: store.get_run(run_id)["status"] != lifecycle.QUEUED, 30, "the first to schedule again")
     first.close()

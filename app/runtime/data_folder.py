@@ -75,6 +75,9 @@ class DataFolder:
             mark.write_text(token + "\n")
         return token
 
+    def clear_journal(self, run_id: int) -> None:
+        journal.clear(self.root, run_id)
+
     def remove_run(self, run_id: int, output_dir: str | None, keep_journal: bool = False) -> None:
         """A deleted run's output directory (only under `runs/`: never a folder a spec or a user pointed
         elsewhere), log, journal (unless a page still follows its chunk) and exports."""
