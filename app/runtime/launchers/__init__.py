@@ -5,6 +5,7 @@ processes end, are in docs/runtime.md."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,10 @@ class Launcher:
     starts_runs = True  # False: something else starts its runs (a page's GPU call), never the scheduler
     settles_runs = False  # True: its processes never write the database; `settle` records how they ended
     pins_gpus = True  # the workers' environment names their GPUs (False: the backend does it)
+    # The clocks a launcher waits and judges by (tests give it fake ones).
+    monotonic = staticmethod(time.monotonic)
+    now = staticmethod(time.time)
+    sleep = staticmethod(time.sleep)
 
     def __init__(self, store: Store, folder: DataFolder) -> None:
         self.store = store

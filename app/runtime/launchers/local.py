@@ -87,12 +87,12 @@ class LocalWorkers(Launcher):
             return
         processes = launched_processes(pid)
         signal_process(pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout
-        while (pid_alive(pid) or any(map(pid_alive, processes))) and time.monotonic() < deadline:
+        deadline = self.monotonic() + timeout
+        while (pid_alive(pid) or any(map(pid_alive, processes))) and self.monotonic() < deadline:
             proc = self.procs.get(run["id"])
             if proc is not None:
                 proc.poll()
-            time.sleep(0.05)
+            self.sleep(0.05)
 
     def forget(self, run_id: int) -> None:
         self.procs.pop(run_id, None)

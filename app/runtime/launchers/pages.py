@@ -5,7 +5,6 @@ ZeroGPU's (docs/runtime.md, "Page-driven chunks")."""
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from app.runtime import journal
@@ -49,7 +48,7 @@ class PageChunks(ForkedChunks):
 
     def each_pass(self) -> str | None:
         """Queued chunked runs that no page drove for `pause_after` seconds become "paused"."""
-        now = time.time()
+        now = self.now()
         for run in self.store.list_runs(status=lifecycle.QUEUED):
             last = max(run["queued_at"] or 0.0, run["heartbeat_at"] or 0.0)
             if is_chunked(run) and now - last > self.pause_after and self.store.apply(run["id"], lifecycle.PAUSE):

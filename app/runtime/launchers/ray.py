@@ -5,7 +5,6 @@ GPUs are the devices, the job's status says whether the worker lives, Ray's `sto
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from app.runtime.data_folder import TOKEN_ENV, DataFolder
@@ -94,9 +93,9 @@ class RayWorkers(Launcher):
         if not self.cluster.active(job):
             return
         self.cluster.stop(job)
-        deadline = time.monotonic() + timeout
-        while self.cluster.active(job) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        deadline = self.monotonic() + timeout
+        while self.cluster.active(job) and self.monotonic() < deadline:
+            self.sleep(0.2)
 
     def output(self, run: dict[str, Any], lines: int = 20) -> str:
         job = self.job(run)
