@@ -358,7 +358,7 @@ def _logs_view(store: Store, run_id: int, log_id: int, jobs: Any = None) -> dict
 
     text = "\n".join(live.SHARED.get(("logs", run_id), log_id, compute)[1])
     run = store.get_run(run_id)
-    if jobs is not None and getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
+    if getattr(getattr(jobs, "backend", None), "name", None) == "ray" and run and run.get("ray_job_id"):
         # A Ray run's worker output is the job's log, on the cluster (a local worker's is a file of the data folder).
         output = live.SHARED.get(("ray-logs", run_id), log_id,
                                  lambda _prev: _public(jobs.worker_output(run_id, run, 40), jobs))
