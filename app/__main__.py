@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.access.auth import Auth
     from app.runtime.devices import Devices
-    from app.runtime.scheduler import AlreadyServing, JobManager
+    from app.runtime.scheduler import AlreadyServing, Scheduler
     from storage import Store
 
     policy = build_policy(args, data_dir)
@@ -310,14 +310,14 @@ def main(argv: list[str] | None = None) -> None:
     from app.runtime.zerogpu import enabled as zerogpu_enabled
 
     ray = connect_ray(args, store, data_dir)
-    jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
+    scheduler = Scheduler(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
                       watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
                       worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
                       chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
                       **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
                       **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
     try:
-        jobs.start(address=f"http://{args.host}:{args.port}")
+        scheduler.start(address=f"http://{args.host}:{args.port}")
     except AlreadyServing as error:
         print(f"A*-PO Studio: {error}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     def stop_deployment(signum: int, _frame) -> None:
         print(f"A*-PO Studio: {signal.Signals(signum).name}: stopping the workers (checkpoint, then stop; their "
               f"runs resume at the next start) for up to {args.shutdown_grace:.0f} s.", flush=True)
-        jobs.shutdown(grace=args.shutdown_grace)
+        scheduler.shutdown(grace=args.shutdown_grace)
         final = snapshots.stop()  # the database after the workers' last writes
         if final is not None:
             print(f"A*-PO Studio: database snapshot {final}.", flush=True)
@@ -336,13 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     from app.web import Services, build_demo, launch_options  # Gradio: seconds to import, so after the lock
     from app.web.live import calm_queue
 
-    services = Services(store=store, jobs=jobs, data_dir=data_dir, policy=policy, auth=auth)
+    services = Services(store=store, scheduler=scheduler, data_dir=data_dir, policy=policy, auth=auth)
     demo = build_demo(services)
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
-    devices = jobs.devices.describe()
-    if jobs.backend.name == "zerogpu":
+    devices = scheduler.devices.describe()
+    if scheduler.backend.name == "zerogpu":
         devices = "ZeroGPU (runs in chunks, driven by their pages)"
     if ray is not None:
         devices = f"the Ray cluster at {ray.address} ({ray_summary(ray)})"
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
                     enable_monitoring=False, footer_links=["api", "settings"], max_file_size=upload,
                     **launch_options())
     finally:
-        jobs.close()
+        scheduler.close()
         snapshots.stop()  # a final snapshot unless the SIGTERM handler took it
 
 

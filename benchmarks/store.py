@@ -328,7 +328,7 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
     from app.web import live
     from app.web.pages import run
 
-    services = Services(store=store, jobs=None, data_dir=Path(tempfile.gettempdir()))
+    services = Services(store=store, scheduler=None, data_dir=Path(tempfile.gettempdir()))
     table, plot = gr.Dataframe(render=False), gr.Plot(render=False)
     inputs = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
     prompt_id = f"p{store.count_values(value_set_id, 'train') // 2:07d}"

@@ -291,7 +291,7 @@ def test_model_size_limit_counts_parameters_from_the_config(studio):
 def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     from app.access.gate import Services
 
-    services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
+    services = Services(store=None, scheduler=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
     assert services.check({})["peft"] == {"r": 16, "lora_alpha": 32}
     assert services.check({"peft": None})["peft"] is None
 

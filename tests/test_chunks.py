@@ -235,7 +235,7 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
             calls.append(args)
             return zerogpu.gpu_chunk(*args)
 
-        driver = zerogpu.ChunkDriver(Services(store=store, jobs=manager, data_dir=tmp_path / "data"))
+        driver = zerogpu.ChunkDriver(Services(store=store, scheduler=manager, data_dir=tmp_path / "data"))
         info = None
         for _ in range(20):
             info = driver.drive(run_id, function=on_gpu)

@@ -119,7 +119,7 @@ def test_zerogpu_chunks_under_load_end_like_one_worker(tmp_path, taught_model, r
         from app.access.gate import Services
 
         store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=0.5)
-        services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
+        services = Services(store=store, scheduler=manager, data_dir=tmp_path / "data")
         manager.start()  # the scheduler thread: it pauses runs no page drives, and supervises
         driver = zerogpu.ChunkDriver(services)
         current = {"run": None}

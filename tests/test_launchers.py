@@ -21,7 +21,7 @@ from app.runtime.launchers.pages import PageChunks
 from app.runtime.launchers.ray import RayWorkers
 from app.runtime.processes import with_project_path
 from app.runtime.ray_backend import RayUnavailable
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store, lifecycle
 from tests import helpers
 
@@ -261,7 +261,7 @@ class FakeLauncher(Launcher):
 
 
 def test_the_scheduler_treats_a_lost_process_of_any_backend_alike(store, tmp_path):
-    manager = JobManager(store, tmp_path, devices=Devices())
+    manager = Scheduler(store, tmp_path, devices=Devices())
     fake = FakeLauncher(store, manager.folder)
     manager.backend = Backend("fake", {"worker": fake})
     run_id = manager.submit(SPEC)

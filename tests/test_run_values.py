@@ -291,7 +291,7 @@ def test_a_second_run_with_another_beta1_shows_the_v_star_it_trained_with(tmp_pa
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         store = Store(data / "studio.db")
-        services = Services(store=store, jobs=None, data_dir=data)
+        services = Services(store=store, scheduler=None, data_dir=data)
         first = launch_and_wait(client, store, value_spec(taught_model, "first", 0.5, False, runner))
         truth_first = check_run(store, services, first, 0.5, False, monkeypatch)
         second = launch_and_wait(client, store, value_spec(taught_model, "second", 0.1, True, runner))

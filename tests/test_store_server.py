@@ -11,15 +11,15 @@ import textwrap
 
 import pytest
 
-from app.runtime.scheduler import AlreadyServing, Devices, JobManager
+from app.runtime.scheduler import AlreadyServing, Devices, Scheduler
 from storage import Store, lifecycle
 from tests.helpers import wait_for
 from tests.test_durability import durable_spec, free_port, record, wait_status
 
 
-def manager_on(url: str, data_dir, **options) -> tuple[Store, JobManager]:
+def manager_on(url: str, data_dir, **options) -> tuple[Store, Scheduler]:
     store = Store(url)
-    return store, JobManager(store, data_dir, devices=Devices(), poll_interval=0.1,
+    return store, Scheduler(store, data_dir, devices=Devices(), poll_interval=0.1,
                              worker_env=dict(os.environ), **options)
 
 
@@ -109,7 +109,7 @@ def test_a_worker_writes_the_same_run_to_the_server_as_to_a_file(postgres_server
 # while it is without it (never two schedulers on one queue), and take it back.
 
 
-def _stub_launches(manager: JobManager) -> None:
+def _stub_launches(manager: Scheduler) -> None:
     """Starting a worker does nothing: `tick()` still returns the runs it would have started."""
     manager._launch = lambda run, devices: True
 
@@ -161,11 +161,11 @@ def test_a_running_studio_takes_its_lock_back_after_a_server_restart(postgres_se
     _, second = manager_on(url, tmp_path / "two")
     with pytest.raises(AlreadyServing, match="http://first"):
         second.start()
-    assert studio_problem(SimpleNamespace(jobs=first)) is None
+    assert studio_problem(SimpleNamespace(scheduler=first)) is None
     postgres_server.go_down()
     try:
         wait_for(lambda: first.lock_problem, 30, "the lost lock to be noticed", poll=0.05)
-        assert studio_problem(SimpleNamespace(jobs=first)) == LOCK_LOST
+        assert studio_problem(SimpleNamespace(scheduler=first)) == LOCK_LOST
     finally:
         postgres_server.come_back()
     wait_for(lambda: first.lock_problem is None, 30, "the lock to be taken back", poll=0.05)

@@ -1,4 +1,4 @@
-"""The worker, the recorder and the job manager, end to end: real worker processes, a real SQLite file, and a
+"""The worker, the recorder and the scheduler, end to end: real worker processes, a real SQLite file, and a
 tiny random-init model (`tiny_model_dir` in conftest). Every run samples 8-16 arithmetic prompts a few times."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime.data_folder import DataFolder
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store
 from tests import helpers
 
@@ -42,7 +42,7 @@ def wait_status(store: Store, run_id: int, statuses: tuple[str, ...], timeout: f
 @pytest.fixture
 def env(tmp_path):
     store = Store(tmp_path / "studio.db")
-    manager = JobManager(store, tmp_path / "data", poll_interval=0.2)
+    manager = Scheduler(store, tmp_path / "data", poll_interval=0.2)
     yield store, manager
     manager.close()
     for run_id in manager.active_run_ids():  # never leave a worker behind a failed test
@@ -142,7 +142,7 @@ def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_mode
 
     # A new app process adopts the live worker instead of failing it, and starts nothing else meanwhile.
     queued = manager.submit(make_spec(tiny_model_dir, "waits"))
-    restarted = JobManager(store, tmp_path / "data", poll_interval=0.2)
+    restarted = Scheduler(store, tmp_path / "data", poll_interval=0.2)
     try:
         assert restarted.reconcile(schedule=False) == []
         assert restarted.active_run_ids() == [run_id]

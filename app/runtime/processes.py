@@ -47,7 +47,7 @@ def is_worker_of(pid: int, run_id: int) -> bool:
 
 def launched_processes(pid: int) -> list[int]:
     """The processes of a multi-process run when `pid` is its launcher (`accelerate launch`, see
-    `JobManager.worker_command`): its children, each in a session of its own. [] for anything else, and where there
+    `Scheduler.worker_command`): its children, each in a session of its own. [] for anything else, and where there
     is no /proc."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

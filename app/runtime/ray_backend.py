@@ -1,6 +1,6 @@
 """The Ray backend of the scheduler: a run's worker as a job of Ray's Jobs API (`python -m app --ray-address`).
 
-It is a second way to start and watch a worker process, not a second scheduler: `JobManager` keeps the queue, the
+It is a second way to start and watch a worker process, not a second scheduler: `Scheduler` keeps the queue, the
 limits, the supervision and every status change (`storage.lifecycle`), and asks this module only to submit a
 worker (`RayCluster.submit`: the same command and environment a local worker gets, in a job that asks Ray for the
 run's GPUs), whether its job still runs (`RayJob.poll`), to stop it (`stop_job`: SIGTERM, and SIGKILL only after

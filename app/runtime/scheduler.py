@@ -1,4 +1,4 @@
-"""`JobManager`: the studio's scheduler. It keeps the queue (the `runs` table), the devices, V*-set sharing, the
+"""`Scheduler`: the studio's scheduler. It keeps the queue (the `runs` table), the devices, V*-set sharing, the
 supervision of live runs, adoption at start, and stop/resume/delete as lifecycle events (`storage.lifecycle`); a
 launcher per runner (`app.runtime.launchers`) starts and watches the runs' processes. Its rules: docs/runtime.md.
 """
@@ -44,7 +44,7 @@ def describe_spec(spec: dict[str, Any]) -> tuple[str, str]:
     return str(spec.get("model", "")), text
 
 
-class JobManager(Supervision):
+class Scheduler(Supervision):
     """Submit, stop, resume and delete runs; start queued runs as the devices allow (docs/runtime.md).
 
     Args:

@@ -1,6 +1,6 @@
 """The supervision half of the scheduler: processes started here until their run's state is final, live runs
 watched every pass (gone, silent, hung, past the time limit), launch failures and their back-off, runs interrupted
-and resumed (docs/runtime.md, "Supervision"). `app.runtime.scheduler.JobManager` is the class that uses it."""
+and resumed (docs/runtime.md, "Supervision"). `app.runtime.scheduler.Scheduler` is the class that uses it."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ class ChunkDriver:
 
     def __init__(self, services: Any, budget_seconds: float | None = None) -> None:
         self.services = services
-        chunked = getattr(getattr(services.jobs, "backend", None), "launchers", {}).get("chunked")
+        chunked = self._backend.launchers.get("chunked") if self._backend is not None else None
         self.budget = float(budget_seconds if budget_seconds is not None else
                             getattr(chunked, "budget", DEFAULT_BUDGET))
         self._lock = threading.Lock()
@@ -108,7 +108,12 @@ class ChunkDriver:
     @property
     def active(self) -> bool:
         """Pages drive chunks only in ZeroGPU mode (elsewhere the scheduler does)."""
-        return getattr(getattr(self.services.jobs, "backend", None), "name", None) == "zerogpu"
+        return getattr(self._backend, "name", None) == "zerogpu"
+
+    @property
+    def _backend(self) -> Any:
+        """Where the scheduler sends runs (`app.runtime.launchers.Backend`); None without a scheduler."""
+        return getattr(self.services.scheduler, "backend", None)
 
     def may_drive(self, run: dict[str, Any], user: Any) -> bool:
         """The visitor who launched the run (their quota pays), or anyone for a run nobody signed in launched."""

@@ -200,7 +200,7 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
 
 
 def _public(text: str | None, jobs: Any) -> str:
-    """What a visitor reads of a text a process wrote: the job manager's scrubber (`JobManager.public_text`)."""
+    """What a visitor reads of a text a process wrote: the scheduler's scrubber (`Scheduler.public_text`)."""
     public = getattr(jobs, "public_text", None)
     return public(text) if public is not None else scrub_text(text)
 
@@ -500,7 +500,7 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
     out: dict[str, Any] = {}
     for view in GROUP_VIEWS[group]:
         out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
-                         services.jobs))
+                         services.scheduler))
     if group == "controls":
         out["split"] = gr.Dropdown(choices=_splits(run) or [split], value=split)
     if group == "idle":
@@ -572,7 +572,7 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
         if shown.get(view) == versions[view]:
             continue
         out.update(_view(store, snap, versions, view, split, order, search, chart, correct, text, step,
-                         services.jobs))
+                         services.scheduler))
         if view == "summary" and shown.get("splits") != out["split"].choices:
             shown["splits"] = out["split"].choices  # a component update only when the splits changed
         elif view == "summary":
