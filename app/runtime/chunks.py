@@ -1,43 +1,7 @@
 """Chunked runs: one run spec executed as a sequence of short chunks, each a plain function call that restores the
-run from disk, works until its time budget is spent, and saves it again (what a ZeroGPU Space allows: a GPU only
-inside short `@spaces.GPU` calls, each in a forked process, see `app.runtime.zerogpu`).
-
-A chunk runs in a forked copy of the studio's process, so it never touches the database (`app.runtime.journal`): its
-parent claims the run and writes the chunk's input, the chunk records what it does in its journal, and the parent
-applies the journal to the database as it grows and settles the run when the chunk returns or dies.
-
-- **The chunk** (`run_chunk(data_dir, run_id, budget_seconds)`, in the forked process) runs the worker's job
-  (`app.runtime.worker.run_job`) on a `ChunkLedger` with a deadline: the job already resumes everything (stage 1 samples
-  only the prompts missing from the stored V* set, each prompt's samples a function of the seed and the prompt;
-  stage 2 restores the weights or the LoRA adapter, the optimizer, the scheduler, the RNG and the data position
-  from the newest complete checkpoint), and the recorder (`app.runtime.recorder.StoreRecorder`) stops it at the deadline
-  as it stops it on a user's request: stage 1 after the last batch that ends in time, stage 2 after the last step
-  that does, through the trainer's control (`max_steps` and the schedule are the run's), with a full checkpoint.
-  An evaluation that would not end in time is left for the next chunk, which starts with it, whatever asked for it
-  (`eval_steps`, `eval_every_seconds`, the end of the budget: the checkpoint's clock records it). A time budget
-  (`max_train_seconds`) is the run's, on the run's clock, which its checkpoints carry from chunk to chunk: once it
-  is spent, the next chunk trains nothing more, runs the final evaluation and finishes the run. Nothing is kept in
-  memory between two calls; a call returns plain data. Every chunk makes progress: at least one stage-1 batch,
-  one training step or one evaluation, whatever the budget.
-- **The parent** (`claim` before, `ingest` during, `settle` after): after a chunk the run goes back to "queued"
-  (keeping its place at the head of the queue), with one more chunk and its seconds counted, or ends as the
-  chunk ended it: finished, stopped, failed (`storage.lifecycle`). A chunk that died without an end line lost
-  only what it had not written: the run waits for its next chunk (at most `MAX_AUTO_RESUMES` times in a row).
-
-Who is the parent:
-
-- the scheduler (`app.runtime.scheduler`, a spec with `"runner": "chunked"`), chunk after chunk, each in a freshly
-forked copy
-  of the studio's process (`fork_chunk`): its own session, its output in the run's log file, the workers'
-  environment (no credentials) and empty working directory, every inherited descriptor (the server's socket, the
-  scheduler's lock) pointed at /dev/null, the chunk run in a thread of its own as ZeroGPU runs it, SIGTERM asking
-  for a stop;
-- on a ZeroGPU Space, the Run page of the visitor who launched it, through the `@spaces.GPU` wrapper of
-  `app.runtime.zerogpu` (the visitor's request pays the GPU time).
-
-A fork copies the parent's memory, so the parent must not have started torch's OpenMP threads: a forked child
-then hangs in its first parallel operation. The studio's process never runs a torch operation (models load only in
-workers, chunks and the playground's own process); only the chunk does.
+run from disk, works until its time budget is spent, and saves it again, never touching the database: the parent
+claims the run (`claim`), applies the chunk's journal (`ingest`) and settles the run when the chunk returns or dies
+(`settle`). Who the parent is, and the rules: docs/runtime.md, "Chunked runs".
 """
 
 from __future__ import annotations

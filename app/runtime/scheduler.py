@@ -252,8 +252,8 @@ class Scheduler(Supervision):
                 continue  # something else starts it; it takes none of this machine's devices
             if self._retry_at.get(run["id"], 0.0) > time.time():
                 break  # the head waits out its back-off; nothing overtakes it
-            if run.get("started_at") and launcher.lingering(run):
-                break  # an earlier process of the run is still exiting (adopted from an earlier studio)
+            if (run.get("started_at") or run.get("devices")) and launcher.lingering(run):
+                break  # a process an earlier studio started for it still exits, or has yet to claim it
             devices = self.devices.allocate(int(run.get("num_processes") or 1), busy)
             if devices is None:
                 break

@@ -1,33 +1,8 @@
 """One studio job in its own process: `python -m app.runtime.worker --db PATH --run-id N --data-dir DIR`.
 
-The worker claims the queued run, builds the trainer from the stored run spec, runs the action ("values",
-"train" or "evaluate") with a `StoreRecorder` attached, and records how it ended: finished, stopped, or failed
-(with the traceback). A background thread writes a heartbeat every few seconds, so the dashboard can tell a
-dead worker from a slow one.
-
-Stage-1 values live in a value set shared by every run with the same V* settings (`RunSpec.value_fingerprint`):
-the rows already stored are handed to the trainer (`A2POTrainer.set_optimal_values`), so stage 1 samples only the
-prompts still missing (none when the set is complete). The set does not depend on beta1 or `filter_all_incorrect`:
-the trainer recomputes V* and the filter from the stored rewards, and what the run trains with is recorded as its
-own rows (`Store.set_run_values`), which every page of the run shows.
-
-SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops stage 1 after the current batch or stage 2 after
-the current step, the Trainer writes a full checkpoint, and the run ends "stopped" (or "interrupted" when the
-studio itself is shutting down, see `app.runtime.scheduler`, or when nobody in the studio asked for the stop: a
-signal from outside, after which the scheduler resumes the run). Queuing the same run again resumes it: stage 1
-continues with the prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also
-checkpoints every few minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training;
-samples are functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
-
-The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
-scheduler sees the worker exit and writes it. Fail points (`a2po._faults`) mark where the tests kill or hang it.
-
-A run with `num_processes` > 1 runs under `accelerate launch` (see `app.runtime.scheduler`), one worker per process:
-stage 1 is sharded across them and every process gets the whole V* table; stage 2 is DDP. Only the main process (rank 0)
-writes to the database (claim, heartbeat, log lines, values, metrics, samples of every process, checkpoints, the
-end), and it claims the run with the pid of the launcher, its parent. A stop reaches every process at the same
-stage-1 batch or training step (`A2POTrainer` combines their wishes), so all write the checkpoint together. Each
-process dies with the launcher (`die_with_parent`), and the launcher exits when any of them fails.
+It claims the queued run, runs its action with a `StoreRecorder` attached, beats a heartbeat, stops gracefully on
+SIGTERM, and records how the run ended. How it resumes, shares V* sets and runs as several processes:
+docs/runtime.md, "The worker".
 """
 
 from __future__ import annotations
