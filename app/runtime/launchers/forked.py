@@ -23,7 +23,7 @@ from typing import Any
 from app.runtime import chunks, journal
 from app.runtime.chunks import DEFAULT_BUDGET, is_chunk_of, named_thread, run_chunk, thread_name, worker_directory
 from app.runtime.data_folder import DataFolder
-from app.runtime.launchers import EXITED, FAILED, Ending
+from app.runtime.launchers.base import EXITED, FAILED, Ending
 from app.runtime.launchers.local import LocalWorkers, signal_process
 from storage import Store, lifecycle
 

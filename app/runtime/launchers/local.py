@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from app.runtime.data_folder import DataFolder
-from app.runtime.launchers import EXITED, FAILED, Ending, Launcher, processes_of
+from app.runtime.launchers.base import EXITED, FAILED, Ending, Launcher, processes_of
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive
 from storage import Store, lifecycle
 

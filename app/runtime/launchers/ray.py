@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from app.runtime.data_folder import TOKEN_ENV, DataFolder
-from app.runtime.launchers import FAILED, LOST, Ending, Launcher, LaunchFailed, processes_of
+from app.runtime.launchers.base import FAILED, LOST, Ending, Launcher, LaunchFailed, processes_of
 from app.runtime.launchers.local import LocalWorkers
 from app.runtime.ray_backend import RayCluster, RayUnavailable
 from storage import Store
