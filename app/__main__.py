@@ -148,8 +148,11 @@ def prepare_environment(data_dir: Path) -> None:
     """No telemetry, and every cache under the data folder (unless the user set one already)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(data_dir / "cache" / "gradio"))
-    os.environ.setdefault("A2PO_CACHE_DIR", str(data_dir / "cache" / "models"))
+    from app.runtime.data_folder import DataFolder
+
+    cache = DataFolder(data_dir).cache
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(cache / "gradio"))
+    os.environ.setdefault("A2PO_CACHE_DIR", str(cache / "models"))
     for name in PATH_VARIABLES:
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]).expanduser().resolve())

@@ -39,6 +39,7 @@ class DataFolder:
         self.runs = self.root / "runs"
         self.logs = self.root / "logs"
         self.exports = self.root / "exports"
+        self.cache = self.root / "cache"  # Gradio's uploads, model downloads, the workers' working directory
         self.journals = journal.journal_dir(self.root)
 
     def run_output(self, run_id: int) -> Path:
@@ -56,7 +57,7 @@ class DataFolder:
     def worker_cwd(self) -> Path:
         """The empty working directory of every process that runs user-chosen names (workers, chunks, the
         playground, the studio itself): a hub id such as "org/name" never names a local folder by accident."""
-        return self.root / "cache" / "worker-cwd"
+        return self.cache / "worker-cwd"
 
     def make_worker_cwd(self) -> Path:
         self.worker_cwd.mkdir(parents=True, exist_ok=True)

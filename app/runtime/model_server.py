@@ -281,7 +281,9 @@ class PlaygroundClient:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / "logs" / "playground.log"
+        from app.runtime.data_folder import DataFolder
+
+        return DataFolder(self.data_dir).logs / "playground.log"
 
     def _environment(self) -> dict[str, str]:
         env = with_project_path(self.env if self.env is not None else os.environ)
