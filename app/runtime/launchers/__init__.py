@@ -4,10 +4,12 @@ and how its processes end, are in docs/runtime.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.runtime.data_folder import DataFolder
+from app.runtime.devices import Devices
 from app.runtime.launchers.base import (
     EXITED,
     FAILED,
@@ -36,9 +38,9 @@ class Backend:
     launchers: dict[str, Launcher]
     refused: dict[str, str] = field(default_factory=dict)  # runner -> why this studio cannot run it
     runner: str | None = None  # every run goes this way, whatever its spec asks
-    devices: Any = None  # a callable that reads the devices (a cluster's), or None: the machine's
-    describe: Any = None  # a callable for `where()`, or None
-    check: Any = None  # a callable: why a run of that many processes can never start here, or None
+    devices: Callable[[], Devices] | None = None  # reads the devices (a cluster's); None: the machine's
+    describe: Callable[[], dict[str, Any]] | None = None  # where runs go, for `where()`; None: the devices
+    check: Callable[[int], str | None] | None = None  # why a run of that many processes can never start here
     hidden: tuple[str, ...] = ()  # texts (addresses) no visitor may read
 
     def launcher_for(self, run: dict[str, Any]) -> Launcher:
@@ -51,8 +53,9 @@ class Backend:
         return next((p for p in problems if p), None)
 
 
-def backend_for(store: Store, folder: DataFolder, command: Any, *, ray: Any = None, zerogpu: bool = False,
-                chunk_seconds: float | None = None, pause_after: float | None = None) -> Backend:
+def backend_for(store: Store, folder: DataFolder, command: Callable[[int, dict[str, Any]], list[str]], *,
+                ray: Any = None, zerogpu: bool = False, chunk_seconds: float | None = None,
+                pause_after: float | None = None) -> Backend:
     """The launchers of this studio: local worker processes and forked chunks; with `ray` (a `RayCluster`) workers
     as Ray jobs and no chunks; with `zerogpu` every run chunked and driven by its page. `command(run_id, spec)` is
     the worker command."""
