@@ -295,14 +295,6 @@ class Store:
         with self._read() as s:
             return self._rows(s, stmt)
 
-    def next_queued_run(self) -> dict[str, Any] | None:
-        """The queued run that has waited longest, or None."""
-        stmt = (select(Run.__table__).where(Run.status == lifecycle.QUEUED)
-                .order_by(Run.queued_at, Run.id).limit(1))
-        with self._read() as s:
-            rows = self._rows(s, stmt)
-        return rows[0] if rows else None
-
     def delete_run(self, run_id: int) -> bool:
         """Remove a run and all its rows (metrics, samples, evaluations, checkpoints, logs); value sets stay."""
         with self._write(durable=True) as s:
@@ -345,20 +337,6 @@ class Store:
         """All value sets, newest first, each with `counts` (stored prompts per split) and `num_values` (all)."""
         return self._value_sets()
 
-    def delete_value_set(self, value_set_id: int) -> bool:
-        """Remove a value set and its prompt values, with the V* rows of the runs that used it (they name its
-        rows); those runs keep everything else."""
-        with self._write() as s:
-            if self.dialect == dialects.POSTGRESQL:
-                # The runs first, as their writers lock them (the run's row, then the value set's): no deadlock.
-                s.execute(select(Run.id).where(Run.value_set_id == value_set_id).order_by(Run.id).with_for_update())
-            users = select(Run.id).where(Run.value_set_id == value_set_id).scalar_subquery()
-            s.execute(delete(RunValue).where(RunValue.run_id.in_(users)))
-            s.execute(delete(PromptValue).where(PromptValue.value_set_id == value_set_id))
-            s.execute(update(Run).where(Run.value_set_id == value_set_id)
-                      .values(value_set_id=None, value_counts={}, values_revision=Run.values_revision + 1))
-            return s.execute(delete(ValueSet).where(ValueSet.id == value_set_id)).rowcount == 1
-
     # ------------------------------------------------------------------ prompt values
 
     def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
@@ -380,12 +358,6 @@ class Store:
         with self._read() as s:
             counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
         return sum(counts.values()) if split is None else int(counts.get(split, 0))
-
-    def value_prompt_ids(self, value_set_id: int, split: str = "train") -> set[str]:
-        stmt = select(PromptValue.prompt_id).where(PromptValue.value_set_id == value_set_id,
-                                                   PromptValue.split == split)
-        with self._read() as s:
-            return set(s.scalars(stmt))
 
     def value_splits(self, value_set_id: int) -> list[str]:
         with self._read() as s:
@@ -443,11 +415,6 @@ class Store:
     def metric_names(self, run_id: int) -> list[str]:
         with self._read() as s:
             return sorted(s.scalars(select(LatestMetric.name).where(LatestMetric.run_id == run_id)))
-
-    def max_metric_id(self, run_id: int) -> int:
-        """Largest metric row id of the run (0 if none): a cheap "did anything change" check for pollers."""
-        with self._read() as s:
-            return s.scalar(select(func.coalesce(func.max(Metric.id), 0)).where(Metric.run_id == run_id))
 
     def last_ids(self, run_id: int) -> dict[str, int]:
         """Largest row id per table (metrics, samples, logs, evaluations, checkpoints) for one run, in one read."""

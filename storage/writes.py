@@ -8,6 +8,7 @@ is applied after the fact), default now. docs/architecture.md follows a run thro
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -487,6 +488,7 @@ WRITES: dict[str, Write] = {
 }
 
 
+@functools.cache
 def signature(name: str) -> inspect.Signature:
     """The signature of write `name`, as `RunWriter` declares it (without `self`)."""
     declared = inspect.signature(getattr(RunWriter, name))
