@@ -38,7 +38,7 @@ from sqlalchemy import text
 
 from storage import lifecycle
 from storage.store import Store
-from storage.store import _add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
+from storage.writes import add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
 
 BENCH_RUN = "storage-bench"
 POLL_TARGET_MS = 50.0

@@ -127,12 +127,9 @@ def test_the_counts_and_the_revision_follow_the_run_rows(store):
     with pytest.raises(ValueError, match="count the run's V\\* rows"):
         store.update_run(first, value_counts={})
     assert store.get_run(second)["value_counts"] == {"train": 4}  # the other run is untouched
-    # A deleted run takes its rows; a deleted value set takes every run's rows of it.
+    # A deleted run takes its rows; the shared ones stay, with the other run's.
     assert store.delete_run(first)
     assert len(store.get_values(vs, None)) == 5 and len(list(store.iter_values(second))) == 4
-    assert store.delete_value_set(vs)
-    gone = store.get_run(second)
-    assert gone["value_counts"] == {} and gone["value_set_id"] is None and list(store.iter_values(second)) == []
 
 
 def test_a_chunk_journals_the_run_rows_as_the_store_writes_them(tmp_path, store_url):

@@ -102,7 +102,7 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     run = wait_status(store, run_id, ("stopped", "failed", "finished"))
     assert run["status"] == "stopped", run["error"]
     value_set_id = run["value_set_id"]
-    sampled_before = store.value_prompt_ids(value_set_id, "train")
+    sampled_before = {row["prompt_id"] for row in store.get_values(value_set_id, "train")}
     assert 0 < len(sampled_before) < 16
     assert not store.get_value_set(value_set_id)["complete"]
 
@@ -114,8 +114,8 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     assert run["status"] == "stopped", run["error"]
     checkpoint = store.latest_checkpoint(run_id)
     assert checkpoint and Path(checkpoint["path"]).is_dir() and 1 <= checkpoint["step"] < max_steps
-    assert store.count_values(value_set_id, "train") == 16 and sampled_before <= store.value_prompt_ids(
-        value_set_id, "train")
+    assert store.count_values(value_set_id, "train") == 16 and sampled_before <= {
+        row["prompt_id"] for row in store.get_values(value_set_id, "train")}
     logs = [r["message"] for r in store.get_logs(run_id)]
     assert any(f"{16 - len(sampled_before)} of 16 prompts to sample" in m for m in logs), logs
 
@@ -135,7 +135,7 @@ def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_mode
     store, manager = env
     run_id = manager.submit(make_spec(tiny_model_dir, "doomed", max_steps=1000, eval_size=0))
     manager.start()
-    wait_for(lambda: store.max_metric_id(run_id), what="the worker to train")
+    wait_for(lambda: store.last_ids(run_id)["metrics"], what="the worker to train")
     run = store.get_run(run_id)
     assert run["status"] == "running"
     manager.close()  # like an app that exits (Ctrl-C): the worker keeps running
