@@ -155,8 +155,11 @@ def prepare_environment(data_dir: Path) -> None:
     """No telemetry, and every cache under the data folder (unless the user set one already)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(data_dir / "cache" / "gradio"))
-    os.environ.setdefault("A2PO_CACHE_DIR", str(data_dir / "cache" / "models"))
+    from app.runtime.data_folder import DataFolder
+
+    cache = DataFolder(data_dir).cache
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(cache / "gradio"))
+    os.environ.setdefault("A2PO_CACHE_DIR", str(cache / "models"))
     for name in PATH_VARIABLES:
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]).expanduser().resolve())
@@ -245,8 +248,9 @@ def enter_worker_cwd(data_dir: Path) -> Path:
     model name then means in this process what it means in a worker (a hub id, unless an absolute path inside the
     studio's folders), never a folder of wherever the operator started the studio. Call it once every path given on the
     command line is resolved."""
-    cwd = data_dir / "cache" / "worker-cwd"
-    cwd.mkdir(parents=True, exist_ok=True)
+    from app.runtime.data_folder import DataFolder
+
+    cwd = DataFolder(data_dir).make_worker_cwd()
     os.chdir(cwd)
     return cwd
 
@@ -265,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.access.auth import Auth
     from app.runtime.devices import Devices
-    from app.runtime.scheduler import AlreadyServing, JobManager
+    from app.runtime.scheduler import AlreadyServing, Scheduler
     from storage import Store
 
     policy = build_policy(args, data_dir)
@@ -316,14 +320,14 @@ def main(argv: list[str] | None = None) -> None:
     from app.runtime.zerogpu import enabled as zerogpu_enabled
 
     ray = connect_ray(args, store, data_dir)
-    jobs = JobManager(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
+    scheduler = Scheduler(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
                       watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
                       worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
                       chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
                       **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
                       **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
     try:
-        jobs.start(address=f"http://{args.host}:{args.port}")
+        scheduler.start(address=f"http://{args.host}:{args.port}")
     except AlreadyServing as error:
         print(f"A*-PO Studio: {error}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     def stop_deployment(signum: int, _frame) -> None:
         print(f"A*-PO Studio: {signal.Signals(signum).name}: stopping the workers (checkpoint, then stop; their "
               f"runs resume at the next start) for up to {args.shutdown_grace:.0f} s.", flush=True)
-        jobs.shutdown(grace=args.shutdown_grace)
+        scheduler.shutdown(grace=args.shutdown_grace)
         final = snapshots.stop()  # the database after the workers' last writes
         if final is not None:
             print(f"A*-PO Studio: database snapshot {final}.", flush=True)
@@ -342,12 +346,14 @@ def main(argv: list[str] | None = None) -> None:
     from app.web import Services, build_demo, launch_options  # Gradio: seconds to import, so after the lock
     from app.web.live import calm_queue
 
-    services = Services(store=store, jobs=jobs, data_dir=data_dir, policy=policy, auth=auth)
+    services = Services(store=store, scheduler=scheduler, data_dir=data_dir, policy=policy, auth=auth)
     demo = build_demo(services)
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
-    devices = "ZeroGPU (runs in chunks, driven by their pages)" if jobs.zerogpu else jobs.devices.describe()
+    devices = scheduler.devices.describe()
+    if scheduler.backend.name == "zerogpu":
+        devices = "ZeroGPU (runs in chunks, driven by their pages)"
     if ray is not None:
         devices = f"the Ray cluster at {ray.address} ({ray_summary(ray)})"
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
@@ -360,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                     enable_monitoring=False, footer_links=["api", "settings"], max_file_size=upload,
                     **launch_options())
     finally:
-        jobs.close()
+        scheduler.close()
         snapshots.stop()  # a final snapshot unless the SIGTERM handler took it
 
 

@@ -38,7 +38,7 @@ from sqlalchemy import text
 
 from storage import lifecycle
 from storage.store import Store
-from storage.store import _add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
+from storage.writes import add_metrics as store_add_metrics  # the Store's statements, many steps a transaction
 
 BENCH_RUN = "storage-bench"
 POLL_TARGET_MS = 50.0
@@ -328,7 +328,7 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
     from app.web import live
     from app.web.pages import run
 
-    services = Services(store=store, jobs=None, data_dir=Path(tempfile.gettempdir()))
+    services = Services(store=store, scheduler=None, data_dir=Path(tempfile.gettempdir()))
     table, plot = gr.Dataframe(render=False), gr.Plot(render=False)
     inputs = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
     prompt_id = f"p{store.count_values(value_set_id, 'train') // 2:07d}"

@@ -30,7 +30,6 @@ A PostgreSQL server's commits are durable as it is configured (`synchronous_comm
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import threading
 import time
@@ -46,9 +45,9 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
-from a2po.names import ACTIONS, STAGES
-from storage import dialects, lifecycle, locks, migrations
-from storage.dialects import greatest, insert, truncate
+from a2po.names import ACTIONS
+from storage import dialects, lifecycle, locks, migrations, writes
+from storage.dialects import insert, truncate
 from storage.models import (
     Checkpoint,
     Evaluation,
@@ -62,13 +61,10 @@ from storage.models import (
     ValueSet,
 )
 from storage.secrets import scrub_secrets
+from storage.writes import RUN_OWN, json_safe
 
 BUSY_TIMEOUT_MS = 30_000
 RUN_CHILD_TABLES = (RunValue, Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
-# Run columns kept by `set_run_values` alone (they count the run's `run_values` rows).
-RUN_VALUE_FIELDS = frozenset({"value_counts", "values_revision"})
-# Columns a caller may change with `update_run` (id and created_at are fixed once the run exists).
-RUN_FIELDS = frozenset(c.key for c in Run.__table__.columns) - {"id", "created_at"}
 
 
 def _make_engine(path: Path, synchronous: str = "NORMAL") -> Engine:
@@ -131,63 +127,11 @@ def locate(where: str | os.PathLike[str] | URL) -> tuple[URL, Path | None]:
                      "path (a SQLite file) or postgresql+psycopg://USER@HOST:PORT/DATABASE.")
 
 
-def _now() -> float:
-    return time.time()
-
-
-def _float(value: Any) -> float | None:
-    """A finite float, or None for missing / NaN values (SQLite stores NaN as NULL anyway)."""
-    if value is None or isinstance(value, str):
-        return None
-    if hasattr(value, "item"):  # numpy / torch scalars
-        value = value.item()
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
-
-
-def _is_number(value: Any) -> bool:
-    """True for ints, floats and one-element numpy / torch values; bools and strings are not metrics."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (ValueError, TypeError, RuntimeError):
-            return False
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _prompt_text(prompt: Any) -> str:
-    """Readable text of a prompt given either as a string or as a list of chat messages."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n".join(str(m.get("content", "")) if isinstance(m, Mapping) else str(m) for m in prompt)
-    return "" if prompt is None else str(prompt)
-
-
 def _with_questions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         prompt = row.pop("prompt", None)
         row["question"] = row["prompt_text"] if prompt is None else prompt_question(prompt)
     return rows
-
-
-def _json_safe(value: Any) -> Any:
-    """Recursively turn floats that JSON cannot hold (NaN, inf) into None and scalars into plain Python."""
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (ValueError, TypeError):
-            return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class LimitReached(ValueError):
@@ -320,12 +264,12 @@ class Store:
         together cannot pass a limit together; `LimitReached` when the run would exceed one, and nothing is stored."""
         if action not in ACTIONS:
             raise ValueError(f"Unknown run action {action!r}: use one of {', '.join(ACTIONS)}.")
-        now = _now()
+        now = time.time()
         with self._write(durable=True) as s:
             if admission is not None:
                 dialects.serialize(s, "admission")  # the count and the insert, one launch at a time
                 admission.check(s, owner)
-            run = Run(name=name, action=action, status="queued", config=_json_safe(scrub_secrets(spec)),
+            run = Run(name=name, action=action, status="queued", config=json_safe(scrub_secrets(spec)),
                       model=model, dataset=dataset, created_at=now, queued_at=now, parent_run_id=parent_run_id,
                       progress=0.0, owner=owner, num_processes=int(num_processes), auto_resumes=0, launch_failures=0)
             s.add(run)
@@ -351,61 +295,6 @@ class Store:
         with self._read() as s:
             return self._rows(s, stmt)
 
-    @staticmethod
-    def _check_run_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = set(fields) - RUN_FIELDS
-        if unknown:
-            raise ValueError(f"Unknown run field(s) {sorted(unknown)}: use {sorted(RUN_FIELDS)}.")
-        managed = set(fields) & ({"status", "journal_offset"} | set(lifecycle.COUNTERS))
-        if managed:
-            raise ValueError(f"{sorted(managed)} change only through the run state machine: "
-                             "Store.apply(run_id, lifecycle.<EVENT>) (storage/lifecycle.py).")
-        if set(fields) & RUN_VALUE_FIELDS:
-            raise ValueError(f"{sorted(set(fields) & RUN_VALUE_FIELDS)} count the run's V* rows: they change only "
-                             "through Store.set_run_values.")
-        if fields.get("stage") is not None and fields["stage"] not in STAGES:
-            raise ValueError(f"Unknown run stage {fields['stage']!r}: use one of {', '.join(STAGES)} or None.")
-        if "action" in fields and fields["action"] not in ACTIONS:
-            raise ValueError(f"Unknown run action {fields['action']!r}: use one of {', '.join(ACTIONS)}.")
-        if fields.get("stop_reason") is not None and fields["stop_reason"] not in lifecycle.STOP_REASONS:
-            raise ValueError(f"Unknown stop reason {fields['stop_reason']!r}: use one of "
-                             f"{', '.join(lifecycle.STOP_REASONS)}.")
-        return {k: _json_safe(scrub_secrets(v)) if k == "config" else v for k, v in fields.items()}
-
-    def update_run(self, run_id: int, **fields: Any) -> bool:
-        """Set columns of a run (e.g. `progress=0.5`), never its status or counters (`apply` changes those).
-        Returns False if the run is gone."""
-        if not fields:
-            return self.get_run(run_id) is not None
-        values = self._check_run_fields(fields)
-        with self._write() as s:
-            return s.execute(update(Run).where(Run.id == run_id).values(**values)).rowcount == 1
-
-    def apply(self, run_id: int, event: lifecycle.Event, *, seconds: float | None = None, **fields: Any) -> bool:
-        """Change the run's status by `event` (`storage.lifecycle`), atomically and only while the run is in one of
-        the event's source statuses; `fields` sets other columns in the same write (a pid, an error, ...) and
-        `seconds` is a chunk's duration (events that end a chunk). True if it happened. Committed durably."""
-        with self._write(durable=True) as s:
-            return _apply(s, run_id, event, seconds, self._check_run_fields(fields))
-
-    def heartbeat(self, run_id: int, **fields: Any) -> None:
-        """Mark the run's worker alive now (optionally updating other columns, e.g. progress, in the same write)."""
-        self.update_run(run_id, heartbeat_at=_now(), **fields)
-
-    def record_progress(self, run_id: int, **fields: Any) -> None:
-        """Real progress (a stage-1 batch, a training step, a checkpoint): alive, progressing, and no longer
-        counting automatic restarts in a row (`lifecycle`: auto_resumes)."""
-        with self._write() as s:
-            _record_progress(s, run_id, self._check_run_fields(fields))
-
-    def next_queued_run(self) -> dict[str, Any] | None:
-        """The queued run that has waited longest, or None."""
-        stmt = (select(Run.__table__).where(Run.status == lifecycle.QUEUED)
-                .order_by(Run.queued_at, Run.id).limit(1))
-        with self._read() as s:
-            rows = self._rows(s, stmt)
-        return rows[0] if rows else None
-
     def delete_run(self, run_id: int) -> bool:
         """Remove a run and all its rows (metrics, samples, evaluations, checkpoints, logs); value sets stay."""
         with self._write(durable=True) as s:
@@ -420,7 +309,7 @@ class Store:
     def get_or_create_value_set(self, fingerprint: str, meta: dict[str, Any]) -> int:
         """The id of the value set with this fingerprint, created (incomplete, empty) if there is none."""
         with self._write() as s:
-            s.execute(insert(s, ValueSet).values(fingerprint=fingerprint, meta=_json_safe(meta), created_at=_now(),
+            s.execute(insert(s, ValueSet).values(fingerprint=fingerprint, meta=json_safe(meta), created_at=time.time(),
                                               complete=False, counts={})
                       .on_conflict_do_nothing(index_elements=["fingerprint"]))
             return s.scalar(select(ValueSet.id).where(ValueSet.fingerprint == fingerprint))
@@ -448,56 +337,13 @@ class Store:
         """All value sets, newest first, each with `counts` (stored prompts per split) and `num_values` (all)."""
         return self._value_sets()
 
-    def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
-        with self._write() as s:
-            _mark_value_set_complete(s, value_set_id, summary)
-
-    def update_value_set_summary(self, value_set_id: int, summary: dict[str, Any]) -> None:
-        """Merge `summary` into the stored summary (e.g. one split's stats) without marking the set complete."""
-        with self._write() as s:
-            _update_value_set_summary(s, value_set_id, summary)
-
-    def delete_value_set(self, value_set_id: int) -> bool:
-        """Remove a value set and its prompt values, with the V* rows of the runs that used it (they name its
-        rows); those runs keep everything else."""
-        with self._write() as s:
-            if self.dialect == dialects.POSTGRESQL:
-                # The runs first, as their writers lock them (the run's row, then the value set's): no deadlock.
-                s.execute(select(Run.id).where(Run.value_set_id == value_set_id).order_by(Run.id).with_for_update())
-            users = select(Run.id).where(Run.value_set_id == value_set_id).scalar_subquery()
-            s.execute(delete(RunValue).where(RunValue.run_id.in_(users)))
-            s.execute(delete(PromptValue).where(PromptValue.value_set_id == value_set_id))
-            s.execute(update(Run).where(Run.value_set_id == value_set_id)
-                      .values(value_set_id=None, value_counts={}, values_revision=Run.values_revision + 1))
-            return s.execute(delete(ValueSet).where(ValueSet.id == value_set_id)).rowcount == 1
-
     # ------------------------------------------------------------------ prompt values
-
-    def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-                   seconds: float = 0.0, tokens: int = 0) -> int:
-        """Store stage-1 records (as delivered by `on_values_batch`), which cost `seconds` and `tokens` to sample.
-
-        Re-adding a stored prompt_id keeps the stored row (unless its V* was missing), so nothing is duplicated.
-        The set's `cost` of the split grows by the share of the new prompts. Returns how many prompts were new to
-        this value set and split.
-        """
-        with self._write() as s:
-            return _add_values(s, value_set_id, split, records, seconds, tokens)
 
     def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
         """What sampling the set's stored prompts cost, per split: `seconds`, `tokens` and the `prompts` they
         sampled ({} when not known: see `storage.models.ValueSet.cost`)."""
         with self._read() as s:
             return s.scalar(select(ValueSet.cost).where(ValueSet.id == value_set_id)) or {}
-
-    def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
-                       replace: bool = False) -> int:
-        """Record what run `run_id` trained with for prompts of one split: each row's `prompt_id`, `v_star`,
-        `num_correct`, `filtered` (a stage-1 record, recomputed with the run's beta1), over the shared rows of the
-        run's value set (rows without one, e.g. a V* given by the dataset, are left out). `replace`: `rows` is the
-        split's whole table, so the run's rows not in it go. Returns how many rows were added or changed."""
-        with self._write() as s:
-            return _set_run_values(s, run_id, split, rows, replace)
 
     def get_values(self, value_set_id: int, split: str | None = "train") -> list[dict[str, Any]]:
         """Stored prompt values of one split (all splits with `split=None`), in insertion order."""
@@ -513,23 +359,12 @@ class Store:
             counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
         return sum(counts.values()) if split is None else int(counts.get(split, 0))
 
-    def value_prompt_ids(self, value_set_id: int, split: str = "train") -> set[str]:
-        stmt = select(PromptValue.prompt_id).where(PromptValue.value_set_id == value_set_id,
-                                                   PromptValue.split == split)
-        with self._read() as s:
-            return set(s.scalars(stmt))
-
     def value_splits(self, value_set_id: int) -> list[str]:
         with self._read() as s:
             counts = s.scalar(select(ValueSet.counts).where(ValueSet.id == value_set_id)) or {}
         return sorted(split for split, n in counts.items() if n)
 
     # ------------------------------------------------------------------ metrics
-
-    def add_metrics(self, run_id: int, step: int, metrics: Mapping[str, Any]) -> int:
-        """Upsert one value per metric name at `step`; non-numeric values are skipped. Returns how many were kept."""
-        with self._write() as s:
-            return _add_metrics(s, run_id, step, metrics)
 
     def latest_metrics(self, run_id: int) -> dict[str, dict[str, Any]]:
         """`{name: {"step", "value"}}`: each metric's value at its highest step (one row per name, no scan)."""
@@ -581,11 +416,6 @@ class Store:
         with self._read() as s:
             return sorted(s.scalars(select(LatestMetric.name).where(LatestMetric.run_id == run_id)))
 
-    def max_metric_id(self, run_id: int) -> int:
-        """Largest metric row id of the run (0 if none): a cheap "did anything change" check for pollers."""
-        with self._read() as s:
-            return s.scalar(select(func.coalesce(func.max(Metric.id), 0)).where(Metric.run_id == run_id))
-
     def last_ids(self, run_id: int) -> dict[str, int]:
         """Largest row id per table (metrics, samples, logs, evaluations, checkpoints) for one run, in one read."""
         names = {"metrics": Metric, "samples": Sample, "logs": LogLine, "evaluations": Evaluation,
@@ -596,12 +426,6 @@ class Store:
             return dict(s.execute(stmt).mappings().one())
 
     # ------------------------------------------------------------------ samples
-
-    def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
-        """Store stage-2 samples (as delivered by `on_samples`); one row per (split, step, prompt_id, sample_index),
-        latest wins (A*-PO's samples are index 0; GRPO's G completions of a prompt 0..G-1)."""
-        with self._write() as s:
-            return _add_samples(s, run_id, samples)
 
     def get_samples(self, run_id: int, after_id: int = 0, correct: bool | None = None, text: str | None = None,
                     step: int | None = None, split: str | None = None, limit: int | None = 500,
@@ -631,11 +455,6 @@ class Store:
 
     # ------------------------------------------------------------------ evaluations
 
-    def add_evaluation(self, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval") -> None:
-        """Store one evaluation (one row per step and split) and keep the run's `best_eval_accuracy` up to date."""
-        with self._write() as s:
-            _add_evaluation(s, run_id, step, metrics, split)
-
     def get_evaluations(self, run_id: int) -> list[dict[str, Any]]:
         stmt = select(Evaluation.__table__).where(Evaluation.run_id == run_id).order_by(Evaluation.step,
                                                                                         Evaluation.id)
@@ -644,58 +463,93 @@ class Store:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def add_checkpoint(self, run_id: int, step: int, path: str | os.PathLike[str]) -> None:
-        with self._write(durable=True) as s:
-            _add_checkpoint(s, run_id, step, path)
-
     def list_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         stmt = select(Checkpoint.__table__).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step,
                                                                                         Checkpoint.id)
         with self._read() as s:
             return self._rows(s, stmt)
 
-    def remove_checkpoint(self, run_id: int, path: str | os.PathLike[str]) -> bool:
-        """Forget a checkpoint (its folder was removed)."""
-        with self._write(durable=True) as s:
-            return _remove_checkpoint(s, run_id, path)
-
     def latest_checkpoint(self, run_id: int) -> dict[str, Any] | None:
         """The checkpoint with the highest step (the newest among equals), or None."""
         rows = self.list_checkpoints(run_id)
         return max(rows, key=lambda r: (r["step"], r["id"])) if rows else None
 
-    # ------------------------------------------------------------------ logs
+    # ------------------------------------------------------------------ the writes of a run's worker
+    # One method per entry of `storage.writes.WRITES`, with the signature and the meaning `RunWriter` declares.
+
+    def _commit(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        write = writes.WRITES[name]
+        with self._write(durable=write.durable) as s:
+            return write.function(s, *args, **kwargs)
+
+    def update_run(self, run_id: int, **fields: Any) -> bool:
+        return self._commit("update_run", run_id, **fields)
+
+    def heartbeat(self, run_id: int, **fields: Any) -> None:
+        self._commit("heartbeat", run_id, **fields)
+
+    def record_progress(self, run_id: int, **fields: Any) -> None:
+        self._commit("record_progress", run_id, **fields)
+
+    def apply(self, run_id: int, event: lifecycle.Event, *, seconds: float | None = None, **fields: Any) -> bool:
+        return self._commit("apply", run_id, event, seconds=seconds, **fields)
+
+    def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
+                   seconds: float = 0.0, tokens: int = 0) -> int:
+        return self._commit("add_values", value_set_id, split, records, seconds, tokens)
+
+    def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
+                       replace: bool = False) -> int:
+        return self._commit("set_run_values", run_id, split, rows, replace)
+
+    def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
+        self._commit("mark_value_set_complete", value_set_id, summary)
+
+    def update_value_set_summary(self, value_set_id: int, summary: dict[str, Any]) -> None:
+        self._commit("update_value_set_summary", value_set_id, summary)
+
+    def add_metrics(self, run_id: int, step: int, metrics: Mapping[str, Any]) -> int:
+        return self._commit("add_metrics", run_id, step, metrics)
+
+    def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
+        return self._commit("add_samples", run_id, samples)
+
+    def add_evaluation(self, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval") -> None:
+        self._commit("add_evaluation", run_id, step, metrics, split)
+
+    def add_checkpoint(self, run_id: int, step: int, path: str | os.PathLike[str]) -> None:
+        self._commit("add_checkpoint", run_id, step, path)
+
+    def remove_checkpoint(self, run_id: int, path: str | os.PathLike[str]) -> bool:
+        return self._commit("remove_checkpoint", run_id, path)
 
     def add_log(self, run_id: int, message: str, level: str = "INFO") -> None:
-        self.add_logs(run_id, [(level, message)])
+        self._commit("add_log", run_id, message, level)
 
     def add_logs(self, run_id: int, lines: Iterable[tuple[str, str]]) -> None:
-        """Append several `(level, message)` lines in one transaction."""
         lines = list(lines)
         if lines:
-            with self._write() as s:
-                _add_logs(s, run_id, lines)
+            self._commit("add_logs", run_id, lines)
 
     def apply_journal(self, run_id: int, ops: Iterable[tuple[str, Mapping[str, Any]]], offset: int) -> bool:
-        """Apply writes a chunk process recorded in its journal (`JOURNAL_OPS`: name and keyword arguments, each as
-        the method of the same name takes them, with `at`: when it happened) and the journal position `offset` they
+        """Make the writes a chunk process recorded in its journal (each a name of `storage.writes.WRITES` and the
+        keyword arguments of that method, with `at`: when it happened) and store the journal position `offset` they
         reach, in one transaction: a journal is applied exactly once, whatever is killed when. False (nothing
         written) if the run is gone."""
         ops = list(ops)
-        durable = any(name in DURABLE_OPS for name, _ in ops)
-        with self._write(durable=durable) as s:
+        with self._write(durable=writes.durable(name for name, _ in ops)) as s:
             if s.execute(update(Run).where(Run.id == run_id).values(journal_offset=int(offset))).rowcount != 1:
                 return False
-            for name, kwargs in ops:
-                if name not in JOURNAL_OPS:
-                    raise ValueError(f"Unknown journal operation {name!r}: use one of {', '.join(JOURNAL_OPS)}.")
-                JOURNAL_OPS[name](s, run_id, **kwargs)
+            for name, arguments in ops:
+                writes.replay(s, run_id, name, arguments)
             return True
 
     def reset_journal(self, run_id: int) -> None:
         """The run's journal was emptied (after its chunk was settled): read it from the start next time."""
         with self._write() as s:
             s.execute(update(Run).where(Run.id == run_id).values(journal_offset=0))
+
+    # ------------------------------------------------------------------ logs
 
     def get_logs(self, run_id: int, after_id: int = 0, limit: int | None = 1000) -> list[dict[str, Any]]:
         """Log lines with id > `after_id`, oldest first."""
@@ -962,7 +816,6 @@ class Store:
 
 VALUE_SORTS = ("id", "prompt_id", "v_star", "num_correct")
 STATS_GROUPS = 4096
-RUN_OWN = ("v_star", "num_correct", "filtered")  # what a run's row says of a prompt, over the shared row's values
 # A run's prompt row: the shared row's columns, in their order, with the run's own values in place of its.
 _VALUE_ROW = tuple(getattr(RunValue, c.key) if c.key in RUN_OWN else c for c in PromptValue.__table__.columns)
 
@@ -990,280 +843,3 @@ def _histogram_bins(lo: float | None, hi: float | None, bins: int) -> tuple[floa
     width = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if raw <= m * magnitude * (1 + 1e-9))
     start = math.floor(lo / width) * width
     return start, width, int((hi - start) / width) + 1
-
-
-# ---------------------------------------------------------------------------------------------------- writes
-# Each write is a function of an open write transaction, so that `Store.apply_journal` can apply many of them (a
-# chunk's journal) in one. `at`: when it happened (a journal is applied after the fact), default now.
-
-
-def _apply(s: Session, run_id: int, event: lifecycle.Event, seconds: float | None, values: dict[str, Any],
-           at: float | None = None) -> bool:
-    """`Store.apply` inside a transaction: the compare-and-set of one `lifecycle` event."""
-    if not isinstance(event, lifecycle.Event):
-        raise TypeError(f"{event!r} is not a storage.lifecycle event (e.g. lifecycle.CLAIM).")
-    now = _now() if at is None else float(at)
-    values = dict(values, status=event.target)
-    for name in event.stamps:
-        values.setdefault(name, now)
-    for name in event.clears:
-        values.setdefault(name, None)
-    for name in event.resets:
-        values[name] = 0
-    for name in event.increments:
-        values[name] = getattr(Run, name) + 1
-    if event.ends_stretch:
-        values["limit_seconds"] = Run.limit_seconds + greatest(0.0, now - func.coalesce(Run.started_at, now))
-    if seconds is not None:  # the event ends a chunk
-        values["chunks_done"] = Run.chunks_done + 1
-        values["chunk_seconds"] = Run.chunk_seconds + max(0.0, float(seconds or 0.0))
-    stmt = update(Run).where(Run.id == run_id, Run.status.in_(event.sources)).values(**values)
-    return s.execute(stmt).rowcount == 1
-
-
-def _record_progress(s: Session, run_id: int, values: dict[str, Any], at: float | None = None) -> None:
-    now = _now() if at is None else float(at)
-    s.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=now, progress_at=now, auto_resumes=0, **values))
-
-
-def _mark_value_set_complete(s: Session, value_set_id: int, summary: dict[str, Any] | None) -> None:
-    s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
-              .values(complete=True, summary=_json_safe(summary or {})))
-
-
-def _update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, Any]) -> None:
-    current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id).with_for_update()) or {}
-    s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(summary={**current, **_json_safe(summary)}))
-
-
-def _add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-                seconds: float = 0.0, tokens: int = 0) -> int:
-    rows = []
-    for r in records:
-        if r.get("prompt_id") is None:
-            raise ValueError("A value record has no 'prompt_id': every stage-1 record needs one.")
-        prompt = r.get("prompt")
-        rows.append({
-            "value_set_id": value_set_id, "split": split, "prompt_id": str(r["prompt_id"]),
-            "prompt": _json_safe(prompt), "prompt_text": r.get("prompt_text") or _prompt_text(prompt),
-            "v_star": _float(r.get("v_star")), "rewards": _json_safe(list(r.get("rewards") or [])),
-            "completions": [str(c) for c in r.get("completions") or []],
-            "num_correct": None if r.get("num_correct") is None else int(r["num_correct"]),  # None: V* was given
-            "filtered": bool(r.get("filtered", False)),
-        })
-    if not rows:
-        return 0
-    if dialects.dialect_of(s) == dialects.POSTGRESQL:  # SQLite's write lock already covers the transaction
-        # The stored ids and the counts below are read, then written: one writer of a value set at a time.
-        s.execute(select(ValueSet.id).where(ValueSet.id == value_set_id).with_for_update())
-    stmt = insert(s, PromptValue)
-    keep = ("prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
-    # A stored estimate is never overwritten (same fingerprint = same settings, so it is as good as a new one);
-    # only a row whose V* is still missing takes the new values.
-    stmt = stmt.on_conflict_do_update(index_elements=["value_set_id", "split", "prompt_id"],
-                                      set_={k: stmt.excluded[k] for k in keep},
-                                      where=PromptValue.v_star.is_(None))
-    ids = list(dict.fromkeys(row["prompt_id"] for row in rows))
-    stored = set()
-    for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-        stored.update(s.scalars(select(PromptValue.prompt_id).where(
-            PromptValue.value_set_id == value_set_id, PromptValue.split == split,
-            PromptValue.prompt_id.in_(ids[start:start + 500]))))
-    s.execute(stmt, rows)
-    added = len(ids) - len(stored)
-    if added:
-        counts, cost = s.execute(select(ValueSet.counts, ValueSet.cost).where(ValueSet.id == value_set_id)).one()
-        counts = counts or {}
-        fields: dict[str, Any] = {"counts": {**counts, split: int(counts.get(split, 0)) + added}}
-        if seconds or tokens:
-            # Prompts another run stored meanwhile were paid by that run: only the new ones' share is added.
-            share, paid = added / len(ids), (cost or {}).get(split) or {}
-            fields["cost"] = {**(cost or {}), split: {
-                "seconds": float(paid.get("seconds") or 0.0) + float(seconds) * share,
-                "tokens": int(paid.get("tokens") or 0) + round(int(tokens) * share),
-                "prompts": int(paid.get("prompts") or 0) + added}}
-        s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(**fields))
-    return added
-
-
-def _set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[str, Any]], replace: bool = False,
-                    at: float | None = None) -> int:
-    """`Store.set_run_values` inside a transaction: only rows that are new or differ are written; the run's counts
-    move with them, and its revision with any write that changed or removed a row or added one before the last."""
-    # The run's rows and counts are read, then written: one writer of a run's rows at a time.
-    value_set_id = s.scalar(select(Run.value_set_id).where(Run.id == run_id).with_for_update())
-    if value_set_id is None:
-        return 0
-    wanted: dict[str, tuple[float | None, int | None, bool]] = {}
-    for r in rows:
-        if r.get("prompt_id") is None:
-            raise ValueError("A run value row has no 'prompt_id': every stage-1 record needs one.")
-        wanted[str(r["prompt_id"])] = (_float(r.get("v_star")),
-                                       None if r.get("num_correct") is None else int(r["num_correct"]),
-                                       bool(r.get("filtered", False)))
-    rv, pv = RunValue, PromptValue
-    mine = (rv.run_id == run_id, rv.split == split)
-    own = select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine)
-    stored: dict[str, tuple[float | None, int | None, bool]] = {}
-    if replace:
-        stored = {pid: (v, k, bool(f)) for pid, v, k, f in s.execute(own)}
-    else:
-        ids = list(wanted)
-        for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-            stored.update((pid, (v, k, bool(f))) for pid, v, k, f in s.execute(
-                own.where(rv.prompt_id.in_(ids[start:start + 500]))))
-    # Only the rows that differ need their shared row's id (a resumed run's whole table usually has none).
-    differ = [pid for pid, values in wanted.items() if stored.get(pid) != values]
-    value_ids: dict[str, int] = {}
-    for start in range(0, len(differ), 500):
-        value_ids.update(s.execute(select(pv.prompt_id, pv.id).where(
-            pv.value_set_id == value_set_id, pv.split == split, pv.prompt_id.in_(differ[start:start + 500]))).all())
-    changed = [{"run_id": run_id, "value_id": value_ids[pid], "split": split, "prompt_id": pid,
-                **dict(zip(RUN_OWN, wanted[pid], strict=True))} for pid in differ if pid in value_ids]
-    last = s.scalar(select(func.max(rv.value_id)).where(*mine)) or 0
-    if changed:
-        stmt = insert(s, RunValue)
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "prompt_id"],
-                                          set_={k: stmt.excluded[k] for k in ("value_id", *RUN_OWN)})
-        s.execute(stmt, changed)
-    removed = [pid for pid in stored if pid not in wanted] if replace else []
-    for start in range(0, len(removed), 500):
-        s.execute(delete(RunValue).where(*mine, rv.prompt_id.in_(removed[start:start + 500])))
-    if changed or removed:
-        added = [row for row in changed if row["prompt_id"] not in stored]
-        # Rows only added after the last one (stage 1 going on) leave the revision: a page follows them by id.
-        rewritten = len(added) < len(changed) or removed or any(row["value_id"] < last for row in added)
-        counts = s.scalar(select(Run.value_counts).where(Run.id == run_id)) or {}
-        rows_now = len(stored) + len(added) - len(removed) if replace else int(counts.get(split, 0)) + len(added)
-        s.execute(update(Run).where(Run.id == run_id).values(
-            value_counts={**counts, split: rows_now},
-            values_revision=Run.values_revision + (1 if rewritten else 0)))
-    return len(changed)
-
-
-def _add_metrics(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], at: float | None = None) -> int:
-    now = _now() if at is None else float(at)
-    rows = [{"run_id": run_id, "step": int(step), "name": str(name), "value": _float(value), "created_at": now}
-            for name, value in metrics.items() if _is_number(value)]
-    if not rows:
-        return 0
-    stmt = insert(s, Metric)
-    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "name"], set_={"value": stmt.excluded.value})
-    s.execute(stmt, rows)
-    ids = dict(s.execute(select(Metric.name, Metric.id).where(
-        Metric.run_id == run_id, Metric.step == int(step), Metric.name.in_([r["name"] for r in rows]))).all())
-    latest = insert(s, LatestMetric)
-    latest = latest.on_conflict_do_update(
-        index_elements=["run_id", "name"], set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")},
-        where=LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
-    s.execute(latest, [{"run_id": run_id, "name": r["name"], "step": r["step"], "value": r["value"],
-                        "metric_id": ids[r["name"]]} for r in rows])
-    return len(rows)
-
-
-def _add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], at: float | None = None) -> int:
-    now = _now() if at is None else float(at)
-    rows = [{
-        "run_id": run_id, "step": int(x.get("step") or 0), "split": str(x.get("split") or "train"),
-        "prompt_id": str(x.get("prompt_id", "")), "sample_index": int(x.get("sample_index") or 0),
-        "prompt_text": str(x.get("prompt_text") or ""),
-        "completion": str(x.get("completion") or ""), "reward": _float(x.get("reward")),
-        "v_star": _float(x.get("v_star")), "advantage": _float(x.get("advantage")),
-        "implicit_reward": _float(x.get("implicit_reward")),
-        "completion_length": _float(x.get("completion_length")), "created_at": now,
-    } for x in samples]
-    if not rows:
-        return 0
-    stmt = insert(s, Sample)
-    keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
-    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id", "sample_index"],
-                                      set_={k: stmt.excluded[k] for k in keep})
-    s.execute(stmt, rows)
-    return len(rows)
-
-
-def _add_evaluation(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval",
-                    at: float | None = None) -> None:
-    clean = _json_safe(dict(metrics))
-    stmt = insert(s, Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
-                                     created_at=_now() if at is None else float(at))
-    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "split"],
-                                      set_={"metrics": stmt.excluded.metrics})
-    accuracy = _float(clean.get(f"{split}_accuracy", clean.get("accuracy")))
-    s.execute(stmt)
-    if accuracy is not None:
-        best = greatest(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
-        s.execute(update(Run).where(Run.id == run_id).values(best_eval_accuracy=best))
-
-
-def _add_checkpoint(s: Session, run_id: int, step: int, path: str | os.PathLike[str],
-                    at: float | None = None) -> None:
-    stmt = insert(s, Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
-                                     created_at=_now() if at is None else float(at))
-    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "path"],
-                                      set_={"step": stmt.excluded.step, "created_at": stmt.excluded.created_at})
-    s.execute(stmt)
-
-
-def _remove_checkpoint(s: Session, run_id: int, path: str | os.PathLike[str]) -> bool:
-    return s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id,
-                                              Checkpoint.path == str(path))).rowcount == 1
-
-
-def _add_logs(s: Session, run_id: int, lines: Iterable[Any], at: float | None = None) -> None:
-    now = _now() if at is None else float(at)
-    rows = [{"run_id": run_id, "created_at": now, "level": str(level).upper(), "message": str(message)}
-            for level, message in lines]
-    if rows:
-        s.execute(insert(s, LogLine), rows)
-
-
-def _journal_update_run(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
-    fields = Store._check_run_fields(fields)
-    if fields:
-        s.execute(update(Run).where(Run.id == run_id).values(**fields))
-
-
-def _journal_heartbeat(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
-    _journal_update_run(s, run_id, heartbeat_at=_now() if at is None else float(at), **fields)
-
-
-def _journal_progress(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
-    _record_progress(s, run_id, Store._check_run_fields(fields), at)
-
-
-def _journal_request_stop(s: Session, run_id: int, at: float | None = None, **fields: Any) -> None:
-    _apply(s, run_id, lifecycle.REQUEST_STOP, None, Store._check_run_fields(fields), at)
-
-
-def _on_value_set(function):
-    def call(s: Session, run_id: int, value_set_id: int, at: float | None = None, **kwargs: Any):
-        return function(s, value_set_id, **kwargs)
-    return call
-
-
-def _on_run(function):
-    def call(s: Session, run_id: int, **kwargs: Any):
-        return function(s, run_id, **kwargs)
-    return call
-
-
-# What a chunk's journal may ask for (`Store.apply_journal`): the writes of a run's worker, nothing else. Every
-# function takes the run id (a journal belongs to one run) and `at`.
-JOURNAL_OPS: dict[str, Any] = {
-    "add_values": _on_value_set(_add_values),
-    "mark_value_set_complete": _on_value_set(_mark_value_set_complete),
-    "update_value_set_summary": _on_value_set(_update_value_set_summary),
-    "set_run_values": _on_run(_set_run_values),
-    "add_metrics": _on_run(_add_metrics),
-    "add_samples": _on_run(_add_samples),
-    "add_evaluation": _on_run(_add_evaluation),
-    "add_checkpoint": _on_run(_add_checkpoint),
-    "remove_checkpoint": lambda s, run_id, path, at=None: _remove_checkpoint(s, run_id, path),
-    "add_logs": _on_run(_add_logs),
-    "update_run": _journal_update_run,
-    "heartbeat": _journal_heartbeat,
-    "record_progress": _journal_progress,
-    "request_stop": _journal_request_stop,
-}
-DURABLE_OPS = frozenset({"add_checkpoint", "remove_checkpoint", "request_stop"})

@@ -15,7 +15,7 @@ from app.access.auth import Auth
 from app.access.gate import Services
 from app.access.policy import Policy
 from app.runtime.devices import Devices
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from app.web import api
 from storage import Store
 
@@ -32,7 +32,7 @@ def spec(model: str, name: str, **config) -> dict:
 def services(tmp_path, tiny_model_dir):
     store = Store(tmp_path / "studio.db")
     policy = Policy(tmp_path, model_roots=(Path(tiny_model_dir),))
-    yield Services(store, JobManager(store, tmp_path, devices=Devices()), tmp_path, policy=policy, auth=Auth())
+    yield Services(store, Scheduler(store, tmp_path, devices=Devices()), tmp_path, policy=policy, auth=Auth())
     store.close()
 
 

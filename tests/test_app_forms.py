@@ -291,7 +291,7 @@ def test_model_size_limit_counts_parameters_from_the_config(studio):
 def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     from app.access.gate import Services
 
-    services = Services(store=None, jobs=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
+    services = Services(store=None, scheduler=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
     assert services.checked({})[0]["peft"] == {"r": 16, "lora_alpha": 32}
     assert services.checked({"peft": None})[0]["peft"] is None
 
@@ -421,7 +421,7 @@ def test_use_vllm_without_vllm_is_refused_before_anything_is_stored(policy, stud
     assert forms.form_errors(result.errors) == {"use_vllm": message}  # shown under the form's own checkbox
     store = Store(tmp_path / "studio.db")
     auth = Auth.from_options(["ann:pw"], None, data_dir=tmp_path)
-    services = Services(store=store, jobs=None, data_dir=studio, policy=policy, auth=auth)
+    services = Services(store=store, scheduler=None, data_dir=studio, policy=policy, auth=auth)
     with pytest.raises(Refused, match="vLLM is not installed beside this studio"):
         services.launch_run({"config": {"use_vllm": True}}, User("ann"))
     assert store.list_runs() == []
@@ -461,7 +461,7 @@ def test_use_vllm_is_refused_on_a_zerogpu_space(studio, vllm_installed):
     zerogpu = Policy(studio, zerogpu=True)
     message = allowlist.vllm_problem(zerogpu)
     assert message.startswith("vLLM is not offered on a ZeroGPU Space")
-    services = Services(store=None, jobs=None, data_dir=studio, policy=zerogpu)
+    services = Services(store=None, scheduler=None, data_dir=studio, policy=zerogpu)
     with pytest.raises(Refused, match="config.use_vllm: vLLM is not offered on a ZeroGPU Space.*Turn use_vllm off"):
         services.checked({"config": {"use_vllm": True}})
     assert allowlist.vllm_problem(Policy(studio)) is None

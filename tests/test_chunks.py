@@ -98,7 +98,7 @@ def drive(manager, store, run_id: int, until, change=None, timeout: float = 180.
         run = store.get_run(run_id)
         if until(run):
             return run
-        if change is not None and run_id not in manager._procs and run["status"] == "queued":
+        if change is not None and run_id not in manager._started and run["status"] == "queued":
             change(run)
         with manager._lock:
             manager._admit()
@@ -118,11 +118,11 @@ def test_forked_chunks_end_like_one_worker_and_a_killed_chunk_loses_nothing(tmp_
         if not phase["armed"] and checkpoint and checkpoint["step"] == 3:
             # One long chunk, killed inside its 2nd step: it trains step 4, writes checkpoint-4, dies in step 5.
             phase["armed"] = True
-            manager.chunk_seconds = 120.0
+            manager.backend.launchers["chunked"].budget = 120.0
             manager.worker_env = dict(os.environ, A2PO_FAULTS="train_step@2=kill")
         elif phase["armed"] and not phase["killed"] and run["auto_resumes"] == 1:
             phase["killed"] = True
-            manager.chunk_seconds = 0.01
+            manager.backend.launchers["chunked"].budget = 0.01
             manager.worker_env = dict(os.environ, A2PO_FAULTS="")
 
     try:
@@ -235,7 +235,7 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
             calls.append(args)
             return zerogpu.gpu_chunk(*args)
 
-        driver = zerogpu.ChunkDriver(Services(store=store, jobs=manager, data_dir=tmp_path / "data"))
+        driver = zerogpu.ChunkDriver(Services(store=store, scheduler=manager, data_dir=tmp_path / "data"))
         info = None
         for _ in range(20):
             info = driver.drive(run_id, function=on_gpu)

@@ -13,9 +13,10 @@ import pytest
 
 from app.access.auth import Auth
 from app.access.policy import Policy
+from app.runtime.credentials import STORE_PASSWORD_FILE
+from app.runtime.data_folder import DataFolder
 from app.runtime.ray_backend import Node, RayCluster
-from app.runtime.scheduler import Devices, JobManager
-from app.runtime.worker import STORE_PASSWORD_FILE, run_log_path
+from app.runtime.scheduler import Devices, Scheduler
 from app.web.api import runs_go_to
 from storage import Store
 from tests import postgres
@@ -73,7 +74,7 @@ def visible_texts(store: Store, run_id: int) -> str:
 
 def test_the_ray_clusters_address_reaches_no_visitor(cluster, tmp_path, tiny_model_dir):
     store = Store(tmp_path / "studio.db")
-    manager = JobManager(store, tmp_path / "data", ray=cluster, launch_backoff=())
+    manager = Scheduler(store, tmp_path / "data", ray=cluster, launch_backoff=())
     # Ray refuses the job: the run fails with Ray's error, without the head's address.
     refused = manager.submit(durable_spec(tiny_model_dir, "refused"))
     manager.tick()
@@ -95,11 +96,11 @@ def test_the_ray_clusters_address_reaches_no_visitor(cluster, tmp_path, tiny_mod
     assert HEAD not in manager.worker_output(failed)  # the Run page's Logs tab shows it
     # /limits: the address for a signed-in admin only.
     auth = Auth({"ada": ("pw", True), "bob": ("pw", False)})
-    services = SimpleNamespace(jobs=manager, auth=auth)
+    services = SimpleNamespace(scheduler=manager, auth=auth)
     assert runs_go_to(services, None) == {"backend": "ray", "nodes": 1, "gpus": 0, "cpus": 2}
     assert "address" not in runs_go_to(services, auth.user_from_token(auth.token_for("bob")))
     assert runs_go_to(services, auth.user_from_token(auth.token_for("ada")))["address"] == f"http://{HEAD}:8265"
-    local = SimpleNamespace(jobs=manager, auth=Auth())  # no logins: the operator reads it at the console
+    local = SimpleNamespace(scheduler=manager, auth=Auth())  # no logins: the operator reads it at the console
     assert "address" not in runs_go_to(local, auth.user_from_token(auth.token_for("ada")))
     store.close()
 
@@ -129,7 +130,7 @@ def test_a_password_in_pgpassword_reaches_the_workers_store_only(postgres_server
     monkeypatch.setenv("PGPASSWORD", postgres.PASSWORD)
     store = Store(url)  # the studio's own connection: libpq reads PGPASSWORD
     data_dir = tmp_path / "data"
-    manager = JobManager(store, data_dir, devices=Devices(), poll_interval=0.1, launch_backoff=(0.5,),
+    manager = Scheduler(store, data_dir, devices=Devices(), poll_interval=0.1, launch_backoff=(0.5,),
                          worker_env=Policy(data_dir).worker_environment())
     spec = {**durable_spec(tiny_model_dir, "pgpassword"), "action": "values", "rewards": [{"name": "env_probe"}]}
     run_id = manager.submit(spec)
@@ -142,14 +143,14 @@ def test_a_password_in_pgpassword_reaches_the_workers_store_only(postgres_server
     seen = json.loads(dump.read_text())
     assert "PGPASSWORD" not in seen and not any("s3cret" in value for value in seen.values())
     assert "s3cret" not in " ".join(manager.worker_command(run_id, {}))  # `ps`, a Ray job's entrypoint
-    assert "s3cret" not in run_log_path(data_dir, run_id).read_text() + visible_texts(store, run_id)
+    assert "s3cret" not in DataFolder(data_dir).run_log(run_id).read_text() + visible_texts(store, run_id)
     assert (data_dir / STORE_PASSWORD_FILE).stat().st_mode & 0o777 == 0o600
     store.close()
     # A password in the URL takes the same way, off the command line.
     monkeypatch.delenv("PGPASSWORD")
     with_password = url.replace(f"{postgres.PASSWORD_ROLE}@", f"{postgres.PASSWORD_ROLE}:s3cret%20pg%20pass@")
     store = Store(with_password)
-    other = JobManager(store, tmp_path / "other", devices=Devices())
+    other = Scheduler(store, tmp_path / "other", devices=Devices())
     assert "s3cret" not in other.worker_database()
     assert (tmp_path / "other" / STORE_PASSWORD_FILE).read_text() == postgres.PASSWORD
     store.close()

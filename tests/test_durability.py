@@ -24,7 +24,7 @@ import pytest
 
 from app.runtime.devices import Devices
 from app.runtime.processes import pid_alive
-from app.runtime.scheduler import AlreadyServing, JobManager
+from app.runtime.scheduler import AlreadyServing, Scheduler
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_app_api import free_port, start_app
@@ -46,11 +46,11 @@ def durable_spec(model: str, name: str = "durable", **config) -> dict:
             "rewards": [{"name": "exact_match", "weight": 1.0}], "config": settings}
 
 
-def make_manager(data_dir: Path, faults: str = "", **options) -> tuple[Store, JobManager]:
+def make_manager(data_dir: Path, faults: str = "", **options) -> tuple[Store, Scheduler]:
     store = Store(data_dir / "studio.db")
     env = dict(os.environ, A2PO_FAULTS=faults)
     options = {"poll_interval": 0.1, "devices": Devices(), **options}
-    return store, JobManager(store, data_dir, worker_env=env, **options)
+    return store, Scheduler(store, data_dir, worker_env=env, **options)
 
 
 def wait_status(store: Store, run_id: int, statuses: tuple[str, ...], timeout: float = 120.0) -> dict:
@@ -78,7 +78,7 @@ def assert_same_run(resumed: dict, reference: dict) -> None:
     assert resumed["eval"] == reference["eval"]
 
 
-def resume(store: Store, manager: JobManager, run_id: int, faults: str = "") -> dict:
+def resume(store: Store, manager: Scheduler, run_id: int, faults: str = "") -> dict:
     """Resume the run with `faults` armed in its new worker; wait until it ends."""
     manager.worker_env = dict(os.environ, A2PO_FAULTS=faults)
     manager.resume(run_id)
@@ -202,7 +202,7 @@ def test_container_stop_checkpoints_and_the_next_start_resumes(tmp_path, tiny_mo
     the next start resumes them from that checkpoint to the same result."""
     data_dir = tmp_path / "studio"
     store = Store(data_dir / "studio.db")
-    run_id = JobManager(store, data_dir, devices=Devices()).submit(durable_spec(tiny_model_dir))
+    run_id = Scheduler(store, data_dir, devices=Devices()).submit(durable_spec(tiny_model_dir))
     # Steps from the 4th on take 6 s more: the SIGTERM arrives while the run still trains, however fast or busy the
     # CPU.
     app = start_app(data_dir, free_port(), env={"A2PO_FAULTS": "train_step@4+=delay", "A2PO_FAULT_DELAY": "6"})
@@ -294,7 +294,7 @@ def test_runs_whose_worker_is_gone(tmp_path):
     store, manager = make_manager(tmp_path / "data")
     interrupted = store.create_run("interrupted", "train", {})
     store.apply(interrupted, lifecycle.CLAIM, pid=2**22 + 16)  # no such process: it died while no studio was running
-    manager = JobManager(store, tmp_path / "data", devices=Devices(), auto_resume=False)
+    manager = Scheduler(store, tmp_path / "data", devices=Devices(), auto_resume=False)
     try:
         assert manager.reconcile(schedule=False) == [interrupted]  # at start: an interruption, resumable
         run = store.get_run(interrupted)
@@ -328,7 +328,7 @@ def finished_run(data_dir: Path, spec: dict, timeout: float = 240.0) -> tuple[St
     return store, run
 
 
-def failed_launch(tmp_path: Path, model: str, fault: str, **options) -> tuple[Store, JobManager, dict]:
+def failed_launch(tmp_path: Path, model: str, fault: str, **options) -> tuple[Store, Scheduler, dict]:
     """A durable run whose worker meets `fault` at its start, and the run once it failed; close the manager."""
     store, manager = make_manager(tmp_path / "data", fault, **options)
     run_id = manager.submit(durable_spec(model))

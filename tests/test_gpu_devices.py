@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from app.runtime.devices import PCI_ORDER, Devices, visible_gpus
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from app.runtime.worker import gpu_problem
 from storage import Store
 
@@ -57,15 +57,15 @@ for name, value in list(vars(torch.cuda).items()):
 from app.access.auth import Auth, User
 from app.access.gate import Services
 from app.runtime.devices import Devices
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store
 
 root = Path(tempfile.mkdtemp(prefix="a2po-no-cuda-"))
 store = Store(root / "studio.db")
-jobs = JobManager(store, root, devices=Devices.detect())  # never started
-services = Services(store, jobs, root, auth=Auth({"alice": ("pw-a", False)}))
+scheduler = Scheduler(store, root, devices=Devices.detect())  # never started
+services = Services(store, scheduler, root, auth=Auth({"alice": ("pw-a", False)}))
 alice = User("alice")
-done = {"devices": jobs.devices.describe()}
+done = {"devices": scheduler.devices.describe()}
 done["check"] = sorted(services.checked({"name": "c", "config": {"max_steps": 4, "use_cpu": False}})[0]["config"])[:3]
 done["launch"] = services.launch_run({"name": "one", "config": {"max_steps": 4}}, alice)[0]
 done["chunked"] = services.launch_run({"name": "chunks", "config": {"max_steps": 4}, "runner": "chunked"}, alice)[0]
@@ -200,7 +200,7 @@ def test_a_gpu_count_takes_the_gpus_the_studio_sees(machine, monkeypatch):
 
 def test_the_scheduler_gives_workers_the_studios_numbering(machine, tmp_path):
     add_dev_nodes(machine.dev, "nvidia3")
-    manager = JobManager(Store(tmp_path / "studio.db"), tmp_path, devices=Devices.detect(dev=machine.dev))
+    manager = Scheduler(Store(tmp_path / "studio.db"), tmp_path, devices=Devices.detect(dev=machine.dev))
     env = manager._worker_env(["0"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == ("0", "PCI_BUS_ID")
 
@@ -227,7 +227,7 @@ def test_a_worker_given_a_gpu_it_cannot_use_says_so(monkeypatch):
 
 def test_a_worker_process_given_a_gpu_on_this_cpu_fails_the_run(tmp_path):
     store = Store(tmp_path / "studio.db")
-    manager = JobManager(store, tmp_path, devices=Devices(("0",)))  # never started: the worker is run by hand
+    manager = Scheduler(store, tmp_path, devices=Devices(("0",)))  # never started: the worker is run by hand
     run_id = manager.submit({"name": "needs-a-gpu", "config": {"max_steps": 1}})
     env = {**manager._worker_env(["0"]), "PYTHONPATH": str(ROOT)}
     out = subprocess.run(manager.worker_command(run_id, store.get_run(run_id)["config"]), cwd=tmp_path, env=env,

@@ -189,12 +189,12 @@ def test_a_pair_is_launched_whole_or_not_at_all(tmp_path, tiny_model_dir):
     from app.access.auth import LOCAL_USER
     from app.access.gate import Refused, Services
     from app.access.policy import PUBLIC_LIMITS, Policy
-    from app.runtime.scheduler import JobManager
+    from app.runtime.scheduler import Scheduler
 
     store = Store(tmp_path / "studio.db")
-    jobs = JobManager(store, tmp_path)  # never started: the runs stay queued
+    scheduler = Scheduler(store, tmp_path)  # never started: the runs stay queued
     policy = Policy(tmp_path, limits=replace(PUBLIC_LIMITS, queue_size=1), model_roots=[tiny_model_dir])
-    services = Services(store, jobs, tmp_path, policy=policy)
+    services = Services(store, scheduler, tmp_path, policy=policy)
     spec = {"name": "pair", "model": tiny_model_dir, "config": {"max_steps": 2, "use_cpu": True}}
     try:
         with pytest.raises(Refused, match="This study asks for 2 runs, and the queue holds 1 more.*none was started"):
@@ -205,4 +205,4 @@ def test_a_pair_is_launched_whole_or_not_at_all(tmp_path, tiny_model_dir):
             services.launch_pair({**spec, "config": {**spec["config"], "num_value_samples": 32}}, LOCAL_USER)
         assert store.list_runs() == []
     finally:
-        jobs.close()
+        scheduler.close()

@@ -1,5 +1,5 @@
 """The studio's queue and per-user limits hold when launches arrive together: `Services.launch_run` from many threads
-at once, against a real SQLite file and a real (not started) job manager, never queues more than a limit allows."""
+at once, against a real SQLite file and a real (not started) scheduler, never queues more than a limit allows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app.access.auth import Auth, User
 from app.access.gate import Refused, Services
 from app.access.policy import Limits, Policy
 from app.runtime.devices import Devices
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store
 
 LAUNCHES = 8
@@ -19,9 +19,9 @@ LAUNCHES = 8
 def services(tmp_path, **limits) -> Services:
     store = Store(tmp_path / "studio.db")
     policy = Policy(tmp_path, limits=replace(Limits(), **limits))
-    jobs = JobManager(store, tmp_path, devices=Devices.parse("none"))  # never started: runs stay queued
+    scheduler = Scheduler(store, tmp_path, devices=Devices.parse("none"))  # never started: runs stay queued
     auth = Auth.from_options(["ann:pw", "bob:pw"], None, data_dir=tmp_path)
-    return Services(store=store, jobs=jobs, data_dir=tmp_path, policy=policy, auth=auth)
+    return Services(store=store, scheduler=scheduler, data_dir=tmp_path, policy=policy, auth=auth)
 
 
 def launch_together(studio: Services, users: list[User]) -> tuple[list[int], list[str]]:
@@ -84,7 +84,7 @@ def test_a_study_over_a_users_limit_is_refused_whole_before_anything_is_queued(t
                               [5, 6])
     runs = [studio.store.get_run(i) for i in ids]
     assert [r["config"]["config"]["seed"] for r in runs] == [5, 6] and runs[0]["owner"] == "bob"
-    studio.jobs.close()
+    studio.scheduler.close()
 
 
 def test_a_sweep_over_a_users_limit_is_refused_whole_naming_its_runs(tmp_path):
@@ -111,4 +111,4 @@ def test_a_sweep_over_a_users_limit_is_refused_whole_naming_its_runs(tmp_path):
     assert [r["config"]["study"]["point"] for r in runs] == [{"beta2": 0.001}, {"beta2": 0.01}]
     assert [r["config"]["config"]["beta2"] for r in runs] == [0.001, 0.01]
     assert any("Sweep" in log["message"] for log in studio.store.get_logs(ids[0]))
-    studio.jobs.close()
+    studio.scheduler.close()

@@ -12,7 +12,7 @@ import pytest
 
 from app.access.gate import Services
 from app.runtime.devices import Devices
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from app.web.pages import launch
 from storage import Store
 
@@ -21,9 +21,9 @@ from storage import Store
 def form(tmp_path_factory) -> launch.LaunchForm:
     data_dir = tmp_path_factory.mktemp("launch-page")
     store = Store(data_dir / "studio.db")
-    jobs = JobManager(store, data_dir, devices=Devices.parse("none"))  # never started: launched runs stay queued
+    jobs = Scheduler(store, data_dir, devices=Devices.parse("none"))  # never started: launched runs stay queued
     with gr.Blocks():
-        page = launch.build_launch_page(Services(store=store, jobs=jobs, data_dir=data_dir))
+        page = launch.build_launch_page(Services(store=store, scheduler=jobs, data_dir=data_dir))
     return page.form
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from app.runtime.devices import Devices
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store, lifecycle
 from tests import helpers
 from tests.test_chunks import FAKE_SPACES, chunk_spec
@@ -43,7 +43,7 @@ def test_auto_resume_counts_restarts_in_a_row_not_in_a_life(tmp_path):
             if store.get_run(run_id)["status"] == lifecycle.QUEUED:
                 store.apply(run_id, lifecycle.CLAIM, pid=2**22 + restart)  # a worker that dies with the machine
         store.record_progress(trains, stage="train", progress=restart / 10)  # a step between two restarts
-        manager = JobManager(store, tmp_path, devices=Devices())
+        manager = Scheduler(store, tmp_path, devices=Devices())
         try:
             manager.reconcile(schedule=False)
         finally:
@@ -163,7 +163,7 @@ def test_zerogpu_chunks_are_asked_to_stop_never_signalled(tmp_path, tiny_model_d
 
     store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=600,
                                   watchdog_after=1.0 if action == "watchdog" else None)
-    services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
+    services = Services(store=store, scheduler=manager, data_dir=tmp_path / "data")
     driver = zerogpu.ChunkDriver(services)
     run_id = manager.submit(chunk_spec(tiny_model_dir, max_steps=400, save_steps=0))
     manager.lock.acquire()
@@ -211,7 +211,7 @@ def test_a_long_evaluation_is_left_for_the_next_chunk_not_cut_off(tmp_path, tiny
     monkeypatch.setattr(zerogpu, "CHUNK_MARGIN", 4.0)
     monkeypatch.setenv("A2PO_FAULTS", "evaluate_batch@1+=delay")  # each evaluation batch takes 2 s more: 4 s each
     store, manager = make_manager(tmp_path / "data", zerogpu=True, chunk_seconds=4.0, watchdog_after=None)
-    services = Services(store=store, jobs=manager, data_dir=tmp_path / "data")
+    services = Services(store=store, scheduler=manager, data_dir=tmp_path / "data")
     driver = zerogpu.ChunkDriver(services)
     spec = chunk_spec(tiny_model_dir, save_steps=0, per_device_eval_batch_size=1, **schedule)
     spec["dataset"]["eval_size"] = 2

@@ -1,5 +1,5 @@
 """The run state machine against the real thing: hypothesis drives the real scheduler
-(`app.runtime.scheduler.JobManager`), a real SQLite file and real worker and chunk processes of a tiny model through
+(`app.runtime.scheduler.Scheduler`), a real SQLite file and real worker and chunk processes of a tiny model through
 launches, stops, resumes, kills of workers and of chunks, app restarts and deletes, and checks after every step what
 `storage.lifecycle` promises:
 
@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 from app.runtime.chunks import is_chunk_of
 from app.runtime.devices import Devices
 from app.runtime.processes import pid_alive
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from storage import Store, lifecycle
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -94,8 +94,8 @@ class RunMachine(RuleBasedStateMachine):
         for runner in ("worker", "chunked"):  # every example has work of both kinds under way
             self.launch(runner)
 
-    def _manager(self) -> JobManager:
-        return JobManager(self.store, self.data, poll_interval=0.1, devices=Devices(), stale_after=30,
+    def _manager(self) -> Scheduler:
+        return Scheduler(self.store, self.data, poll_interval=0.1, devices=Devices(), stale_after=30,
                           launch_backoff=LAUNCH_BACKOFF, claim_timeout=60, chunk_seconds=0.5,
                           worker_env=dict(os.environ, A2PO_FAULTS=""))
 

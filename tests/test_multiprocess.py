@@ -24,10 +24,10 @@ import pytest
 
 from app.access import allowlist
 from app.access.policy import Policy
+from app.runtime.checkpoints import checkpoint_complete
 from app.runtime.devices import Devices
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive
-from app.runtime.scheduler import JobManager
-from app.runtime.worker import checkpoint_complete
+from app.runtime.scheduler import Scheduler
 from app.web import forms
 from storage import Store
 from tests import helpers
@@ -129,7 +129,7 @@ def test_stop_reaches_every_process_and_resume_and_crashes_work_as_for_one(tmp_p
         wait_for(lambda: steps_done(store, run_id) >= 2, 180, "two training steps")
         run = store.get_run(run_id)
         launcher, ranks = run["pid"], launched_processes(run["pid"])
-        assert launcher == manager._procs[run_id].pid and is_worker_of(launcher, run_id)
+        assert launcher == manager.backend.launchers["worker"].procs[run_id].pid and is_worker_of(launcher, run_id)
         assert sorted(map(rank_of, ranks)) == [0, 1] and all(os.getpgid(r) == r for r in ranks)
 
         # Stop: both processes stop after the same step and write its checkpoint; the run ends "stopped".
@@ -233,7 +233,7 @@ def test_processes_are_bounded_by_the_machine(tmp_path):
     assert two[:3] == [sys.executable, "-m", "accelerate.commands.launch"] and "--multi_gpu" in two
     assert two[two.index("--num_processes") + 1] == "2" and two[two.index("--module") + 1] == "app.runtime.worker"
     assert "--use_fsdp" not in manager.worker_command(7, {"num_processes": 2, "fsdp": "FULL_SHARD"})  # no GPU
-    fsdp = JobManager(store, tmp_path / "data", devices=gpus).worker_command(7, {"num_processes": 2,
+    fsdp = Scheduler(store, tmp_path / "data", devices=gpus).worker_command(7, {"num_processes": 2,
                                                                                   "fsdp": "FULL_SHARD"})
     assert "--multi_gpu" not in fsdp and fsdp[fsdp.index("--fsdp_sharding_strategy") + 1] == "FULL_SHARD"
 

@@ -228,7 +228,7 @@ def test_play_returns_why_a_prompt_was_not_scored(tiny_model_dir, trl_rewards, t
     store = Store(tmp_path / "studio.db")
     spec = {**tiny_spec(tiny_model_dir, "trl-style"), "rewards": [{"name": "trl_solution", "weight": 1.0}]}
     run_id = store.create_run("trl-style", "train", spec)
-    services = Services(store=store, jobs=None, data_dir=tmp_path / "data")
+    services = Services(store=store, scheduler=None, data_dir=tmp_path / "data")
     try:
         result = play(services, User("ada"), run_id=run_id, prompt="What is 3 + 4?", num_samples=1, answer="7")
     finally:

@@ -195,12 +195,12 @@ def test_every_page_says_when_the_cluster_does_not_answer():
 
     from app.web.banner import CLUSTER_DOWN, LOCK_LOST, studio_problem
 
-    jobs = SimpleNamespace(lock_problem=None, cluster_problem=None)
-    assert studio_problem(SimpleNamespace(jobs=jobs)) is None
-    jobs.cluster_problem = "Could not list the nodes of the Ray cluster: <ray-head> refused"
-    assert studio_problem(SimpleNamespace(jobs=jobs)) == CLUSTER_DOWN and "<ray-head>" not in CLUSTER_DOWN
-    jobs.lock_problem = "lost"
-    assert studio_problem(SimpleNamespace(jobs=jobs)) == LOCK_LOST
+    scheduler = SimpleNamespace(lock_problem=None, cluster_problem=None)
+    assert studio_problem(SimpleNamespace(scheduler=scheduler)) is None
+    scheduler.cluster_problem = "Could not list the nodes of the Ray cluster: <ray-head> refused"
+    assert studio_problem(SimpleNamespace(scheduler=scheduler)) == CLUSTER_DOWN and "<ray-head>" not in CLUSTER_DOWN
+    scheduler.lock_problem = "lost"
+    assert studio_problem(SimpleNamespace(scheduler=scheduler)) == LOCK_LOST
 
 
 def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_cluster, postgres_server, tmp_path,
@@ -209,15 +209,15 @@ def test_a_worker_that_cannot_see_the_data_folder_fails_with_the_reason(ray_clus
     with that reason, not a traceback (here the folder holds another studio's check file, as a node would whose
     path holds a folder of its own instead of the shared one)."""
     from app.runtime.ray_backend import RayCluster
-    from app.runtime.scheduler import JobManager
+    from app.runtime.scheduler import Scheduler
 
     db = postgres_server.create_database()
     store = Store(db)
-    manager = JobManager(store, tmp_path / "data", poll_interval=0.2, ray=RayCluster(ray_cluster))
+    manager = Scheduler(store, tmp_path / "data", poll_interval=0.2, ray=RayCluster(ray_cluster))
     run_id = manager.submit(durable_spec(tiny_model_dir, "unseen"))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / ".a2po-data-folder").write_text("another studio's folder\n")
-    manager._data_folder_token = lambda: "this studio's token"  # what the studio would pass: not what the node sees
+    manager.folder.token = lambda: "this studio's token"  # what the studio would pass: not what the node sees
     started = time.monotonic()
     manager.start()
     try:
@@ -237,7 +237,7 @@ def test_the_worker_drops_credentials_it_was_not_given_on_purpose():
 
     env = with_project_path({"PATH": os.environ["PATH"], "NODE_API_KEY": "node", "AWS_SECRET_ACCESS_KEY": "node",
                              "HF_TOKEN": "studio", "A2PO_PASSED_SECRETS": "HF_TOKEN"})
-    code = ("import json, os; from app.runtime.worker import drop_secrets; drop_secrets(); "
+    code = ("import json, os; from app.runtime.credentials import drop_secrets; drop_secrets(); "
             "print(json.dumps(sorted(k for k in os.environ if k in ('NODE_API_KEY', 'AWS_SECRET_ACCESS_KEY', "
             "'HF_TOKEN'))))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

@@ -53,7 +53,7 @@ def page(tmp_path, monkeypatch):
     store.set_run_values(run_id, "train", records)
     store.add_metrics(run_id, 1, {"loss": 1.0})
     counting = CountingStore(store)
-    return Services(store=counting, jobs=None, data_dir=Path(tmp_path)), run_id, store
+    return Services(store=counting, scheduler=None, data_dir=Path(tmp_path)), run_id, store
 
 
 def outputs(result: list) -> dict:

@@ -40,7 +40,7 @@ def page(tmp_path, monkeypatch):
     store.set_run_values(run_id, "train", records)
     store.add_metrics(run_id, 1, {"loss": 1.0})
     store.add_log(run_id, "step 1")
-    return Services(store=store, jobs=None, data_dir=tmp_path), run_id, store
+    return Services(store=store, scheduler=None, data_dir=tmp_path), run_id, store
 
 
 def frame(services: Services, run_id: int) -> run.Frame:
@@ -124,7 +124,7 @@ def test_the_header_says_which_engine_sampled_the_run(tmp_path, monkeypatch, con
     store = Store(tmp_path / "studio.db")
     run_id = store.create_run("engine", "train", {**SPEC, "config": config})
     put_in(store, run_id, "finished")
-    services = Services(store=store, jobs=None, data_dir=tmp_path)
+    services = Services(store=store, scheduler=None, data_dir=tmp_path)
     result = dict(zip(run.OUTPUTS, run.refresh(services, run_id, None, *INPUTS), strict=True))
     assert f'sampled by <span id="run-sampler">{engine}</span>' in result["header"]
 

@@ -127,12 +127,9 @@ def test_the_counts_and_the_revision_follow_the_run_rows(store):
     with pytest.raises(ValueError, match="count the run's V\\* rows"):
         store.update_run(first, value_counts={})
     assert store.get_run(second)["value_counts"] == {"train": 4}  # the other run is untouched
-    # A deleted run takes its rows; a deleted value set takes every run's rows of it.
+    # A deleted run takes its rows; the shared ones stay, with the other run's.
     assert store.delete_run(first)
     assert len(store.get_values(vs, None)) == 5 and len(list(store.iter_values(second))) == 4
-    assert store.delete_value_set(vs)
-    gone = store.get_run(second)
-    assert gone["value_counts"] == {} and gone["value_set_id"] is None and list(store.iter_values(second)) == []
 
 
 def test_a_chunk_journals_the_run_rows_as_the_store_writes_them(tmp_path, store_url):
@@ -291,7 +288,7 @@ def test_a_second_run_with_another_beta1_shows_the_v_star_it_trained_with(tmp_pa
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         store = Store(data / "studio.db")
-        services = Services(store=store, jobs=None, data_dir=data)
+        services = Services(store=store, scheduler=None, data_dir=data)
         first = launch_and_wait(client, store, value_spec(taught_model, "first", 0.5, False, runner))
         truth_first = check_run(store, services, first, 0.5, False, monkeypatch)
         second = launch_and_wait(client, store, value_spec(taught_model, "second", 0.1, True, runner))

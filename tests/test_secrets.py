@@ -14,7 +14,7 @@ import pytest
 from app.access.auth import Auth
 from app.access.gate import Services
 from app.access.policy import Policy
-from app.runtime.scheduler import Devices, JobManager
+from app.runtime.scheduler import Devices, Scheduler
 from app.web.api import run_summary
 from app.web.pages import run as run_page
 from storage import Store
@@ -86,7 +86,7 @@ def test_a_dead_workers_log_tail_reaches_no_visitor_with_the_database_url(postgr
     database = url.split("://", 1)[1].split("@", 1)[1].split("?", 1)[0]
     store = Store(with_password)
     data_dir = tmp_path / "data"
-    manager = JobManager(store, data_dir, devices=Devices(), poll_interval=0.1, launch_backoff=(0.5,),
+    manager = Scheduler(store, data_dir, devices=Devices(), poll_interval=0.1, launch_backoff=(0.5,),
                          worker_env=Policy(data_dir).worker_environment())
     services = Services(store, manager, data_dir, auth=Auth())
     run_id = manager.submit(durable_spec(tiny_model_dir, "victim", max_steps=100_000))

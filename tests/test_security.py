@@ -21,7 +21,7 @@ from gradio_client.exceptions import AppError
 from app.access.allowlist import STUDY_LEFT_OUT
 from app.access.auth import Auth, User
 from app.access.gate import Services
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from app.web.api import public_spec
 from app.web.pages.compare import study_choices, study_runs
 from storage import Store
@@ -345,7 +345,7 @@ def test_only_the_studio_puts_runs_into_a_study(tmp_path):
     """Study membership is a label on each run: a label sent in a spec is left out, with a warning, on every launch
     path (issue 35, item 2), and the study views read only the runs of the study's owner."""
     store = Store(tmp_path / "studio.db")
-    services = Services(store, JobManager(store, tmp_path), tmp_path,  # never started: the runs stay queued
+    services = Services(store, Scheduler(store, tmp_path), tmp_path,  # never started: the runs stay queued
                         auth=Auth({"alice": ("pw-a", False), "mallory": ("pw-m", False)}))
     alice, mallory = User("alice"), User("mallory")
     pairs = services.launch_pair({"name": "duel", "config": {"max_steps": 8}}, alice, seeds=[0, 1])
@@ -370,7 +370,8 @@ def test_only_the_studio_puts_runs_into_a_study(tmp_path):
         assert len(labels) == 1 and label["id"] not in labels, labels
     assert study_runs(store, label["id"]) == mine
     # A forged row stored before the gate left labels out (the store keeps what it is given) is no run of the study.
-    old = services.jobs.submit({**store.get_run(forged_id)["config"], "study": {**label, "seed": 2}}, owner="mallory")
+    forged = {**store.get_run(forged_id)["config"], "study": {**label, "seed": 2}}
+    old = services.scheduler.submit(forged, owner="mallory")
     assert store.get_run(old)["config"]["study"] == {**label, "seed": 2}
     assert study_runs(store, label["id"]) == mine
     assert [name for name, sid in study_choices(store) if sid == label["id"]][0].endswith("(4 runs)")

@@ -46,6 +46,11 @@ def test_pragmas(tmp_path):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 30_000
 
 
+def queue_head(store: Store) -> dict:
+    """The queued run that has waited longest: the one the scheduler admits first."""
+    return min(store.list_runs(status="queued"), key=lambda r: (r["queued_at"], r["id"]))
+
+
 def test_run_round_trip_and_queue_order(store):
     first = store.create_run("demo", "train", SPEC, model="tiny", dataset="arithmetic")
     second = store.create_run("other", "values", {**SPEC, "action": "values"})
@@ -53,12 +58,12 @@ def test_run_round_trip_and_queue_order(store):
     assert run["status"] == "queued" and run["config"] == SPEC and run["model"] == "tiny" and run["progress"] == 0
     assert [r["id"] for r in store.list_runs()] == [second, first]  # newest first
     assert [r["id"] for r in store.list_runs(status=["queued"])] == [second, first]
-    assert store.next_queued_run()["id"] == first  # oldest first
+    assert queue_head(store)["id"] == first  # oldest first
 
     assert store.apply(first, lifecycle.CLAIM, pid=123)
     run = store.get_run(first)
     assert run["status"] == "running" and run["pid"] == 123 and run["started_at"] and run["heartbeat_at"]
-    assert store.next_queued_run()["id"] == second
+    assert queue_head(store)["id"] == second
 
     store.update_run(first, stage="train", progress=0.5, output_dir="/tmp/x", error=None)
     before = store.get_run(first)["heartbeat_at"]
@@ -71,7 +76,7 @@ def test_run_round_trip_and_queue_order(store):
     # A resumed run goes to the back of the queue.
     assert store.apply(first, lifecycle.STOP)
     assert store.apply(first, lifecycle.RESUME)
-    assert store.next_queued_run()["id"] == second
+    assert queue_head(store)["id"] == second
 
 
 def test_bad_run_input_is_rejected_and_changes_nothing(store):
@@ -157,7 +162,6 @@ def test_value_sets_and_idempotent_values(store):
     assert rows[0]["rewards"] == [1.0, 0.0] and rows[0]["completions"] == ["2", "3"]
     assert rows[0]["prompt"] == [{"role": "user", "content": "what is a?"}] and rows[0]["num_correct"] == 1
     assert store.count_values(vs, "train") == 2 and store.count_values(vs, None) == 3
-    assert store.value_prompt_ids(vs, "train") == {"a", "b"}
     assert store.value_splits(vs) == ["eval", "train"]
 
     store.mark_value_set_complete(vs, {"train": {"mean_v_star": 0.375}})
@@ -173,11 +177,11 @@ def test_value_sets_and_idempotent_values(store):
 
 def test_metrics_upsert_and_polling(store):
     run_id = store.create_run("demo", "train", SPEC)
-    assert store.max_metric_id(run_id) == 0
+    assert store.last_ids(run_id)["metrics"] == 0
     assert store.add_metrics(run_id, 1, {"loss": 1.5, "reward": 0.25, "note": "text", "flag": True}) == 2
     first = store.get_metrics(run_id)
     assert [(m["step"], m["name"], m["value"]) for m in first] == [(1, "loss", 1.5), (1, "reward", 0.25)]
-    last_id = store.max_metric_id(run_id)
+    last_id = store.last_ids(run_id)["metrics"]
     store.add_metrics(run_id, 1, {"loss": 1.25})  # re-logged step: updated in place
     store.add_metrics(run_id, 2, {"loss": float("nan"), "reward": 0.5})
     new = store.get_metrics(run_id, after_id=last_id)

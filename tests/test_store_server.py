@@ -11,15 +11,15 @@ import textwrap
 
 import pytest
 
-from app.runtime.scheduler import AlreadyServing, Devices, JobManager
+from app.runtime.scheduler import AlreadyServing, Devices, Scheduler
 from storage import Store, lifecycle
 from tests.helpers import wait_for
 from tests.test_durability import durable_spec, free_port, record, wait_status
 
 
-def manager_on(url: str, data_dir, **options) -> tuple[Store, JobManager]:
+def manager_on(url: str, data_dir, **options) -> tuple[Store, Scheduler]:
     store = Store(url)
-    return store, JobManager(store, data_dir, devices=Devices(), poll_interval=0.1,
+    return store, Scheduler(store, data_dir, devices=Devices(), poll_interval=0.1,
                              worker_env=dict(os.environ), **options)
 
 
@@ -109,9 +109,9 @@ def test_a_worker_writes_the_same_run_to_the_server_as_to_a_file(postgres_server
 # while it is without it (never two schedulers on one queue), and take it back.
 
 
-def _stub_launches(manager: JobManager) -> None:
+def _stub_launches(manager: Scheduler) -> None:
     """Starting a worker does nothing: `tick()` still returns the runs it would have started."""
-    manager._launch = lambda run_id, devices, spec=None: None
+    manager._launch = lambda run, devices: True
 
 
 def test_a_lost_lock_stops_scheduling_until_it_is_taken_back(postgres_server, tmp_path, caplog):
@@ -161,17 +161,17 @@ def test_a_running_studio_takes_its_lock_back_after_a_server_restart(postgres_se
     _, second = manager_on(url, tmp_path / "two")
     with pytest.raises(AlreadyServing, match="http://first"):
         second.start()
-    assert studio_problem(SimpleNamespace(jobs=first)) is None
+    assert studio_problem(SimpleNamespace(scheduler=first)) is None
     postgres_server.go_down()
     try:
         wait_for(lambda: first.lock_problem, 30, "the lost lock to be noticed", poll=0.05)
-        assert studio_problem(SimpleNamespace(jobs=first)) == LOCK_LOST
+        assert studio_problem(SimpleNamespace(scheduler=first)) == LOCK_LOST
     finally:
         postgres_server.come_back()
     wait_for(lambda: first.lock_problem is None, 30, "the lock to be taken back", poll=0.05)
     with pytest.raises(AlreadyServing, match="http://first"):
         second.start()
-    first._launch = lambda run_id, devices, spec=None: store.apply(run_id, lifecycle.CANCEL)
+    first._launch = lambda run, devices: store.apply(run["id"], lifecycle.CANCEL)
     run_id = store.create_run("after the restart", "train", {})
     wait_for(lambda: store.get_run(run_id)["status"] != lifecycle.QUEUED, 30, "the first to schedule again")
     first.close()

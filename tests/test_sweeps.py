@@ -25,7 +25,7 @@ from a2po.runspec import RunSpec, SpecError, with_defaults
 from a2po.sweep import grid_points, parse_grid, summarize_sweep
 from app.access.gate import Services
 from app.access.policy import Policy
-from app.runtime.scheduler import JobManager
+from app.runtime.scheduler import Scheduler
 from app.studies import summary
 from app.studies.comparison import Point, Timeline, store_timeline
 from app.studies.protocols import StudyError, pair_specs, planned_steps
@@ -172,8 +172,8 @@ def handlers(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, object]]:
     studio's Services on SQLite, its queue never started."""
     data_dir = tmp_path_factory.mktemp("handlers")
     store = Store(data_dir / "studio.db")
-    jobs = JobManager(store, data_dir)
-    services = Services(store, jobs, data_dir, policy=Policy(data_dir, model_roots=[tiny_model_dir]))
+    scheduler = Scheduler(store, data_dir)
+    services = Services(store, scheduler, data_dir, policy=Policy(data_dir, model_roots=[tiny_model_dir]))
     with gr.Blocks() as demo:
         register_api(services)
         build_launch_page(services)
@@ -183,7 +183,7 @@ def handlers(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, object]]:
     try:
         yield found
     finally:
-        jobs.close()
+        scheduler.close()
 
 
 def test_the_launch_pages_sweep_plan_refuses_a_huge_grid_at_no_cost(handlers):
@@ -407,12 +407,12 @@ def test_the_studies_page_shows_the_medians_and_the_heatmap(swept):
 
 def test_on_two_devices_a_run_waits_for_the_stage_one_it_shares_instead_of_sampling_it_too(tmp_path, tiny_model_dir):
     from app.runtime.devices import Devices
-    from app.runtime.scheduler import JobManager
+    from app.runtime.scheduler import Scheduler
 
     data_dir = tmp_path / "data"
     store = Store(data_dir / "studio.db")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    manager = JobManager(store, data_dir, devices=Devices(gpus=("0", "1")), poll_interval=0.1, worker_env=env)
+    manager = Scheduler(store, data_dir, devices=Devices(gpus=("0", "1")), poll_interval=0.1, worker_env=env)
     try:
         specs = sweep_specs(tiny_spec(tiny_model_dir, "two", max_steps=2, num_value_samples=8), {"beta2": [1e-3, 1e-2]},
                             [])

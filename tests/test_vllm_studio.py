@@ -18,7 +18,7 @@ from app.access.auth import Auth, User  # noqa: E402
 from app.access.gate import Services  # noqa: E402
 from app.access.policy import Policy  # noqa: E402
 from app.runtime.devices import Devices  # noqa: E402
-from app.runtime.scheduler import JobManager  # noqa: E402
+from app.runtime.scheduler import Scheduler  # noqa: E402
 from storage import Store  # noqa: E402
 from tests import helpers  # noqa: E402
 
@@ -43,10 +43,10 @@ def test_a_run_launched_from_the_studio_with_use_vllm_samples_with_vllm(tmp_path
     make_tiny_model(model, num_heads=2, num_kv_heads=1)
     store = Store(data_dir / "studio.db")
     policy = Policy(data_dir)
-    jobs = JobManager(store, data_dir, devices=Devices(), poll_interval=0.1,
+    jobs = Scheduler(store, data_dir, devices=Devices(), poll_interval=0.1,
                       worker_env=policy.worker_environment({**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}))
     auth = Auth.from_options(["ann:pw"], None, data_dir=data_dir)
-    services = Services(store=store, jobs=jobs, data_dir=data_dir, policy=policy, auth=auth)
+    services = Services(store=store, scheduler=jobs, data_dir=data_dir, policy=policy, auth=auth)
     run_id, _ = services.launch_run({**vllm_spec(), "model": str(model)}, User("ann"))
     assert store.get_run(run_id)["config"]["config"]["use_vllm"] is True
     jobs.start()

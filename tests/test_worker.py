@@ -1,4 +1,4 @@
-"""The worker, the recorder and the job manager, end to end: real worker processes, a real SQLite file, and a
+"""The worker, the recorder and the scheduler, end to end: real worker processes, a real SQLite file, and a
 tiny random-init model (`tiny_model_dir` in conftest). Every run samples 8-16 arithmetic prompts a few times."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.runtime.scheduler import JobManager
-from app.runtime.worker import run_output_dir
+from app.runtime.data_folder import DataFolder
+from app.runtime.scheduler import Scheduler
 from storage import Store
 from tests import helpers
 
@@ -42,7 +42,7 @@ def wait_status(store: Store, run_id: int, statuses: tuple[str, ...], timeout: f
 @pytest.fixture
 def env(tmp_path):
     store = Store(tmp_path / "studio.db")
-    manager = JobManager(store, tmp_path / "data", poll_interval=0.2)
+    manager = Scheduler(store, tmp_path / "data", poll_interval=0.2)
     yield store, manager
     manager.close()
     for run_id in manager.active_run_ids():  # never leave a worker behind a failed test
@@ -102,7 +102,7 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     run = wait_status(store, run_id, ("stopped", "failed", "finished"))
     assert run["status"] == "stopped", run["error"]
     value_set_id = run["value_set_id"]
-    sampled_before = store.value_prompt_ids(value_set_id, "train")
+    sampled_before = {row["prompt_id"] for row in store.get_values(value_set_id, "train")}
     assert 0 < len(sampled_before) < 16
     assert not store.get_value_set(value_set_id)["complete"]
 
@@ -114,8 +114,8 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
     assert run["status"] == "stopped", run["error"]
     checkpoint = store.latest_checkpoint(run_id)
     assert checkpoint and Path(checkpoint["path"]).is_dir() and 1 <= checkpoint["step"] < max_steps
-    assert store.count_values(value_set_id, "train") == 16 and sampled_before <= store.value_prompt_ids(
-        value_set_id, "train")
+    assert store.count_values(value_set_id, "train") == 16 and sampled_before <= {
+        row["prompt_id"] for row in store.get_values(value_set_id, "train")}
     logs = [r["message"] for r in store.get_logs(run_id)]
     assert any(f"{16 - len(sampled_before)} of 16 prompts to sample" in m for m in logs), logs
 
@@ -135,14 +135,14 @@ def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_mode
     store, manager = env
     run_id = manager.submit(make_spec(tiny_model_dir, "doomed", max_steps=1000, eval_size=0))
     manager.start()
-    wait_for(lambda: store.max_metric_id(run_id), what="the worker to train")
+    wait_for(lambda: store.last_ids(run_id)["metrics"], what="the worker to train")
     run = store.get_run(run_id)
     assert run["status"] == "running"
     manager.close()  # like an app that exits (Ctrl-C): the worker keeps running
 
     # A new app process adopts the live worker instead of failing it, and starts nothing else meanwhile.
     queued = manager.submit(make_spec(tiny_model_dir, "waits"))
-    restarted = JobManager(store, tmp_path / "data", poll_interval=0.2)
+    restarted = Scheduler(store, tmp_path / "data", poll_interval=0.2)
     try:
         assert restarted.reconcile(schedule=False) == []
         assert restarted.active_run_ids() == [run_id]
@@ -160,7 +160,7 @@ def test_app_restart_adopts_a_live_worker_and_fails_one_that_dies(env, tiny_mode
 
     # Deleting the failed run removes its rows and files.
     output_dir = Path(failed["output_dir"])
-    assert output_dir == run_output_dir(tmp_path / "data", run_id).resolve() and output_dir.is_dir()
+    assert output_dir == DataFolder(tmp_path / "data").run_output(run_id).resolve() and output_dir.is_dir()
     assert manager.delete(run_id)
     assert store.get_run(run_id) is None and not output_dir.exists() and store.get_metrics(run_id) == []
 

@@ -319,7 +319,7 @@ def _hub_cache_file(repo_id: str, name: str) -> str | None:
 
 MAX_SYSTEM_PROMPT = 4000  # characters
 MAX_COLUMN_NAME = 200  # characters
-MAX_PROCESSES = 64  # per run, whatever the machine (the job manager also holds a run to the machine's devices)
+MAX_PROCESSES = 64  # per run, whatever the machine (the scheduler also holds a run to the machine's devices)
 
 
 def _check_dataset(dataset: Any, policy: Policy, errors: dict[str, str]) -> Any:

@@ -13,7 +13,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from app.access.auth import Auth, User
 from app.access.policy import Policy
@@ -29,14 +29,24 @@ class Refused(ValueError):
     """A request the studio will not carry out: a bad spec, a limit, or a missing permission (message says which)."""
 
 
+class Scheduling(Protocol):
+    """What the gate asks of the scheduler (`app.runtime.scheduler.Scheduler`, which this room does not import)."""
+
+    def submit(self, spec: dict[str, Any], owner: str | None = None, admission: Any = None) -> int: ...
+    def stop(self, run_id: int, reason: str = "user") -> bool: ...
+    def resume(self, run_id: int) -> int: ...
+    def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool: ...
+    def public_text(self, text: str | None) -> str: ...
+
+
 @dataclass
 class Services:
-    """The store the pages read, the job manager they act through, the data folder, the operator's policy and
+    """The store the pages read, the scheduler they act through, the data folder, the operator's policy and
     users. Every page and every API endpoint launches, stops, resumes and deletes through these methods, so the
     allow-list, the limits and the permissions are checked in one place."""
 
     store: Store
-    jobs: Any  # app.runtime.scheduler.JobManager
+    scheduler: Scheduling | None
     data_dir: Path
     policy: Policy | None = None
     auth: Auth | None = None
@@ -90,7 +100,7 @@ class Services:
         # buttons and the API are separate Gradio events) cannot pass a limit together.
         admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
-            run_id = self.jobs.submit(clean, owner=owner, admission=admission)
+            run_id = self.scheduler.submit(clean, owner=owner, admission=admission)
         except LimitReached as full:
             if full.what == "queue":
                 raise Refused(f"The queue is full: {full.count} runs wait, the limit is {full.limit} runs in the "
@@ -131,7 +141,7 @@ class Services:
                 ids.append(self._queue(_unlabelled(spec), user, study=spec.get("study"))[0])
         except Refused as refused:
             for run_id in ids:
-                self.jobs.delete(run_id)
+                self.scheduler.delete(run_id)
             raise Refused(f"{refused} (the study's {len(specs)} runs start together or not at all; none was "
                           "started.)") from None
         return ids
@@ -206,8 +216,8 @@ class Services:
 
     def public_text(self, text: str | None) -> str:
         """A text a process wrote (a run's error, its log lines) as any visitor may read it: through the one
-        scrubber, `storage.secrets.scrub_text`, with the job manager's knowledge of the Ray cluster's address."""
-        public = getattr(self.jobs, "public_text", None)
+        scrubber, `storage.secrets.scrub_text`, with the scheduler's knowledge of the Ray cluster's address."""
+        public = getattr(self.scheduler, "public_text", None)
         return public(text) if public is not None else scrub_text(text, self.data_dir)
 
     def act(self, action: str, run_id: int, user: User | None) -> dict[str, Any]:
@@ -219,7 +229,7 @@ class Services:
         if problem:
             raise Refused(problem)
         try:
-            getattr(self.jobs, action)(int(run_id))
+            getattr(self.scheduler, action)(int(run_id))
         except (ValueError, RuntimeError) as exc:
             raise Refused(str(exc)) from exc
         return run

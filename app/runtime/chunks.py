@@ -1,43 +1,7 @@
 """Chunked runs: one run spec executed as a sequence of short chunks, each a plain function call that restores the
-run from disk, works until its time budget is spent, and saves it again (what a ZeroGPU Space allows: a GPU only
-inside short `@spaces.GPU` calls, each in a forked process, see `app.runtime.zerogpu`).
-
-A chunk runs in a forked copy of the studio's process, so it never touches the database (`app.runtime.journal`): its
-parent claims the run and writes the chunk's input, the chunk records what it does in its journal, and the parent
-applies the journal to the database as it grows and settles the run when the chunk returns or dies.
-
-- **The chunk** (`run_chunk(data_dir, run_id, budget_seconds)`, in the forked process) runs the worker's job
-  (`app.runtime.worker.run_job`) on a `ChunkLedger` with a deadline: the job already resumes everything (stage 1 samples
-  only the prompts missing from the stored V* set, each prompt's samples a function of the seed and the prompt;
-  stage 2 restores the weights or the LoRA adapter, the optimizer, the scheduler, the RNG and the data position
-  from the newest complete checkpoint), and the recorder (`app.runtime.recorder.StoreRecorder`) stops it at the deadline
-  as it stops it on a user's request: stage 1 after the last batch that ends in time, stage 2 after the last step
-  that does, through the trainer's control (`max_steps` and the schedule are the run's), with a full checkpoint.
-  An evaluation that would not end in time is left for the next chunk, which starts with it, whatever asked for it
-  (`eval_steps`, `eval_every_seconds`, the end of the budget: the checkpoint's clock records it). A time budget
-  (`max_train_seconds`) is the run's, on the run's clock, which its checkpoints carry from chunk to chunk: once it
-  is spent, the next chunk trains nothing more, runs the final evaluation and finishes the run. Nothing is kept in
-  memory between two calls; a call returns plain data. Every chunk makes progress: at least one stage-1 batch,
-  one training step or one evaluation, whatever the budget.
-- **The parent** (`claim` before, `ingest` during, `settle` after): after a chunk the run goes back to "queued"
-  (keeping its place at the head of the queue), with one more chunk and its seconds counted, or ends as the
-  chunk ended it: finished, stopped, failed (`storage.lifecycle`). A chunk that died without an end line lost
-  only what it had not written: the run waits for its next chunk (at most `MAX_AUTO_RESUMES` times in a row).
-
-Who is the parent:
-
-- the scheduler (`app.runtime.scheduler`, a spec with `"runner": "chunked"`), chunk after chunk, each in a freshly
-forked copy
-  of the studio's process (`fork_chunk`): its own session, its output in the run's log file, the workers'
-  environment (no credentials) and empty working directory, every inherited descriptor (the server's socket, the
-  scheduler's lock) pointed at /dev/null, the chunk run in a thread of its own as ZeroGPU runs it, SIGTERM asking
-  for a stop;
-- on a ZeroGPU Space, the Run page of the visitor who launched it, through the `@spaces.GPU` wrapper of
-  `app.runtime.zerogpu` (the visitor's request pays the GPU time).
-
-A fork copies the parent's memory, so the parent must not have started torch's OpenMP threads: a forked child
-then hangs in its first parallel operation. The studio's process never runs a torch operation (models load only in
-workers, chunks and the playground's own process); only the chunk does.
+run from disk, works until its time budget is spent, and saves it again, never touching the database: the parent
+claims the run (`claim`), applies the chunk's journal (`ingest`) and settles the run when the chunk returns or dies
+(`settle`). Who the parent is, and the rules: docs/runtime.md, "Chunked runs".
 """
 
 from __future__ import annotations
@@ -46,15 +10,13 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from app.runtime import journal
+from app.runtime.data_folder import DataFolder
 from storage import Store, lifecycle
 
 READY = lifecycle.WAITING  # what a chunk may start on (a paused run is unpaused first)
@@ -150,8 +112,7 @@ def _run_logging(ledger: journal.ChunkLedger, run_id: int):
 def worker_directory(data_dir: str | os.PathLike[str]):
     """Work in the workers' empty folder (`<data-dir>/cache/worker-cwd`): a hub id such as "runs/run-3" must
     never name a folder relative to the studio's working directory."""
-    folder = Path(data_dir) / "cache" / "worker-cwd"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = DataFolder(data_dir).make_worker_cwd()
     before = os.getcwd()
     os.chdir(folder)
     try:
@@ -282,13 +243,13 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
     """After a chunk's process is gone (returned, exited or died): apply the rest of its journal, then move the run
     on as the chunk ended it, or as a lost chunk when it wrote no end (`how` says what happened to its process;
     `paused`: ZeroGPU, where a page drives the next chunk). Returns the outcome recorded. Idempotent."""
-    from app.runtime.worker import remove_checkpoints, run_output_dir
+    from app.runtime.checkpoints import remove_checkpoints
 
     ingest(store, data_dir, run_id)
     run = store.get_run(run_id)
     if run is None:  # deleted while its chunk ran: what the chunk wrote since goes too
         journal.clear(data_dir, run_id)
-        shutil.rmtree(run_output_dir(data_dir, run_id), ignore_errors=True)
+        shutil.rmtree(DataFolder(data_dir).run_output(run_id), ignore_errors=True)
         return "gone"
     end = ended(store, data_dir, run_id)
     outcome = "lost"
@@ -318,7 +279,6 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
 def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], how: str, paused: bool) -> str:
     """A chunk's process died without writing how it ended: what it wrote stays (V* rows, checkpoints), and the
     run waits for its next chunk, at most `MAX_AUTO_RESUMES` times in a row."""
-    from app.runtime.worker import run_log_path, tail
     from storage.secrets import scrub_text
 
     run_id, now = run["id"], time.time()
@@ -333,7 +293,7 @@ def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, A
                 "per_device_eval_batch_size, or give chunks more time with --chunk-seconds)")
     if not lifecycle.may_auto_resume(run):
         message = (f"Chunk processes of this run died {failures} times in a row (the last {how}); giving up. Last "
-                   f"lines of its output:\n{scrub_text(tail(run_log_path(data_dir, run_id)), data_dir)}")
+                   f"lines of its output:\n{scrub_text(DataFolder(data_dir).log_tail(run_id), data_dir)}")
         if store.apply(run_id, lifecycle.FAIL, seconds=seconds, error=message):
             store.add_log(run_id, message, level="ERROR")
         return "failed"
@@ -362,138 +322,3 @@ def progress_of(store: Store, run: dict[str, Any]) -> dict[str, Any]:
             "prompts_total": expected, "step": max(steps, default=0),
             "max_steps": max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
             "error": run.get("error")}
-
-
-# ---------------------------------------------------------------------------------------------------- forked mode
-
-
-def _null_descriptors() -> None:
-    """Point every inherited descriptor above 2 at /dev/null: the child lets go of the server's socket, the
-    scheduler's lock, the database's files and the pipes of other processes (a child holding them would keep the
-    port, the lock or a pipe's other end alive after the studio exits), while the numbers stay taken, so an
-    inherited object that closes its descriptor later cannot close a file this chunk opened since."""
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in fds:
-        if fd > 2 and fd != null:
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd, inheritable=False)
-
-
-def _child(data_dir: str, run_id: int, budget_seconds: float, env: dict[str, str], log_path: str) -> int:
-    """The forked chunk process: a session of its own, the run's log as its output, the workers' environment,
-    SIGTERM as a stop request, and the chunk in a thread of its own. Returns the exit status (0: the chunk wrote
-    how it ended)."""
-    import gc
-
-    # Nothing inherited is ever collected here: a finalizer of an object of the parent's (a database connection
-    # of a dropped engine, say) must not run in the child.
-    gc.freeze()
-    os.setsid()
-    # In the workers' folder from the start: it names the studio a process belongs to (`app.runtime.scheduler`).
-    worker_directory(data_dir).__enter__()
-    _null_descriptors()
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    # Fresh stream objects and logging handlers: another thread of the parent may have held their locks at the fork.
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - for the life of the process
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [chunk]: %(message)s"))
-    root.addHandler(stream)
-    with contextlib.suppress(ImportError, AttributeError):
-        from tqdm import tqdm
-
-        if hasattr(tqdm, "_lock"):
-            del tqdm._lock  # tqdm's multiprocessing lock, possibly held by a parent thread at the fork
-    os.environ.clear()
-    os.environ.update(env)
-    from a2po._faults import rearm
-
-    rearm()
-    stop_event = threading.Event()
-    # Only set a flag: the handler runs between two bytecodes of this (main) thread.
-    signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: stop_event.set())
-    for name in ("SIGHUP", "SIGPIPE"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    result: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            result.update(run_chunk(data_dir, run_id, budget_seconds, stop_event=stop_event))
-        except BaseException:  # noqa: BLE001 - printed to the run's log; the parent settles the run
-            traceback.print_exc()
-
-    # As on ZeroGPU, the chunk runs in a thread that is not the process's first.
-    thread = threading.Thread(target=work, name=f"chunk-{run_id}")
-    thread.start()
-    while thread.is_alive():
-        thread.join(timeout=0.5)
-    print(f"Chunk of run {run_id} ended: {result.get('outcome', 'no result')}.", flush=True)
-    return 0 if result else 1
-
-
-def fork_chunk(data_dir: str | os.PathLike[str], run_id: int, budget_seconds: float, env: dict[str, str],
-               log_path: str | os.PathLike[str]) -> int:
-    """Run one chunk of a claimed run in a freshly forked copy of this process; returns the child's pid (reap it
-    with `os.waitpid`). The parent must not have started torch threads (see the module docstring)."""
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()  # else the child would write the parent's buffered text again
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        # Named at once and for its whole life: a studio that starts now sees this process as the run's chunk.
-        named_thread(thread_name(run_id)).__enter__()
-        code = _child(str(data_dir), int(run_id), float(budget_seconds), dict(env), str(log_path))
-    except BaseException:  # noqa: BLE001 - whatever happens, the child must never return into the parent's code
-        with contextlib.suppress(Exception):
-            traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-    return 0  # not reached
-
-
-class ForkedChunk:
-    """A forked chunk process as `app.runtime.scheduler` handles worker processes (`subprocess.Popen`'s `pid`, `poll`,
-    `wait`, `returncode`: negative for a signal)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -signal.SIGKILL  # reaped elsewhere: it is gone
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"chunk process {self.pid} still runs")
-            time.sleep(0.05)
-        return self.returncode

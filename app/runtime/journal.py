@@ -9,8 +9,9 @@ forked process must never open the database, even with a connection of its own. 
   sampling cost, its checkpoints and evaluations (`write_input`).
 - **The chunk** reads that input and records everything a worker would write to the database (stage-1 rows, the
   run's own V* rows, metrics, samples, evaluations, checkpoints, progress, heartbeats, log lines) as JSON lines
-  appended to `journals/run-<id>.jsonl`, one `write` per line, as it goes (`ChunkLedger`, which offers the part of
-  `storage.Store` a worker uses, so the worker's code runs unchanged). Its last line says how it ended.
+  appended to `journals/run-<id>.jsonl`, one write per line, as it goes (`ChunkLedger`: what a worker uses of the
+  store, `storage.writes.WorkerStore`, as `storage.Store` offers it, so the worker's code runs unchanged). Its last
+  line says how it ended.
 - **The parent** applies new complete lines to the database while the chunk runs and once more after it returns or
   dies (`read_new`, then `Store.apply_journal`, which stores the position reached in the same transaction: every
   line is applied once, whatever is killed when). A killed chunk loses nothing it had written.
@@ -24,10 +25,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from storage import lifecycle
+from storage import lifecycle, writes
 
 END = "end"  # the journal line that says how a chunk ended
 
@@ -126,9 +128,9 @@ def request_stop(data_dir: str | os.PathLike[str], run_id: int) -> None:
 
 
 class ChunkLedger:
-    """What a worker's code uses of `storage.Store`, for a chunk process: reads answer from the chunk's input (and
-    what the chunk itself wrote since), writes are appended to the journal. Safe to share between the chunk's
-    threads (the trainer, the heartbeat, the log handler)."""
+    """`storage.writes.WorkerStore` for a chunk process: reads answer from the chunk's input (and what the chunk
+    itself wrote since), writes are appended to the journal, which `Store.apply_journal` replays through the same
+    signatures. Safe to share between the chunk's threads (the trainer, the heartbeat, the log handler)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], run_id: int) -> None:
         self.run_id = int(run_id)
@@ -149,8 +151,16 @@ class ChunkLedger:
     def __repr__(self) -> str:
         return f"ChunkLedger({str(self.path)!r})"
 
-    def _write(self, op: str, **kwargs: Any) -> None:
-        line = _encode({"op": op, "at": time.time(), **kwargs})
+    def _write(self, name: str, **arguments: Any) -> None:
+        """Append one write: `name` and the arguments of `RunWriter.<name>` (checked here, so a journal never holds a
+        line its replay refuses)."""
+        try:
+            writes.signature(name).bind(**arguments)
+        except TypeError as error:
+            raise TypeError(f"A chunk's {name!r} does not fit {writes.describe(name)}: {error}.") from None
+        if arguments.get("run_id", self.run_id) != self.run_id:
+            raise ValueError(f"The journal of run {self.run_id} takes no write of run {arguments['run_id']}.")
+        line = _encode({"op": name, "at": time.time(), **arguments})
         with self._lock:
             os.write(self._fd, line)
 
@@ -166,31 +176,99 @@ class ChunkLedger:
                 os.close(self._fd)
                 self._fd = -1
 
-    # -- runs
+    # -- the writes (`storage.writes.RunWriter`), each journaled under its own name with its own arguments
+
+    def update_run(self, run_id: int, **fields: Any) -> bool:
+        self._run.update(fields)
+        self._write("update_run", run_id=run_id, **fields)
+        return True
+
+    def heartbeat(self, run_id: int, **fields: Any) -> None:
+        self._write("heartbeat", run_id=run_id, **fields)
+
+    def record_progress(self, run_id: int, **fields: Any) -> None:
+        self._write("record_progress", run_id=run_id, **fields)
+
+    def apply(self, run_id: int, event: lifecycle.Event, *, seconds: float | None = None, **fields: Any) -> bool:
+        if event.name not in writes.JOURNAL_EVENTS:
+            raise ValueError(f"A chunk records only the events {', '.join(writes.JOURNAL_EVENTS)}; the parent "
+                             f"settles '{event}'.")
+        self._write("apply", run_id=run_id, event=event.name, seconds=seconds, **fields)
+        return True
+
+    def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
+                   seconds: float = 0.0, tokens: int = 0) -> int:
+        records = [dict(r) for r in records]
+        self._write("add_values", value_set_id=value_set_id, split=split, records=records, seconds=float(seconds),
+                    tokens=int(tokens))
+        added = 0
+        with self._lock:
+            rows = self._values.setdefault(split, {})
+            for record in records:
+                known = rows.get(str(record["prompt_id"]))
+                if known is None or known.get("v_star") is None:  # as the store: a stored estimate is kept
+                    added += known is None
+                    rows[str(record["prompt_id"])] = {**record, "prompt_id": str(record["prompt_id"])}
+        return added
+
+    def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
+                       replace: bool = False) -> int:
+        rows = [dict(r) for r in rows]
+        self._write("set_run_values", run_id=run_id, split=split, rows=rows, replace=replace)
+        return len(rows)
+
+    def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
+        self._write("mark_value_set_complete", value_set_id=value_set_id, summary=summary)
+
+    def update_value_set_summary(self, value_set_id: int, summary: dict[str, Any]) -> None:
+        self._write("update_value_set_summary", value_set_id=value_set_id, summary=summary)
+
+    def add_metrics(self, run_id: int, step: int, metrics: Mapping[str, Any]) -> int:
+        scalars = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 0) == 0 else v for k, v in metrics.items()}
+        kept = {k: v for k, v in scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._write("add_metrics", run_id=run_id, step=int(step), metrics=kept)
+        with self._lock:
+            for name, value in kept.items():
+                known = self._latest_metrics.get(name)
+                if known is None or known["step"] <= int(step):  # as the store: a late older step stays behind
+                    self._latest_metrics[name] = {"step": int(step), "value": value}
+        return len(kept)
+
+    def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
+        samples = list(samples)
+        self._write("add_samples", run_id=run_id, samples=samples)
+        return len(samples)
+
+    def add_evaluation(self, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval") -> None:
+        self._write("add_evaluation", run_id=run_id, step=int(step), metrics=dict(metrics), split=split)
+        with self._lock:
+            self._evaluations.append({"run_id": run_id, "step": int(step), "split": split, "metrics": metrics})
+
+    def add_checkpoint(self, run_id: int, step: int, path: str | os.PathLike[str]) -> None:
+        self._write("add_checkpoint", run_id=run_id, step=int(step), path=str(path))
+        with self._lock:
+            self._checkpoints[str(path)] = {"run_id": run_id, "step": int(step), "path": str(path),
+                                            "id": len(self._checkpoints) + 10**9}
+
+    def remove_checkpoint(self, run_id: int, path: str | os.PathLike[str]) -> bool:
+        self._write("remove_checkpoint", run_id=run_id, path=str(path))
+        with self._lock:
+            return self._checkpoints.pop(str(path), None) is not None
+
+    def add_log(self, run_id: int, message: str, level: str = "INFO") -> None:
+        self._write("add_log", run_id=run_id, message=str(message), level=str(level))
+
+    def add_logs(self, run_id: int, lines: Iterable[tuple[str, str]]) -> None:
+        lines = [[str(level), str(message)] for level, message in lines]
+        if lines:
+            self._write("add_logs", run_id=run_id, lines=lines)
+
+    # -- the reads (`storage.writes.WorkerStore`): the chunk's input, and what the chunk wrote since
 
     def get_run(self, run_id: int) -> dict[str, Any] | None:
         """The run as the chunk started it: running, or "stopping" once a stop was requested."""
         status = lifecycle.STOPPING if self._stop.exists() else lifecycle.RUNNING
         return {**self._run, "status": status}
-
-    def update_run(self, run_id: int, **fields: Any) -> bool:
-        self._run.update(fields)
-        self._write("update_run", **fields)
-        return True
-
-    def heartbeat(self, run_id: int, **fields: Any) -> None:
-        self._write("heartbeat", **fields)
-
-    def record_progress(self, run_id: int, **fields: Any) -> None:
-        self._write("record_progress", **fields)
-
-    def apply(self, run_id: int, event: lifecycle.Event, **fields: Any) -> bool:
-        if event is not lifecycle.REQUEST_STOP:
-            raise ValueError(f"A chunk records only stop requests; the parent settles '{event}'.")
-        self._write("request_stop", **fields)
-        return True
-
-    # -- value sets
 
     def get_or_create_value_set(self, fingerprint: str, meta: dict[str, Any]) -> int:
         if not self._value_set_id:
@@ -208,83 +286,13 @@ class ChunkLedger:
         with self._lock:
             return {split: dict(cost) for split, cost in self._value_set_cost.items()}
 
-    def add_values(self, value_set_id: int, split: str, records: list[dict[str, Any]], seconds: float = 0.0,
-                   tokens: int = 0) -> int:
-        records = [dict(r) for r in records]
-        self._write("add_values", value_set_id=value_set_id, split=split, records=records, seconds=float(seconds),
-                    tokens=int(tokens))
-        added = 0
-        with self._lock:
-            rows = self._values.setdefault(split, {})
-            for record in records:
-                known = rows.get(str(record["prompt_id"]))
-                if known is None or known.get("v_star") is None:  # as the store: a stored estimate is kept
-                    added += known is None
-                    rows[str(record["prompt_id"])] = {**record, "prompt_id": str(record["prompt_id"])}
-        return added
-
-    def set_run_values(self, run_id: int, split: str, rows: list[dict[str, Any]], replace: bool = False) -> int:
-        rows = [dict(r) for r in rows]
-        self._write("set_run_values", split=split, rows=rows, replace=replace)
-        return len(rows)
-
-    def mark_value_set_complete(self, value_set_id: int, summary: dict[str, Any] | None = None) -> None:
-        self._write("mark_value_set_complete", value_set_id=value_set_id, summary=summary)
-
-    def update_value_set_summary(self, value_set_id: int, summary: dict[str, Any]) -> None:
-        self._write("update_value_set_summary", value_set_id=value_set_id, summary=summary)
-
-    # -- metrics, samples, evaluations, logs
-
-    def add_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> int:
-        scalars = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 0) == 0 else v for k, v in metrics.items()}
-        kept = {k: v for k, v in scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self._write("add_metrics", step=int(step), metrics=kept)
-        with self._lock:
-            for name, value in kept.items():
-                known = self._latest_metrics.get(name)
-                if known is None or known["step"] <= int(step):  # as the store: a late older step stays behind
-                    self._latest_metrics[name] = {"step": int(step), "value": value}
-        return len(kept)
-
     def latest_metrics(self, run_id: int) -> dict[str, dict[str, Any]]:
         with self._lock:
             return {name: dict(row) for name, row in self._latest_metrics.items()}
 
-    def add_samples(self, run_id: int, samples: list[dict[str, Any]]) -> int:
-        samples = list(samples)
-        self._write("add_samples", samples=samples)
-        return len(samples)
-
-    def add_evaluation(self, run_id: int, step: int, metrics: dict[str, Any], split: str = "eval") -> None:
-        self._write("add_evaluation", step=int(step), metrics=dict(metrics), split=split)
-        with self._lock:
-            self._evaluations.append({"run_id": run_id, "step": int(step), "split": split, "metrics": metrics})
-
     def get_evaluations(self, run_id: int) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._evaluations)
-
-    def add_log(self, run_id: int, message: str, level: str = "INFO") -> None:
-        self.add_logs(run_id, [(level, message)])
-
-    def add_logs(self, run_id: int, lines: list[tuple[str, str]]) -> None:
-        lines = [[str(level), str(message)] for level, message in lines]
-        if lines:
-            self._write("add_logs", lines=lines)
-
-    # -- checkpoints
-
-    def add_checkpoint(self, run_id: int, step: int, path: str | os.PathLike[str]) -> None:
-        self._write("add_checkpoint", step=int(step), path=str(path))
-        with self._lock:
-            self._checkpoints[str(path)] = {"run_id": run_id, "step": int(step), "path": str(path),
-                                            "id": len(self._checkpoints) + 10**9}
-
-    def remove_checkpoint(self, run_id: int, path: str | os.PathLike[str]) -> bool:
-        self._write("remove_checkpoint", path=str(path))
-        with self._lock:
-            return self._checkpoints.pop(str(path), None) is not None
 
     def list_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         with self._lock:

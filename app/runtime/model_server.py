@@ -45,9 +45,10 @@ class PlaygroundError(RuntimeError):
 def trained_weights(store: Any, run: dict[str, Any], data_dir: str | os.PathLike[str]) -> tuple[Path, str] | None:
     """The folder with a run's trained weights and how to call it: the final model ("final model") when the run
     saved one, else its newest complete checkpoint ("checkpoint step N"); None when it has none yet."""
-    from app.runtime.worker import checkpoint_complete, run_output_dir
+    from app.runtime.checkpoints import checkpoint_complete
+    from app.runtime.data_folder import DataFolder
 
-    out = Path(run["output_dir"]) if run.get("output_dir") else run_output_dir(data_dir, run["id"])
+    out = Path(run["output_dir"]) if run.get("output_dir") else DataFolder(data_dir).run_output(run["id"])
     has_config = (out / "config.json").is_file() or (out / "adapter_config.json").is_file()
     if has_config and any((out / name).is_file() for name in WEIGHT_FILES):
         return out, "final model"
@@ -254,7 +255,9 @@ class PlaygroundClient:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / "logs" / "playground.log"
+        from app.runtime.data_folder import DataFolder
+
+        return DataFolder(self.data_dir).logs / "playground.log"
 
     def _environment(self) -> dict[str, str]:
         env = with_project_path(self.env if self.env is not None else os.environ)
@@ -268,8 +271,9 @@ class PlaygroundClient:
 
     def _start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cwd = self.data_dir / "cache" / "worker-cwd"  # empty: a hub id never names a local folder by accident
-        cwd.mkdir(parents=True, exist_ok=True)
+        from app.runtime.data_folder import DataFolder
+
+        cwd = DataFolder(self.data_dir).make_worker_cwd()
         command = [sys.executable, "-m", "app.runtime.model_server", "--idle-timeout", str(self.idle_timeout),
                    "--nice", str(self.nice), "--threads", str(self.threads)]
         with open(self.log_path, "ab") as log:

@@ -47,8 +47,8 @@ def is_worker_of(pid: int, run_id: int) -> bool:
 
 def launched_processes(pid: int) -> list[int]:
     """The processes of a multi-process run when `pid` is its launcher (`accelerate launch`, see
-    `JobManager.worker_command`): its children, each in a session of its own. [] for anything else, and where there
-    is no /proc."""
+    `app.runtime.launchers.worker_command`): its children, each in a session of its own. [] for anything else, and
+    where there is no /proc."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if "accelerate.commands.launch" not in f.read().decode(errors="replace").split("\0"):

@@ -1,12 +1,12 @@
-"""The Ray backend of the scheduler: a run's worker as a job of Ray's Jobs API (`python -m app --ray-address`).
+"""A Ray cluster's Jobs API, for the Ray launcher (`app.runtime.launchers.ray`, `python -m app --ray-address`).
 
-It is a second way to start and watch a worker process, not a second scheduler: `JobManager` keeps the queue, the
-limits, the supervision and every status change (`storage.lifecycle`), and asks this module only to submit a
-worker (`RayCluster.submit`: the same command and environment a local worker gets, in a job that asks Ray for the
-run's GPUs), whether its job still runs (`RayJob.poll`), to stop it (`stop_job`: SIGTERM, and SIGKILL only after
-`RAY_JOB_STOP_WAIT_TIME_S`, which the job's environment sets to the studio's shutdown grace so a checkpoint is
-never cut short) and for its output (`get_job_logs`). The job id is stored with the run (`runs.ray_job_id`), so a
-restarted studio finds its jobs again.
+It is a second way to start and watch a worker process, not a second scheduler: `Scheduler` keeps the queue, the
+limits, the supervision and every status change (`storage.lifecycle`), and its launcher asks this module only to
+submit a worker (`RayCluster.submit`: the same command and environment a local worker gets, in a job that asks Ray
+for the run's GPUs), whether its job still runs (`RayCluster.active`), to stop it (`stop_job`: SIGTERM, and
+SIGKILL only after `RAY_JOB_STOP_WAIT_TIME_S`, which the job's environment sets to the studio's shutdown grace so a
+checkpoint is never cut short) and for its output (`get_job_logs`). The job id is stored with the run
+(`runs.ray_job_id`), so a restarted studio finds its jobs again.
 
 `ray` is imported only here, and only when the studio is started with `--ray-address` (the `cluster` extra).
 Every node must see the data folder at the same path, and reach the database (a server, docs/cluster.md).
@@ -36,8 +36,6 @@ ACTIVE = ("PENDING", "RUNNING")
 # How long a status read stays fresh: one scheduler pass asks for a job several times (reap, supervise, devices).
 STATUS_TTL = 0.5
 NODES_TTL = 10.0  # nodes join and leave rarely; their list is read at most this often
-# Exit code `RayJob.poll` reports for a job that Ray no longer knows (its cluster was restarted, or it was deleted).
-VANISHED = -1
 HIDDEN = "<ray-head>"  # what a visitor reads where the cluster's address or host was
 
 
@@ -235,28 +233,3 @@ class RayCluster:
         if details.message:
             text += f" ({details.message.strip()})"
         return self.redact(text)
-
-
-class RayJob:
-    """A worker submitted as a Ray job, as the scheduler holds a started process (`poll()` like `Popen`)."""
-
-    def __init__(self, cluster: RayCluster, job_id: str) -> None:
-        self.cluster = cluster
-        self.job_id = job_id
-        self.pid = None  # on some node of the cluster; the run's `pid` column says which once it claimed
-
-    def poll(self) -> int | None:
-        """None while the job may run; else its entrypoint's exit code (0: succeeded; `VANISHED`: Ray forgot it)."""
-        try:
-            details = self.cluster.info(self.job_id)
-        except RayUnavailable:
-            return None
-        if details is None:
-            return VANISHED
-        status = _status(details)
-        if status in ACTIVE:
-            return None
-        if status == "SUCCEEDED":
-            return 0
-        code = getattr(details, "driver_exit_code", None)
-        return int(code) if code not in (None, 0) else 1

@@ -1,7 +1,8 @@
 """`StoreRecorder`: the observer that writes what an A*-PO run does into the studio database.
 
 It is the only link between training and the dashboard: the trainer calls it (`a2po.callbacks.A2POCallback`), it
-writes through `storage.Store`, and it reads back one thing, whether the user asked the run to stop.
+writes through `storage.writes.RunWriter` (the store, or a chunk's journal), and it reads back one thing, whether the
+user asked the run to stop.
 
 Write volume stays small: three transactions per stage-1 batch (the shared reference samples, the run's own V*
 rows, the stage's cost so far), one per split at the end of stage 1 (the split's whole table as the run trains with
@@ -19,18 +20,19 @@ import time
 from typing import Any
 
 from a2po.callbacks import A2POCallback
-from storage import Store, lifecycle
+from storage import lifecycle
+from storage.writes import WorkerStore
 
 # Loggers whose INFO lines go into the run's log; everything else only from WARNING up.
 VERBOSE_LOGGERS = ("a2po", "app")
-RUN_VALUE_KEYS = ("prompt_id", "v_star", "num_correct", "filtered")  # what `Store.set_run_values` reads
+RUN_VALUE_KEYS = ("prompt_id", "v_star", "num_correct", "filtered")  # what `RunWriter.set_run_values` reads
 
 
 class StoreRecorder(A2POCallback):
     """Record a run into `store` as it happens, and stop training when the run's status becomes "stopping".
 
     Args:
-        store: the database.
+        store: the database (`storage.Store`), or a chunk's journal (`app.runtime.journal.ChunkLedger`).
         run_id: the run whose rows are written (metrics, samples, evaluations, checkpoints, progress).
         value_set_id: where stage-1 values go (shared between runs with the same V* settings); None skips them.
             The reference samples go there once; the V* and the filter this run trains with (its beta1 and
@@ -45,7 +47,7 @@ class StoreRecorder(A2POCallback):
             checkpoint (`deferred_evaluation`), and the next chunk evaluates first.
     """
 
-    def __init__(self, store: Store, run_id: int, value_set_id: int | None = None, *,
+    def __init__(self, store: WorkerStore, run_id: int, value_set_id: int | None = None, *,
                  stop_event: threading.Event | None = None, progress_interval: float = 1.0,
                  stop_poll_interval: float = 0.5, deadline: float | None = None) -> None:
         self.store = store
@@ -249,7 +251,7 @@ class StoreLogHandler(logging.Handler):
     libraries cost few writes. Call `flush()` before the process exits.
     """
 
-    def __init__(self, store: Store, run_id: int, flush_interval: float = 1.0) -> None:
+    def __init__(self, store: WorkerStore, run_id: int, flush_interval: float = 1.0) -> None:
         super().__init__(level=logging.INFO)
         self.store = store
         self.run_id = run_id

@@ -70,3 +70,17 @@ def versions_note(store: Any, runs: Sequence[Mapping[str, Any]]) -> str:
         return ""
     return ("\n\n**Rewards differ:** " + "; ".join(notes) + ". The runs' rewards are not the same function: "
             "rerun them with one version before comparing.")
+
+
+def warn_changes(store: Any, run: dict[str, Any]) -> list[str]:
+    """Log a warning for each registered reward of a run being resumed that changed (or went) since its spec
+    recorded it: the resumed run scores with what is registered now. Reads the files; imports nothing."""
+    from a2po.reward_registry import reward_changes
+
+    try:
+        warnings = reward_changes((run.get("config") or {}).get("rewards"), what="the resumed run")
+    except Exception as error:  # noqa: BLE001 - a warning that cannot be computed must not block a resume
+        warnings = [f"Could not check whether the run's registered rewards changed: {error}"]
+    for warning in warnings:
+        store.add_log(run["id"], warning, level="WARNING")
+    return warnings

@@ -1,33 +1,8 @@
 """One studio job in its own process: `python -m app.runtime.worker --db PATH --run-id N --data-dir DIR`.
 
-The worker claims the queued run, builds the trainer from the stored run spec, runs the action ("values",
-"train" or "evaluate") with a `StoreRecorder` attached, and records how it ended: finished, stopped, or failed
-(with the traceback). A background thread writes a heartbeat every few seconds, so the dashboard can tell a
-dead worker from a slow one.
-
-Stage-1 values live in a value set shared by every run with the same V* settings (`RunSpec.value_fingerprint`):
-the rows already stored are handed to the trainer (`A2POTrainer.set_optimal_values`), so stage 1 samples only the
-prompts still missing (none when the set is complete). The set does not depend on beta1 or `filter_all_incorrect`:
-the trainer recomputes V* and the filter from the stored rewards, and what the run trains with is recorded as its
-own rows (`Store.set_run_values`), which every page of the run shows.
-
-SIGTERM (or SIGINT) asks for a graceful stop: the recorder stops stage 1 after the current batch or stage 2 after
-the current step, the Trainer writes a full checkpoint, and the run ends "stopped" (or "interrupted" when the
-studio itself is shutting down, see `app.runtime.scheduler`, or when nobody in the studio asked for the stop: a
-signal from outside, after which the scheduler resumes the run). Queuing the same run again resumes it: stage 1
-continues with the prompts not yet done, and stage 2 continues from the latest complete checkpoint. Stage 2 also
-checkpoints every few minutes (`RunSpec.build_config`), so a SIGKILL or a power cut loses at most that much training;
-samples are functions of the seed (`a2po.rollout`), so the resumed run continues the same trajectory.
-
-The end of a run is written before the worker exits, retried while the database is busy; if that still fails, the
-scheduler sees the worker exit and writes it. Fail points (`a2po._faults`) mark where the tests kill or hang it.
-
-A run with `num_processes` > 1 runs under `accelerate launch` (see `app.runtime.scheduler`), one worker per process:
-stage 1 is sharded across them and every process gets the whole V* table; stage 2 is DDP. Only the main process (rank 0)
-writes to the database (claim, heartbeat, log lines, values, metrics, samples of every process, checkpoints, the
-end), and it claims the run with the pid of the launcher, its parent. A stop reaches every process at the same
-stage-1 batch or training step (`A2POTrainer` combines their wishes), so all write the checkpoint together. Each
-process dies with the launcher (`die_with_parent`), and the launcher exits when any of them fails.
+It claims the queued run, runs its action with a `StoreRecorder` attached, beats a heartbeat, stops gracefully on
+SIGTERM, and records how the run ended. How it resumes, shares V* sets and runs as several processes:
+docs/runtime.md, "The worker".
 """
 
 from __future__ import annotations
@@ -37,9 +12,7 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -48,55 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from a2po._faults import fault_point
+from app.runtime.checkpoints import remove_checkpoints, resume_checkpoint
+from app.runtime.credentials import drop_secrets, with_store_password
+from app.runtime.data_folder import DataFolder, folder_problem
 from storage import Store, lifecycle
 
 # Seconds between heartbeats; `app.runtime.scheduler` calls a worker dead after many missed ones.
 HEARTBEAT_INTERVAL = 2.0
 OUTSIDE_STOP = ("The worker was stopped from outside the studio (a SIGTERM nobody in the studio sent: its Ray job "
                 "stopped, its node drained, or a kill by hand); it saved a checkpoint and the studio resumes it.")
-LOG_TAIL_LINES = 20
 END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
 CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
 PR_SET_PDEATHSIG = 1  # prctl(2)
-# Names of the credentials the studio passes to a worker on purpose (`JobManager._worker_env`); a worker drops every
-# other credential it finds in its environment.
-PASSED_SECRETS_ENV = "A2PO_PASSED_SECRETS"
-# A worker started away from the studio's machine (a Ray job) checks that the data folder it was given is the
-# studio's: the file `DATA_FOLDER_MARK` there holds the token the studio put in this variable.
-DATA_FOLDER_TOKEN_ENV = "A2PO_DATA_FOLDER_CHECK"  # not named like a credential: those are dropped
-DATA_FOLDER_MARK = ".a2po-data-folder"
-# A database server's password, for the worker's own store connection only (`with_store_password`): the studio
-# writes it here (mode 0600, in the data folder every node mounts), never on a command line (`ps`, a Ray job's
-# entrypoint, the run's log file) nor into an environment, which reward functions, the trainer and their child
-# processes read and a Ray job shows to whoever reaches its dashboard.
-STORE_PASSWORD_FILE = ".a2po-store-password"
 
 logger = logging.getLogger("app.runtime.worker")
 
 
 class StopRequested(Exception):
     """The run was asked to stop between two phases of the job."""
-
-
-def run_output_dir(data_dir: str | os.PathLike[str], run_id: int) -> Path:
-    """Where a run's checkpoints and final model go."""
-    return Path(data_dir) / "runs" / f"run-{run_id}"
-
-
-def run_log_path(data_dir: str | os.PathLike[str], run_id: int) -> Path:
-    """The worker's stdout/stderr file (tracebacks of crashes that never reached the database end up here)."""
-    return Path(data_dir) / "logs" / f"run-{run_id}.log"
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last `lines` lines of a text file ("" if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 class Heartbeat(threading.Thread):
@@ -137,14 +79,6 @@ def ensure_value_set(store: Any, run: dict[str, Any], spec: Any) -> int:
     value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec))
     store.update_run(run["id"], value_set_id=value_set_id)
     return value_set_id
-
-
-def remove_checkpoints(store: Store, run_id: int) -> None:
-    """The final model replaces a finished run's checkpoints (optimizer states are twice the model): free the disk.
-    Only once its end is recorded, so a kill before that still resumes from them."""
-    for row in store.list_checkpoints(run_id):
-        shutil.rmtree(row["path"], ignore_errors=True)
-        store.remove_checkpoint(run_id, row["path"])
 
 
 def value_set_meta(spec) -> dict[str, Any]:
@@ -388,7 +322,7 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     problem = gpu_problem(use_cpu=bool(spec.config.get("use_cpu")))
     if problem:
         raise RuntimeError(problem)
-    output_dir = run_output_dir(data_dir, run_id)
+    output_dir = DataFolder(data_dir).run_output(run_id)
     output_dir.mkdir(parents=True, exist_ok=True)
     recorder = None
     if main:
@@ -516,40 +450,6 @@ def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
     return every >= 1 and step % int(every) == 0 and not last and step not in evaluated
 
 
-def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
-    """True when a checkpoint folder holds everything a resume needs. The Trainer writes `trainer_state.json`
-    last, so a folder without a readable one was cut short (a kill or a full disk mid-save)."""
-    path = Path(path)
-    try:
-        state = json.loads((path / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    weights = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
-    return "global_step" in state and any((path / name).is_file() for name in weights)
-
-
-def resume_checkpoint(store: Store, run_id: int, output_dir: Path) -> str | None:
-    """The newest complete checkpoint of the run, or None (train from the start).
-
-    Checkpoint folders after it (cut short by a kill mid-save, or never recorded because the kill came between
-    the save and the database write) are removed first: the Trainer's rotation keeps the highest step numbers,
-    so a torn newer folder would otherwise survive while a complete older one is deleted.
-    """
-    recorded = {Path(row["path"]).name for row in store.list_checkpoints(run_id)}
-    folders = sorted((p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-                     key=lambda p: int(p.name.split("-")[-1]), reverse=True)
-    chosen = next((p for p in folders if checkpoint_complete(p)), None)
-    for folder in folders:
-        if chosen is None or int(folder.name.split("-")[-1]) > int(chosen.name.split("-")[-1]):
-            logger.warning("Run %s: removing incomplete checkpoint %s.", run_id, folder)
-            shutil.rmtree(folder, ignore_errors=True)
-            store.remove_checkpoint(run_id, str(folder))
-    if chosen is not None and chosen.name not in recorded:
-        step = json.loads((chosen / "trainer_state.json").read_text())["global_step"]
-        store.add_checkpoint(run_id, step, str(chosen))  # saved, but the worker died before recording it
-    return None if chosen is None else str(chosen)
-
-
 def record_end(store: Store, run_id: int, status: str, error: str | None) -> bool:
     """Write how the run ended (`lifecycle.end_event`), retrying while the database is busy; False if it could not
     be written (then `app.runtime.scheduler` writes it when it sees this process exit). A stop asked by the studio's own
@@ -619,92 +519,6 @@ def follow(store: Store, run_id: int, data_dir: str, owner: int, stop_event: thr
     return 0
 
 
-def drop_secrets() -> None:
-    """Remove from this process's environment every credential the studio did not pass on purpose: a Ray job
-    starts from its node's environment, and a runtime environment can only add to it."""
-    from app.access.policy import without_secrets
-
-    passed = set(filter(None, os.environ.get(PASSED_SECRETS_ENV, "").split(",")))
-    kept = without_secrets(os.environ)
-    kept.update({name: os.environ[name] for name in passed if name in os.environ})
-    for name in set(os.environ) - set(kept):
-        del os.environ[name]
-
-
-def split_password(db: str, environ: dict[str, str] | os._Environ | None = None) -> tuple[str, str | None]:
-    """A database server's URL without its password, and that password: the URL's own, else `PGPASSWORD` of
-    `environ` (which libpq reads in the studio's process); None when there is neither (`~/.pgpass` may hold it). A
-    SQLite path comes back unchanged."""
-    from sqlalchemy.engine import make_url
-
-    if "://" not in db or db.startswith("sqlite"):
-        return db, None
-    url = make_url(db)
-    password = url.password or (os.environ if environ is None else environ).get("PGPASSWORD") or None
-    return url._replace(password=None).render_as_string(hide_password=False), password
-
-
-def keep_store_password(data_dir: str | os.PathLike[str], password: str | None) -> None:
-    """Leave `password` for the workers in `<data_dir>/STORE_PASSWORD_FILE` (mode 0600), or remove the file when
-    there is none, so a password of an earlier start never overrides `~/.pgpass`."""
-    path = Path(data_dir) / STORE_PASSWORD_FILE
-    if password is None:
-        path.unlink(missing_ok=True)
-        return
-    try:
-        if path.read_text() == password:
-            return
-    except OSError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a file left over with wider permissions keeps them through O_CREAT
-        os.write(fd, password.encode())
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-
-
-def with_store_password(db: str, data_dir: str | os.PathLike[str]) -> str:
-    """`--db` as the worker's store opens it: with the password the studio left in the data folder when the URL
-    has none (the URL stays without it everywhere else)."""
-    from sqlalchemy.engine import make_url
-
-    if "://" not in db or db.startswith("sqlite") or make_url(db).password:
-        return db
-    try:
-        password = (Path(data_dir) / STORE_PASSWORD_FILE).read_text()
-    except OSError:
-        return db  # none left: the node's own ~/.pgpass, if any
-    return make_url(db).set(password=password).render_as_string(hide_password=False)
-
-
-def folder_problem(run: dict[str, Any], data_dir: str) -> str | None:
-    """Why this process cannot work on the run's files (it runs on a node that does not mount the studio's data
-    folder at the same path), or None. Only checked when the studio asks (`DATA_FOLDER_TOKEN_ENV`)."""
-    token = os.environ.get(DATA_FOLDER_TOKEN_ENV)
-    if not token:
-        return None
-    mark = Path(data_dir) / DATA_FOLDER_MARK
-    try:
-        found = mark.read_text().strip()
-    except OSError as error:
-        found, reason = None, f"{mark} cannot be read ({error.strerror or error})"
-    else:
-        reason = f"{mark} belongs to another studio"
-    where = f"host {socket.gethostname()}"
-    if found != token:
-        return (f"The worker (on {where}) cannot see the studio's data folder {data_dir}: {reason}. Every node of "
-                "the cluster must mount the data folder at the same path (docs/cluster.md).")
-    output = run.get("output_dir")
-    if output and not Path(output).is_dir():
-        return (f"The worker (on {where}) cannot see the run's folder {output}, though it sees the data folder "
-                f"{data_dir}: mount the whole data folder at the same path on every node (docs/cluster.md).")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Claim run `--run-id`, run it, and record its end. Exit code 0: finished, stopped or nothing to do.
 
@@ -772,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
             error = traceback.format_exc()
             if world > 1:  # often a collective that failed because another process died: its traceback is there
                 error += (f"\n(One of the run's {world} processes; the output of every process is in "
-                          f"{run_log_path(options.data_dir, run_id)}.)")
+                          f"{DataFolder(options.data_dir).run_log(run_id)}.)")
             logger.error("Run %s failed:\n%s", run_id, error)
     finally:
         heartbeat.stop()

@@ -98,9 +98,9 @@ class ChunkDriver:
 
     def __init__(self, services: Any, budget_seconds: float | None = None) -> None:
         self.services = services
-        jobs = services.jobs
+        chunked = self._backend.launchers.get("chunked") if self._backend is not None else None
         self.budget = float(budget_seconds if budget_seconds is not None else
-                            getattr(jobs, "chunk_seconds", DEFAULT_BUDGET))
+                            getattr(chunked, "budget", DEFAULT_BUDGET))
         self._lock = threading.Lock()
         self._driving: set[int] = set()
         self._failed: dict[int, tuple[float, str]] = {}  # run id -> (when, why) of the last failed call
@@ -108,7 +108,12 @@ class ChunkDriver:
     @property
     def active(self) -> bool:
         """Pages drive chunks only in ZeroGPU mode (elsewhere the scheduler does)."""
-        return bool(getattr(self.services.jobs, "zerogpu", False))
+        return getattr(self._backend, "name", None) == "zerogpu"
+
+    @property
+    def _backend(self) -> Any:
+        """Where the scheduler sends runs (`app.runtime.launchers.Backend`); None without a scheduler."""
+        return getattr(self.services.scheduler, "backend", None)
 
     def may_drive(self, run: dict[str, Any], user: Any) -> bool:
         """The visitor who launched the run (their quota pays), or anyone for a run nobody signed in launched."""

@@ -73,7 +73,7 @@ def runs_go_to(services: Services, user: Any) -> dict[str, Any]:
     """Where runs go, for /limits. A Ray cluster's address only for a signed-in admin: its Jobs API runs any code it
     is sent (a studio without logins has no admin to tell apart: its operator reads it at the console)."""
     admin = services.auth.required and user is not None and user.admin
-    return services.jobs.where(address=admin)
+    return services.scheduler.where(address=admin)
 
 
 def _run(services: Services, run_id: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The studio-wide banner, above every page: what every visitor must know whatever page they are on. The scheduler
-lost its lock on the database (`JobManager.lock_problem`), or the Ray cluster it sends runs to does not answer
-(`JobManager.cluster_problem`), and it starts no run until that is over. Its wording is fixed: the full reason,
+lost its lock on the database (`Scheduler.lock_problem`), or the Ray cluster it sends runs to does not answer
+(`Scheduler.cluster_problem`), and it starts no run until that is over. Its wording is fixed: the full reason,
 which names hosts and addresses, is in the studio's log."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ CLUSTER_DOWN = ("**This studio is not starting runs.** The Ray cluster it sends 
 
 def studio_problem(services: Any) -> str | None:
     """The banner's text, or None when all is well."""
-    if getattr(services.jobs, "lock_problem", None):
+    if getattr(services.scheduler, "lock_problem", None):
         return LOCK_LOST
-    return CLUSTER_DOWN if getattr(services.jobs, "cluster_problem", None) else None
+    return CLUSTER_DOWN if getattr(services.scheduler, "cluster_problem", None) else None
 
 
 def build_banner(demo: gr.Blocks, services: Any) -> gr.Markdown:

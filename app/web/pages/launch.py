@@ -872,7 +872,7 @@ def try_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def processes_info(services: Services) -> str:
     """What the "Processes / GPUs" field does on this machine."""
-    devices = getattr(services.jobs, "devices", None)
+    devices = getattr(services.scheduler, "devices", None)
     gpus = len(getattr(devices, "gpus", ()) or ())
     split = ("Stage 1 is split between the processes and each gets the whole V* table; the batch size is per "
              "process, so a step trains on processes × batch size prompts.")

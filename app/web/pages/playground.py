@@ -59,7 +59,7 @@ def client_for(services: Services) -> PlaygroundClient:
 def playground_gpu(services: Services) -> str | None:
     """The GPU for a new playground process: one no active run uses, else the first (shared); None on a CPU
     machine or a studio told to use no GPU (then it sees what the studio's workers see)."""
-    gpus = tuple(getattr(getattr(services.jobs, "devices", None), "gpus", ()) or ())
+    gpus = tuple(getattr(getattr(services.scheduler, "devices", None), "gpus", ()) or ())
     if not gpus:
         return None
     busy = {d for run in services.store.list_runs(status=LIVE) for d in (run.get("devices") or "").split(",") if d}

@@ -363,7 +363,7 @@ def _samples_view(store: Store, run_id: int, sample_id: int, query: dict[str, An
 
 
 def _logs_view(services: Services, run_id: int, log_id: int) -> dict[str, Any]:
-    store, jobs, public = services.store, services.jobs, services.public_text
+    store, jobs, public = services.store, services.scheduler, services.public_text
 
     def compute(previous: tuple[int, list[str]] | None) -> tuple[int, list[str]]:
         after, lines = (previous[0], previous[1]) if previous is not None and previous[0] <= log_id else (0, [])
@@ -375,7 +375,7 @@ def _logs_view(services: Services, run_id: int, log_id: int) -> dict[str, Any]:
 
     text = "\n".join(live.SHARED.get(("logs", run_id), log_id, compute)[1])
     run = store.get_run(run_id)
-    if getattr(jobs, "ray", None) is not None and run and run.get("ray_job_id"):
+    if getattr(getattr(jobs, "backend", None), "name", None) == "ray" and run and run.get("ray_job_id"):
         # A Ray run's worker output is the job's log, on the cluster (a local worker's is a file of the data folder).
         output = live.SHARED.get(("ray-logs", run_id), log_id,
                                  lambda _prev: public(jobs.worker_output(run_id, run, 40)))
