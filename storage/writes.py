@@ -504,9 +504,13 @@ def describe(name: str) -> str:
 def replay(s: Session, run_id: int, name: str, arguments: Mapping[str, Any]) -> Any:
     """Make, inside `s`, one write a chunk of run `run_id` recorded in its journal: `name` and `arguments` as the
     `RunWriter` method of that name takes them (an event by its name), with `at`, when the chunk made it."""
+    arguments = dict(arguments)
+    if name == "request_stop":  # a journal a chunk wrote before this contract, ingested by an upgraded studio
+        name, arguments = "apply", {"event": lifecycle.REQUEST_STOP.name, **arguments}
     if name not in WRITES:
         raise ValueError(f"Unknown journal write {name!r}: use one of {', '.join(WRITES)}.")
-    arguments = dict(arguments)
+    if "run_id" in signature(name).parameters:
+        arguments.setdefault("run_id", run_id)  # older journals did not repeat the run's id on every line
     at = arguments.pop("at", None)
     try:
         bound = signature(name).bind(**arguments)

@@ -134,3 +134,18 @@ def test_a_write_that_does_not_fit_its_signature_is_refused_before_anything_is_w
     assert store.get_metrics(run_id) == [] and store.get_logs(other) == []
     assert store.get_run(run_id)["journal_offset"] == 0 and store.get_run(run_id)["status"] == lifecycle.RUNNING
     store.close()
+
+
+def test_a_journal_written_before_the_contract_is_still_applied(tmp_path):
+    """A studio upgraded while a chunk's journal waits: lines without `run_id`, and a stop as `request_stop`."""
+    store = Store(tmp_path / "studio.db")
+    run_id = store.create_run("old", "train", SPEC)
+    assert store.apply(run_id, lifecycle.CLAIM, pid=os.getpid())
+    old = [("add_metrics", {"step": 1, "metrics": {"loss": 1.5}, "at": 1.0}),
+           ("add_logs", {"lines": [["INFO", "from an old chunk"]], "at": 1.0}),
+           ("request_stop", {"at": 2.0})]
+    assert store.apply_journal(run_id, old, offset=3)
+    assert [(m["step"], m["name"], m["value"]) for m in store.get_metrics(run_id)] == [(1, "loss", 1.5)]
+    assert "from an old chunk" in [line["message"] for line in store.get_logs(run_id)]
+    assert store.get_run(run_id)["status"] == lifecycle.STOPPING
+    store.close()
