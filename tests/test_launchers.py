@@ -158,7 +158,7 @@ class FakeCluster:
 
 def test_a_ray_job_lost_by_the_cluster_interrupts_its_run_and_a_crash_fails_it(store, tmp_path):
     cluster, clock = FakeCluster(), FakeClock()
-    folder = DataFolder(tmp_path)
+    folder = DataFolder(tmp_path / "data")  # not made yet: the first start makes it, and writes its mark
     launcher = with_clock(RayWorkers(store, folder, fake_worker("pass"), cluster,
                                      LocalWorkers(store, folder, None)), clock)
     for state, kind in (("LOST", LOST), ("FAILED", FAILED)):
@@ -166,6 +166,7 @@ def test_a_ray_job_lost_by_the_cluster_interrupts_its_run_and_a_crash_fails_it(s
         assert launcher.start(store.get_run(run_id), ["ray0"], {})
         job = store.get_run(run_id)["ray_job_id"]
         assert job == f"a2po-run-{run_id}-fake" and launcher.alive(store.get_run(run_id))
+        assert (tmp_path / "data" / ".a2po-data-folder").read_text().strip() == folder.token()
         assert launcher.ending(store.get_run(run_id)) is None
         cluster.states[job] = state
         ending = launcher.ending(store.get_run(run_id))

@@ -35,11 +35,11 @@ class RayWorkers(Launcher):
         """Submit the run's worker as a job; a job Ray refuses, or a cluster that cannot be reached, is a launch
         failure (`LaunchFailed`)."""
         run_id, spec = run["id"], run.get("config") or {}
+        cwd = str(self.folder.make_worker_cwd())  # the data folder exists before its mark is written
         env = {**env, TOKEN_ENV: self.folder.token()}
         try:
             gpus = processes_of(spec) if self.cluster.devices().gpus else 0
-            job_id = self.cluster.submit(run_id, self.command(run_id, spec), env, str(self.folder.make_worker_cwd()),
-                                         gpus)
+            job_id = self.cluster.submit(run_id, self.command(run_id, spec), env, cwd, gpus)
         except RayUnavailable as error:
             raise LaunchFailed(f"could not be submitted to the Ray cluster: {error}") from None
         self.jobs[run_id] = job_id
