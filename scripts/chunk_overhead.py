@@ -163,7 +163,7 @@ def folder_bytes(path: Path) -> int:
 def chunk(store, data: Path, run_id: int) -> dict:
     """Claim the run, run one chunk in a fresh process, settle it; its timings, checkpoint bytes and peak RSS."""
     from app.runtime import chunks
-    from app.runtime.worker import run_output_dir
+    from app.runtime.data_folder import DataFolder
 
     if chunks.claim(store, data, store.get_run(run_id), pid=os.getpid()) is None:
         raise RuntimeError(f"run {run_id} could not be claimed: {store.get_run(run_id)['error']}")
@@ -181,7 +181,8 @@ def chunk(store, data: Path, run_id: int) -> dict:
         raise RuntimeError(f"chunk of run {run_id} ended {outcome} (exit {process.returncode}): {logs}\n"
                            + log.read_text()[-3000:])
     found = json.loads(out.read_text())
-    checkpoints = sorted(run_output_dir(data, run_id).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    output = DataFolder(data).run_output(run_id)
+    checkpoints = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     row = {part: round(found["times"].get(part, 0.0), 3) for part in PARTS}
     row["total"] = round(found["result"]["seconds"], 3)
     row["overhead"] = round(row["total"] - row["step"], 3)
