@@ -730,7 +730,7 @@ def _add_redraws(services: Services, picker: gr.Dropdown, timer: gr.Timer, compo
                  chart_inputs: list[Any], filters: list[Any]) -> None:
     """The poller: the timer's event runs in the browser only (`POLLER_JS`): no Gradio event (each costs the page a
     walk over every component of the app), just a request to `run_version`; a group is redrawn by a Gradio event
-    (its hidden button's click) when it moved. They are callable by clients (scripts/polling_cost.py simulates a
+    (its hidden button's click) when it moved. They are callable by clients (benchmarks/polling_cost.py simulates a
     class with them); they read only what any viewer of the page may see."""
     draw_buttons = {group: gr.Button(group, visible="hidden", elem_id=f"run-draw-{group}") for group in GROUPS}
 

@@ -117,7 +117,7 @@ def build_runs_page(services: Services) -> RunsPage:
 
     outputs = [table, info, last, timer]
     common = {"show_progress": "hidden", "concurrency_limit": None}
-    # Callable by clients (scripts/polling_cost.py simulates a class with it); it reads only the runs list.
+    # Callable by clients (benchmarks/polling_cost.py simulates a class with it); it reads only the runs list.
     timer.tick(poll, last, outputs, api_name="runs_poll", api_visibility="undocumented", **common)
     refresh.click(lambda: poll(None, restart=True), None, outputs, api_visibility="private", **common)
 
