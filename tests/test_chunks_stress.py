@@ -53,7 +53,7 @@ def forget_value_set(path: Path, value_set_id: int) -> None:
     con = sqlite3.connect(path, timeout=60)
     try:
         with con:
-            con.execute("UPDATE value_sets SET fingerprint = fingerprint || '-forgotten' WHERE id = ?",
+            con.execute("UPDATE value_sets SET fingerprint = fingerprint || '-forgotten-' || id WHERE id = ?",
                         (value_set_id,))
     finally:
         con.close()

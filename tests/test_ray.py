@@ -105,6 +105,9 @@ def test_stop_resume_kill_and_restart_on_ray(ray_cluster, postgres_server, tmp_p
         assert run["status"] == "stopped", run["error"]
         assert store.latest_checkpoint(run_id) is not None  # saved on SIGTERM, within the grace
         wait_for(lambda: job_status(first_job) == "STOPPED", 30, "the job to be stopped")
+        # Ray reports STOPPED while a loaded machine may still be tearing the old worker down: the SIGKILL below
+        # is for the next job's worker, so wait until the only worker of the run is that one.
+        wait_for(lambda: worker_pid(run_id) is None, 60, "the stopped job's worker to exit")
 
         client.predict(run_id=run_id, api_name="/resume")
         wait_for(lambda: (r := store.get_run(run_id))["status"] == "running" and r["ray_job_id"] != first_job
