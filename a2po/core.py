@@ -21,7 +21,9 @@ GRPO, for comparison (`GRPOTrainer`; G samples y_1..y_G per prompt from the curr
     A_i = (r_i - mean_j r_j) / (std_j r_j + 1e-4)            (`group_advantages`)
     loss = -mean over tokens of min(ratio_t * A_i, clip(ratio_t, 1 - eps, 1 + eps_high) * A_i) + beta * KL_t
 
-with ratio_t = pi(y_t) / pi_old(y_t); the aggregation over tokens is `loss_type`'s (`grpo_loss`). Where A*-PO
+with ratio_t = pi(y_t) / pi_old(y_t); the aggregation over tokens is `loss_type`'s (`grpo_loss`, which also holds
+TRL 1.16's variants of the surrogate: CISPO, SAPO, LUSPO, VESPO, GSPO's sequence-level ratio, two-sided clipping,
+off-policy sequence masking and high-entropy token selection; `decoupled_advantages` is GDPO's). Where A*-PO
 samples once per prompt per step and regresses onto a target fixed before training, GRPO samples G times per prompt
 per step and compares the G samples with each other.
 """
@@ -147,6 +149,30 @@ def group_advantages(rewards: torch.Tensor, num_generations: int,
     return torch.where(rewards.isnan() | (scored < 2), 0.0, advantages), std
 
 
+def decoupled_advantages(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor,
+                         num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO's advantages (`multi_objective_aggregation="normalize_then_sum"`, TRL 1.16): each reward function's
+    rewards are normalized within their group before the weighted sum, so no function drowns the others, then the
+    sum is normalized over the batch. For rewards_per_func (rows, F), rows grouped by prompt as `group_advantages`:
+
+        z_ik = (r_ik - mean_group(r_k)) / (std_group(r_k) + 1e-4)
+        s_i  = sum_k w_k z_ik                              (skipping NaN: functions that did not apply)
+        A_i  = (s_i - mean_batch(s)) / (std_batch(s) + 1e-4)
+
+    `scale_rewards` does not act here, as in TRL. A completion that no function scored gets A = 0, and is left out
+    of the batch mean and std. Returns the advantages and the batch std of s per row (its zeros are TRL's
+    `frac_reward_zero_std`).
+    """
+    num_funcs = rewards_per_func.shape[1]
+    grouped = rewards_per_func.view(-1, num_generations, num_funcs)
+    normalized = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (nanstd(grouped, dim=1)[:, None] + 1e-4)
+    summed = (normalized.view(-1, num_funcs) * reward_weights.to(normalized)).nansum(dim=1)
+    summed[rewards_per_func.isnan().all(dim=1)] = math.nan
+    std = (nanstd(summed) if summed.numel() > 1 else summed.new_zeros(())).expand_as(summed)
+    advantages = (summed - summed.nanmean()) / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0), std
+
+
 def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The sample standard deviation (Bessel's correction) of the values that are not NaN (over `dim`, else all);
     NaN where fewer than two are left, as TRL's `nanstd`."""
@@ -156,67 +182,185 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return torch.where(count > 1, squares / (count - 1).clamp(min=1), squares.new_tensor(math.nan)).sqrt()
 
 
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+CLIPPED_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")  # the PPO-style clipped surrogate
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, *, loss_type: str = "dapo", beta: float = 0.0,
               epsilon_low: float = 0.2, epsilon_high: float = 0.2, max_completion_length: int | None = None,
               num_items: torch.Tensor | float | None = None, bias_correction_kl: bool = True,
-              sampling_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer` computes it (token-level ratios).
+              sampling_weights: torch.Tensor | None = None, importance_sampling_level: str = "token",
+              delta: float | None = None, sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
+              vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
+              vespo_lambda_neg: float = 2.0, off_policy_mask_threshold: float | None = None,
+              sampling_logps: torch.Tensor | None = None,
+              token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer._compute_loss` computes it.
 
     `logps`, `old_logps`, `ref_logps`: (rows, T) per-token log-probs of the completions under the policy, the
     policy that sampled them (None: the same, detached: `num_iterations` = 1) and the reference; `advantages`
-    (rows,); `mask` (rows, T), 1 on the completion tokens that count. Per token t of row i:
+    (rows,); `mask` (rows, T), 1 on the completion tokens that count. The importance weight is, per token or per
+    completion (`importance_sampling_level`, "sequence" is GSPO's):
 
-        ratio_t = exp(log pi(y_t) - log pi_old(y_t))
-        l_t = -min(ratio_t * A_i, clip(ratio_t, 1 - epsilon_low, 1 + epsilon_high) * A_i)
+        token:     w_t = exp(log pi(y_t) - log pi_old(y_t))
+        sequence:  w   = exp(sum_t m_t (log pi(y_t) - log pi_old(y_t)) / max(sum_t m_t, 1))
+
+    With one iteration per generation pi_old is pi detached, so w = 1: GSPO, the clipping, CISPO's cap and SAPO's
+    gate then change only the gradient's scale, not which tokens move (they act off-policy, num_iterations > 1 or
+    vLLM's sampling). The policy term l_t of each `loss_type`, with A the completion's advantage:
+
+        grpo, bnpo, dr_grpo, dapo, luspo:  -min(w' A, clip(w, 1 - epsilon_low, 1 + epsilon_high) A)
+                                           w' = min(w, delta) with `delta` (INTELLECT-2's two-sided clip), else w
+        cispo:  -sg(min(w, epsilon_high)) A log pi(y_t)        (MiniMax-M1; sg: no gradient; epsilon_high is the
+                                                                cap itself, ScaleRL recommends 5)
+        sapo:   -sigmoid(tau (w - 1)) 4 / tau A                (tau = sapo_temperature_pos if A > 0, else _neg)
+        vespo:  -sg(phi(W)) A log pi(y_t)                      (`vespo_gamma_weights`: W per completion)
+
+    then, in TRL's order: l_t *= the off-policy sequence mask (`off_policy_mask_threshold`, DeepSeek-V3.2: a
+    completion with A < 0 whose mean log pi_sampling - log pi over its tokens exceeds the threshold leaves the
+    loss; pi_sampling is `sampling_logps`, vLLM's, else pi_old), l_t *= `token_mask` (the high-entropy tokens,
+    `high_entropy_mask`), l_t *= `sampling_weights` (vLLM's correction, `vllm_importance_weights`; VESPO takes
+    them into W instead), and with beta > 0
+
         kl_t = exp(log pi_ref(y_t) - log pi(y_t)) - (log pi_ref(y_t) - log pi(y_t)) - 1      (>= 0)
-        l_t *= w_t                       (`sampling_weights`, vLLM's correction, before the KL term as in TRL)
-        l_t += beta * kl_t * ratio_t     (or beta * kl_t without `bias_correction_kl`)
+        l_t += beta * kl_t * w     (or beta * kl_t without `bias_correction_kl`)
 
-    and over the micro-batch, with m the mask:
+    Over the micro-batch, with m the mask:
 
-        grpo:     mean_i ( sum_t m l / max(sum_t m, 1) )          each completion weighs the same
-        bnpo:     sum m l / max(sum m, 1)                         each token of the micro-batch weighs the same
-        dr_grpo:  sum m l / (rows * max_completion_length)
-        dapo:     sum m l / num_items                             each token of the optimizer step weighs the same
+        grpo, sapo:          mean_i ( sum_t m l / max(sum_t m, 1) )    each completion weighs the same
+        bnpo:                sum m l / max(sum m, 1)                   each token of the micro-batch weighs the same
+        dr_grpo:             sum m l / (rows * max_completion_length)
+        dapo, cispo, vespo:  sum m l / num_items                       each token of the optimizer step weighs the same
+        luspo:               mean_i ( sum_t m l )                      each completion weighs its length (with
+                                                                       "sequence": GSPO's loss times the length)
 
-    `num_items` (dapo): TRL's is the mask tokens of the optimizer step's whole batch (all micro-batches, all
-    processes) divided by the number of processes, so the micro-batch losses add up to the step's token mean; the
-    trainer passes that over the number of micro-batches, since it divides every micro-batch's loss by their number,
-    as it does the other three, micro-batch means. `sampling_weights` (None: 1) are `vllm_importance_weights`,
-    (rows, T) per token or (rows, 1) per sequence.
+    `num_items` (dapo, cispo, vespo): TRL's is the mask tokens of the optimizer step's whole batch (all
+    micro-batches, all processes) divided by the number of processes, so the micro-batch losses add up to the step's
+    token mean; the trainer passes that over the number of micro-batches, since it divides every micro-batch's loss
+    by their number, as it does the others, micro-batch means. `sampling_weights` (None: 1) are
+    `vllm_importance_weights`, (rows, T) per token or (rows, 1) per sequence.
 
-    Returns the loss and detached statistics: per-token `kl` (beta > 0), and the masks `low_clipped` (ratio below
-    1 - epsilon_low with A < 0) and `high_clipped` (above 1 + epsilon_high with A > 0), whose means TRL logs.
+    Returns the loss and detached statistics, (rows, T), or (rows, 1) where they are per completion: `kl` (beta >
+    0); for the clipped loss types the masks `low_clipped` (w' below 1 - epsilon_low with A < 0) and `high_clipped`
+    (above 1 + epsilon_high with A > 0), whose means TRL logs; `cispo_clipped` (w above epsilon_high with A > 0) for
+    cispo; `phi` for vespo.
     """
+    if loss_type not in GRPO_LOSS_TYPES:
+        raise ValueError(f"Unknown loss_type {loss_type!r}: use one of {', '.join(GRPO_LOSS_TYPES)}.")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}: use 'token' or "
+                         "'sequence'.")
     old_logps = logps.detach() if old_logps is None else old_logps
     advantages = advantages[:, None]
-    ratio = torch.exp(logps - old_logps)
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
-    if sampling_weights is not None:
-        per_token = per_token * sampling_weights
+    mask = mask.to(logps.dtype)
+    log_ratio = logps - old_logps
+    if importance_sampling_level == "sequence":
+        log_ratio_used = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None]
+    else:
+        log_ratio_used = log_ratio
+    ratio = torch.exp(log_ratio_used)
     stats: dict[str, torch.Tensor] = {}
     if beta != 0.0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
         if bias_correction_kl:
             kl = kl * ratio
-        per_token = per_token + beta * kl
         stats["kl"] = kl.detach()
-    mask = mask.to(per_token.dtype)
-    if loss_type == "grpo":
+
+    if loss_type == "cispo":
+        per_token = -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
+        stats["cispo_clipped"] = ((ratio > epsilon_high) & (advantages > 0)).detach()
+    elif loss_type == "sapo":
+        temperature = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        per_token = -torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature * advantages
+    elif loss_type == "vespo":
+        phi = vespo_gamma_weights(advantages, log_ratio, mask, sampling_weights, k_pos=vespo_k_pos,
+                                  lambda_pos=vespo_lambda_pos, k_neg=vespo_k_neg, lambda_neg=vespo_lambda_neg)
+        per_token = -phi * advantages * logps
+        stats["phi"] = phi
+    else:
+        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        if delta is not None:
+            ratio = torch.clamp(ratio, max=delta)
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        stats["low_clipped"] = ((ratio < 1 - epsilon_low) & (advantages < 0)).detach()
+        stats["high_clipped"] = ((ratio > 1 + epsilon_high) & (advantages > 0)).detach()
+
+    if off_policy_mask_threshold is not None:
+        sampled_by = old_logps if sampling_logps is None else sampling_logps
+        divergence = torch.nan_to_num(sampled_by - logps.detach(), nan=0.0)  # a token vLLM did not score: no evidence
+        mean_divergence = (divergence * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        per_token = per_token * ((advantages >= 0) | (mean_divergence <= off_policy_mask_threshold)).to(mask.dtype)
+    if token_mask is not None:
+        per_token = per_token * token_mask
+    if sampling_weights is not None and loss_type != "vespo":
+        per_token = per_token * sampling_weights
+    if beta != 0.0:
+        per_token = per_token + beta * kl
+
+    if loss_type in ("grpo", "sapo"):
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
         loss = (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
-    elif loss_type == "dapo":
+    elif loss_type == "luspo":
+        loss = (per_token * mask).sum(-1).mean()
+    else:  # dapo, cispo, vespo
         loss = (per_token * mask).sum() / num_items
-    else:
-        raise ValueError(f"Unknown loss_type {loss_type!r}: use grpo, dr_grpo, dapo or bnpo.")
-    stats["low_clipped"] = ((ratio < 1 - epsilon_low) & (advantages < 0)).detach()
-    stats["high_clipped"] = ((ratio > 1 + epsilon_high) & (advantages > 0)).detach()
     return loss, stats
+
+
+@torch.no_grad()
+def vespo_gamma_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
+                        sampling_weights: torch.Tensor | None, *, k_pos: float, lambda_pos: float, k_neg: float,
+                        lambda_neg: float) -> torch.Tensor:
+    """VESPO's weight per completion (TRL 1.16's `get_gamma_weights`), a coefficient without gradient:
+
+        log W  = clamp( sum_t m_t clamp(log pi(y_t) - log pi_old(y_t), -20, 20)
+                        + sum_t clamp(log rho_t, log 1e-8, 20),  log 1e-8, 20)     (rho: vLLM's token weights)
+        phi(W) = exp(lambda + k log W - lambda W)                                   (phi(1) = 1)
+
+    with (k, lambda) = (k_pos, lambda_pos) where A >= 0, else (k_neg, lambda_neg): a Gamma-shaped weight that
+    fades completions whose ratio strays from 1 either way (the power k below 1, the decay lambda above).
+    `advantages` (rows, 1); returns (rows, 1).
+    """
+    floor = math.log(1e-8)
+    log_weight = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if sampling_weights is not None:
+        log_weight = log_weight + torch.clamp(torch.log(sampling_weights), floor, 20.0).sum(-1, keepdim=True)
+    log_weight = torch.clamp(log_weight, floor, 20.0)
+    positive = advantages >= 0
+    k = torch.where(positive, k_pos, k_neg)
+    lam = torch.where(positive, lambda_pos, lambda_neg).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_weight - lam * torch.exp(log_weight))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_entropy_quantile: float,
+                      population: torch.Tensor | None = None) -> torch.Tensor:
+    """The tokens among the top `top_entropy_quantile` by entropy ("Beyond the 80/20 rule", TRL 1.16's
+    `get_high_entropy_mask`): True where mask is 1 and H_t >= the (1 - quantile) quantile of the entropies of
+    `population` (default: the masked tokens of `entropies`; the trainer passes every process's). 0.0 keeps only the
+    highest-entropy tokens, 1.0 keeps them all."""
+    population = entropies[mask.bool()].float() if population is None else population
+    if population.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    threshold = torch.quantile(population, 1 - top_entropy_quantile)
+    return ((entropies * mask) >= threshold) & mask.bool()
+
+
+def token_entropies(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy -sum_v p_v log p_v of softmax(logits) per position, (batch, T) from (batch, T, vocab), a chunk of
+    positions at a time (2**24 logits each by default, as `token_logprobs`), in float32."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    chunk_size = max(1, 2**24 // logits.shape[-1]) if chunk_size is None else chunk_size
+    parts = []
+    for start in range(0, flat.shape[0], chunk_size):
+        logp = torch.log_softmax(flat[start:start + chunk_size].float(), dim=-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts).reshape(logits.shape[:-1])
 
 
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

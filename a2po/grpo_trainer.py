@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from a2po._faults import fault_point
 from a2po.answers import prompt_question
-from a2po.base_trainer import BaseTrainer, RewardFunc, Rollout, with_prompt_ids
-from a2po.config import GRPOConfig
-from a2po.core import group_advantages, grpo_loss, vllm_importance_weights
+from a2po.base_trainer import RewardFunc, Rollout, with_prompt_ids
+from a2po.config import A2POConfig, GRPOConfig
+from a2po.core import (
+    CLIPPED_LOSS_TYPES,
+    decoupled_advantages,
+    group_advantages,
+    grpo_loss,
+    high_entropy_mask,
+    vllm_importance_weights,
+)
 from a2po.rollout import eval_mode, per_token_logprobs
+from a2po.trainer import ValueEstimation
 
 BUFFER_FILE = "generation_buffer"
 
@@ -60,13 +70,15 @@ class PromptChunkSampler(Sampler[int]):
         return self.num_prompts // self.chunk_size * self.chunk_size * self.repeats
 
 
-class GRPOTrainer(BaseTrainer):
+class GRPOTrainer(ValueEstimation):
     """Trainer for GRPO (group relative policy optimization), arXiv 2402.03300, as TRL 1.16 implements it.
 
     Each optimizer step samples `num_generations` (G) completions for each of its prompts from the current policy,
     scores them, and gives each completion its advantage relative to its group: A = (r - mean) / std. The loss is
     the clipped policy-gradient surrogate -min(ratio * A, clip(ratio) * A) per token, plus beta times a per-token
-    KL to the reference, aggregated as `loss_type` says (`a2po.core.grpo_loss`). With `num_iterations` > 1 a
+    KL to the reference, aggregated as `loss_type` says (`a2po.core.grpo_loss`, which also holds TRL's variants:
+    CISPO, SAPO, LUSPO, VESPO, GSPO's sequence-level ratio, two-sided clipping, the off-policy mask, high-entropy
+    tokens; GDPO's advantages are `a2po.core.decoupled_advantages`). With `num_iterations` > 1 a
     generation trains that many optimizer steps, the ratio taken to the policy that sampled it. With `use_vllm`
     each completion's policy term is also weighted by pi_old / pi_vllm, TRL's correction for vLLM's own sampling
     distribution (`vllm_importance_sampling_*` in `GRPOConfig`).
@@ -106,11 +118,41 @@ class GRPOTrainer(BaseTrainer):
     def _needs_reference(self, args: GRPOConfig) -> bool:
         return args.beta != 0.0
 
+    # ----------------------------------------------------------------------------------------------------------
+    # Stage 1, only to select prompts by pass rate (`pass_rate_band`; `a2po.trainer.ValueEstimation`)
+
+    @property
+    def samples_stage_one(self) -> bool:
+        return self.args.pass_rate_band is not None
+
+    def value_rules(self) -> tuple[float, bool]:
+        # GRPO reads only the pass rates; its V* rows take A*-PO's default beta1, and no prompt is filtered.
+        return A2POConfig.__dataclass_fields__["beta1"].default, False
+
+    @contextmanager
+    def _reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The reference policy; with beta = 0 none is loaded, and stage 1 samples the policy itself, which is the
+        reference before the first optimizer step (the only time stage 1 samples)."""
+        if self.ref_model is None and not hasattr(self.accelerator.unwrap_model(self.model), "disable_adapter"):
+            if self.state.global_step > 0:
+                raise RuntimeError("GRPO with beta = 0 has no reference policy once training has started.")
+            yield self.accelerator.unwrap_model(self.model)
+            return
+        with super()._reference_policy() as reference:
+            yield reference
+
     @property
     def _corrects_sampling(self) -> bool:
         """Whether the loss is weighted by pi_old / pi_vllm (`vllm_importance_sampling_correction`, as in TRL: only
         where vLLM samples)."""
         return self.args.use_vllm and self.args.vllm_importance_sampling_correction
+
+    @property
+    def _keeps_sampling_logps(self) -> bool:
+        """Whether vLLM's log-probs of the sampled tokens are kept: for its correction, and for the off-policy mask,
+        which measures the divergence from the distribution that sampled (as in TRL)."""
+        return self.args.use_vllm and (self.args.vllm_importance_sampling_correction
+                                       or self.args.off_policy_mask_threshold is not None)
 
     # ----------------------------------------------------------------------------------------------------------
     # Batches: one dataloader batch is one process's prompts of one optimizer step, repeated for each micro-batch
@@ -141,6 +183,12 @@ class GRPOTrainer(BaseTrainer):
         if self.train_dataset is None:
             raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
         self.train_dataset = with_prompt_ids(self.train_dataset)  # the stream keys name prompts by id
+        if self.samples_stage_one:
+            # Stage 1 before the first step, on the run's clock: A*-PO's, on the same V* set.
+            self.train_dataset = self.select_by_pass_rate(self.train_dataset)
+            if len(self.train_dataset) == 0:
+                raise ValueError(f"No training prompt has a reference pass rate in pass_rate_band "
+                                 f"{list(self.args.pass_rate_band)}: widen the band, or set it to None.")
         if len(self.train_dataset) < self.args.prompts_per_step:
             raise ValueError(f"An optimizer step trains on {self.args.prompts_per_step} prompts (batch size x "
                              f"accumulation x processes / num_generations) but the train set has "
@@ -171,7 +219,7 @@ class GRPOTrainer(BaseTrainer):
         """Sample G completions for each prompt of the optimizer step (one decode: each prompt is prefilled once and
         its keys and values shared by its samples), score them, and prepare the step's micro-batches."""
         rollout = self._rollout_and_score(model, rows, num_samples=self.args.num_generations,
-                                          sampling_logprobs=self._corrects_sampling)
+                                          sampling_logprobs=self._keeps_sampling_logps)
         return self._prepare_generation(model, rollout)
 
     def _prepare_generation(self, model: torch.nn.Module, rollout: Rollout) -> list[dict[str, torch.Tensor]]:
@@ -184,8 +232,13 @@ class GRPOTrainer(BaseTrainer):
         group = rollout.num_samples
         rewards = rollout.rewards.to(device)
         # Over every process's completions, as in TRL: "batch" scaling takes the std of the whole generation.
-        everyone = self.accelerator.gather(rewards) if world > 1 else rewards
-        advantages, std = group_advantages(everyone, group, args.scale_rewards)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            per_func = rollout.rewards_per_func.to(device)
+            everyone = self.accelerator.gather(per_func) if world > 1 else per_func
+            advantages, std = decoupled_advantages(everyone, self.reward_weights, group)
+        else:
+            everyone = self.accelerator.gather(rewards) if world > 1 else rewards
+            advantages, std = group_advantages(everyone, group, args.scale_rewards)
         advantages = advantages[rank * len(rewards):(rank + 1) * len(rewards)].float()
         mask = rollout.completion_mask
         loss_mask = mask * ~rollout.clipped[:, None] if args.mask_truncated_completions else mask
@@ -198,6 +251,8 @@ class GRPOTrainer(BaseTrainer):
         size = args.per_device_train_batch_size
         policy = self.accelerator.unwrap_model(model)
         sampling_logps = rollout.sampling_logps
+        # vLLM's log-probs come with the rollout only where asked (`_keeps_sampling_logps`)
+        correcting = sampling_logps is not None and args.vllm_importance_sampling_correction
         for start in range(0, len(rewards), size):
             part = slice(start, start + size)
             batch = {"prompt_ids": prompt_ids[part], "prompt_mask": prompt_mask[part],
@@ -205,11 +260,12 @@ class GRPOTrainer(BaseTrainer):
                      "loss_mask": loss_mask[part], "advantages": advantages[part], "num_items": num_items}
             inputs = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
             with torch.no_grad():
-                if args.num_iterations > 1 or sampling_logps is not None:
+                if args.num_iterations > 1 or correcting:
                     with eval_mode(policy):  # no dropout or activation checkpointing in a pass without gradients
                         batch["old_logps"] = per_token_logprobs(policy, *inputs, temperature=args.temperature)
                 if sampling_logps is not None:
                     batch["sampling_logps"] = sampling_logps[part].to(device)
+                if correcting:
                     batch["sampling_weights"] = vllm_importance_weights(
                         batch["old_logps"], batch["sampling_logps"], batch["loss_mask"],
                         args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
@@ -220,7 +276,7 @@ class GRPOTrainer(BaseTrainer):
             batches.append(batch)
 
         self._record_rollout(rollout)
-        if sampling_logps is not None:
+        if correcting:
             self._record_sampling_correction(batches)
         self._metrics["frac_reward_zero_std"].append(
             torch.isclose(std, torch.zeros_like(std)).float().mean().item())
@@ -230,8 +286,8 @@ class GRPOTrainer(BaseTrainer):
              "prompt_text": rollout.prompt_texts[i], "question": prompt_question(row["prompt"]),
              "completion": rollout.completions[k], "reward": float(rollout.rewards[k]),
              "advantage": float(advantages[k]), "completion_length": int(rollout.lengths[k]),
-             "v_star": None, "implicit_reward": None}
-            for i, row in enumerate(rollout.rows) for j in range(group) for k in [i * group + j]])
+             "v_star": None, "implicit_reward": None, "extra": rollout.extra(k)}
+            for i, row in enumerate(rollout.rows) for j in range(group) for k in [i * group + j]], rollout)
         return batches
 
     def _record_sampling_correction(self, batches: list[dict[str, torch.Tensor]]) -> None:
@@ -266,33 +322,75 @@ class GRPOTrainer(BaseTrainer):
         """`grpo_loss` on one micro-batch, as the Trainer takes it (it divides by the number of micro-batches), and
         TRL's metrics of it."""
         args = self.args
-        logps = per_token_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
-                                   batch["completion_mask"], temperature=args.temperature)
         mask = batch["loss_mask"]
+        inputs = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
+        entropies = token_mask = None
+        if args.top_entropy_quantile < 1.0:  # the entropies cost a pass over the logits: only where they are used
+            logps, entropies = per_token_logprobs(model, *inputs, temperature=args.temperature, with_entropy=True)
+            token_mask = high_entropy_mask(entropies, mask, args.top_entropy_quantile,
+                                           population=self._entropy_population(entropies, mask))
+        else:
+            logps = per_token_logprobs(model, *inputs, temperature=args.temperature)
         # dapo's normaliser counts the tokens of the whole optimizer step: per micro-batch, it is that over their
         # number, so that the Trainer's division leaves each token of the step one share.
         num_items = batch["num_items"] / self.current_gradient_accumulation_steps
-        loss, stats = grpo_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
-                                loss_type=args.loss_type, beta=args.beta, epsilon_low=self.epsilon_low,
-                                epsilon_high=self.epsilon_high, max_completion_length=self.max_completion_length,
-                                num_items=num_items, bias_correction_kl=args.use_bias_correction_kl,
-                                sampling_weights=batch.get("sampling_weights"))
+        loss, stats = grpo_loss(
+            logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
+            loss_type=args.loss_type, beta=args.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+            max_completion_length=self.max_completion_length, num_items=num_items,
+            bias_correction_kl=args.use_bias_correction_kl, sampling_weights=batch.get("sampling_weights"),
+            importance_sampling_level=args.importance_sampling_level, delta=args.delta,
+            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
+            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
+            vespo_lambda_neg=args.vespo_lambda_neg, off_policy_mask_threshold=args.off_policy_mask_threshold,
+            sampling_logps=batch.get("sampling_logps"), token_mask=token_mask)
+        self._record_loss_stats(stats, mask.float(), entropies)
+        return loss
 
-        mask = mask.float()
-        tokens = mask.sum().clamp(min=1.0)
+    def _entropy_population(self, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The entropies of every process's counted tokens of this micro-batch, whose quantile TRL thresholds."""
+        local = entropies[mask.bool()].float()
+        if self.accelerator.num_processes == 1:
+            return local
+        padding = -1e9  # entropies are >= 0, so the padding cannot be mistaken for one
+        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0, pad_index=padding))
+        return gathered[gathered != padding]
+
+    def _record_loss_stats(self, stats: dict[str, torch.Tensor], mask: torch.Tensor,
+                           entropies: torch.Tensor | None) -> None:
+        """TRL's metrics of the loss on this micro-batch: a statistic per completion, (rows, 1), is averaged over
+        the completions, one per token over the counted tokens, as TRL's."""
+        def mean(values: torch.Tensor) -> float:
+            values = values.float()
+            if values.shape[1] == 1:
+                return values.mean().item()
+            return ((values * mask).sum() / mask.sum().clamp(min=1.0)).item()
+
+        def per_completion(values: torch.Tensor) -> torch.Tensor:
+            values = values.float()
+            if values.shape[1] == 1:
+                return values[:, 0]
+            lengths = mask.sum(-1)
+            return (values * mask).sum(-1)[lengths > 0] / lengths[lengths > 0]  # empty completions have no share
+
         m = self._metrics
         if "kl" in stats:
-            m["kl"].append(((stats["kl"] * mask).sum() / tokens).item())
-        low, high = stats["low_clipped"].float(), stats["high_clipped"].float()
-        m["clip_ratio/low_mean"].append(((low * mask).sum() / tokens).item())
-        m["clip_ratio/high_mean"].append(((high * mask).sum() / tokens).item())
-        m["clip_ratio/region_mean"].append((((low + high) * mask).sum() / tokens).item())
-        per_sequence = mask.sum(-1)
-        kept = per_sequence > 0  # completions left out of the loss have no share to report
-        if kept.any():
-            m["clip_ratio/low_min"].append(((low * mask).sum(-1)[kept] / per_sequence[kept]).min().item())
-            m["clip_ratio/high_max"].append(((high * mask).sum(-1)[kept] / per_sequence[kept]).max().item())
-        return loss
+            m["kl"].append(mean(stats["kl"]))
+        if entropies is not None:
+            m["entropy"].append(mean(entropies))
+        if self.args.loss_type in CLIPPED_LOSS_TYPES:
+            low, high = stats["low_clipped"], stats["high_clipped"]
+            m["clip_ratio/low_mean"].append(mean(low))
+            m["clip_ratio/high_mean"].append(mean(high))
+            m["clip_ratio/region_mean"].append(mean(low | high))
+            low_share, high_share = per_completion(low), per_completion(high)
+            if len(low_share):
+                m["clip_ratio/low_min"].append(low_share.min().item())
+                m["clip_ratio/high_max"].append(high_share.max().item())
+        elif self.args.loss_type == "cispo":
+            m["cispo_clip_ratio"].append(mean(stats["cispo_clipped"]))
+        elif self.args.loss_type == "vespo":
+            m["vespo/phi_seq_mean"].append(mean(stats["phi"]))
 
     # ----------------------------------------------------------------------------------------------------------
     # Checkpoints: a checkpoint between the iterations of a generation holds that generation

@@ -484,7 +484,10 @@ def load_reward(name: str, registry: Registry | None = None) -> Callable[..., li
         raise RewardRegistryError(f"Reward {reward.name} ({reward.where()}) is not a function.")
     source = getattr(module, "__file__", None) or reward.file
     loaded = getattr(module, LOADED_SHA256, None) or (file_sha256(source) if source else None)
-    return RegisteredRewardFunction(reward, func, loaded_sha256=loaded)
+    from a2po.rewards import is_async_callable
+
+    wrapper = AsyncRegisteredRewardFunction if is_async_callable(func) else RegisteredRewardFunction
+    return wrapper(reward, func, loaded_sha256=loaded)
 
 
 class RegisteredRewardFunction:
@@ -505,11 +508,17 @@ class RegisteredRewardFunction:
         return f"<registered reward {self.reward.name}: {self.reward.where()}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[float]:
-        where = f"{self.reward.name}, {self.reward.where()}"
         try:
             values = self.func(*args, **kwargs)
         except Exception as error:
-            raise RewardFunctionError(f"{type(error).__name__}: {error} (in {where})") from error
+            raise RewardFunctionError(f"{type(error).__name__}: {error} (in {self._where()})") from error
+        return self._checked(values, args, kwargs)
+
+    def _where(self) -> str:
+        return f"{self.reward.name}, {self.reward.where()}"
+
+    def _checked(self, values: Any, args: tuple, kwargs: dict[str, Any]) -> list[float]:
+        where = self._where()
         completions = kwargs.get("completions", args[0] if args else None)
         expected = len(completions) if completions is not None else None
         if values is None:
@@ -531,6 +540,17 @@ class RegisteredRewardFunction:
             except (TypeError, ValueError):
                 raise RewardFunctionError(f"it returned {value!r:.40}, not a number (in {where})") from None
         return values
+
+
+class AsyncRegisteredRewardFunction(RegisteredRewardFunction):
+    """A registered `async` reward: awaited, and checked as `RegisteredRewardFunction` checks a result."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> list[float]:
+        try:
+            values = await self.func(*args, **kwargs)
+        except Exception as error:
+            raise RewardFunctionError(f"{type(error).__name__}: {error} (in {self._where()})") from error
+        return self._checked(values, args, kwargs)
 
 
 def get_reward_function(name: str) -> Callable[..., list[float]]:

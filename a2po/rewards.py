@@ -1,16 +1,25 @@
-"""Reward functions for verifiable answers, in the TRL convention `f(completions, **kwargs) -> list[float]`.
+"""Reward functions for verifiable answers, and how the trainers call reward functions: TRL 1.16's contract,
+`f(prompts, completions, completion_ids, **kwargs) -> list[float | None]` (README, "rewards").
 
-`kwargs` carries `prompts`, every dataset column and `trainer_state` (the `transformers.TrainerState`, as TRL passes
-it); these functions read `ground_truth` (`task_checker`: the reasoning-gym columns of `a2po.tasks`) and ignore the
-rest. A completion is a plain string or a conversational list such as `[{"role": "assistant", "content": "..."}]`
-(the last message counts). A reward function may return None for a completion it does not apply to (`call_reward`).
+`kwargs` carries every dataset column, `trainer_state` (the `transformers.TrainerState`) and the callbacks
+`log_extra(column, values)` and `log_metric(name, value)`; the built-in functions read `ground_truth`
+(`task_checker`: the reasoning-gym columns of `a2po.tasks`) and ignore the rest. A completion is a plain string or a
+conversational list such as `[{"role": "assistant", "content": "..."}]` (the last message counts). A reward function
+may be `async`, and may return None for a completion it does not apply to (`call_rewards`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
+import math
+import os
 import re
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -115,18 +124,45 @@ def task_checker(completions: Sequence, task: Sequence[str] | None = None, task_
     return score_completions(completions, task, task_entry, task_settings, answer_format)
 
 
-def call_reward(func: Callable[..., Any], name: str, prompts: Sequence, completions: Sequence,
-                columns: dict[str, list], trainer_state: Any) -> list[float | None]:
-    """`func`'s values for `completions`, called as TRL calls a reward function: `prompts`, `completions`, every other
-    dataset column and `trainer_state`, by keyword. None marks a completion the function does not apply to (multi-task
-    data with one checker per task); the caller sums the others. Raises, naming the function, when it fails or does
-    not return one number (or None) per completion."""
-    try:
-        # `trainer_state` last: it wins over a dataset column of that name, as in TRL.
-        values = func(prompts=prompts, completions=completions, **{**columns, "trainer_state": trainer_state})
-    except Exception as error:
-        raise RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}") from error
-    expected = len(completions)
+# The keyword arguments the trainer passes besides the dataset columns (a column of one of these names is shadowed).
+TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+@dataclass
+class RewardCalls:
+    """What the reward functions gave for one batch of completions (`call_rewards`)."""
+
+    values: list[list[float | None]]  # per function, one value per completion (None: it does not apply)
+    extra_columns: dict[str, list] = field(default_factory=dict)  # `log_extra`: one value per completion
+    metrics: dict[str, float] = field(default_factory=dict)       # `log_metric`: the mean of the batch's values
+
+
+def is_async_callable(func: Callable[..., Any]) -> bool:
+    """Whether calling `func` returns a coroutine: an `async def` function, a `functools.partial` of one, or an
+    object whose `__call__` is `async` (as TRL's `is_async_callable`)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+_loop_lock = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for async reward functions, running in a daemon thread, as TRL's: one loop for the
+    whole run, so a client a function keeps between calls (an HTTP session for a judge) stays bound to a live loop.
+    A forked process (a chunk) starts its own: the parent's thread did not follow it."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid() or _loop[1].is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="a2po-async-rewards", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
+def _checked(name: str, values: Any, expected: int, columns: dict[str, list]) -> list[float | None]:
     sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes))
     if not sized or len(values) != expected:
         got = "None" if values is None else f"{len(values)} values" if sized else type(values).__name__
@@ -141,6 +177,69 @@ def call_reward(func: Callable[..., Any], name: str, prompts: Sequence, completi
             raise ValueError(f"Reward function '{name}' returned {value!r:.40}, not a number; return one float per "
                              "completion (None for a completion it does not apply to).") from None
     return out
+
+
+def _failed(name: str, error: Exception) -> RuntimeError:
+    return RuntimeError(f"Reward function '{name}' raised {type(error).__name__}: {error}")
+
+
+def call_rewards(funcs: Sequence[Callable[..., Any]], names: Sequence[str], prompts: Sequence,
+                 completions: Sequence, completion_ids: Sequence[Sequence[int]], columns: dict[str, list],
+                 trainer_state: Any) -> RewardCalls:
+    """Each function's values for `completions`, called as TRL 1.16's GRPOTrainer calls reward functions: by keyword,
+    `prompts`, `completions`, `completion_ids` (each completion's token ids up to and including its end token), every
+    other dataset column, `trainer_state`, and the callbacks `log_extra(column, values)` (a column of the completions
+    table, one value per completion) and `log_metric(name, value)` (a scalar, averaged over the batch here and over
+    the logging step by the trainer). The synchronous functions run in order, then the `async` ones concurrently on
+    one event loop. None marks a completion a function does not apply to (multi-task data with one checker per task);
+    the caller sums the others. Raises, naming the function, when one fails or does not return one number (or None)
+    per completion, and naming the column when `log_extra` was not given one value per completion."""
+    extra: dict[str, list] = defaultdict(list)
+    logged: dict[str, list[float]] = defaultdict(list)
+
+    def log_extra(column: str, values: Sequence) -> None:
+        extra[column].extend(values)
+
+    def log_metric(name: str, value: float) -> None:
+        logged[name].append(float(value))
+
+    # The trainer's arguments last: they win over dataset columns of those names, as in TRL.
+    kwargs = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids,
+              "trainer_state": trainer_state, "log_extra": log_extra, "log_metric": log_metric}
+    values: list[Any] = [None] * len(funcs)
+    waiting = []
+    for j, (func, name) in enumerate(zip(funcs, names)):
+        if is_async_callable(func):
+            waiting.append(j)
+            continue
+        try:
+            values[j] = func(**kwargs)
+        except Exception as error:
+            raise _failed(name, error) from error
+    if waiting:
+        async def run_async() -> list[Any]:
+            return await asyncio.gather(*(funcs[j](**kwargs) for j in waiting), return_exceptions=True)
+
+        results = asyncio.run_coroutine_threadsafe(run_async(), _event_loop()).result()
+        for j, result in zip(waiting, results):
+            if isinstance(result, Exception):
+                raise _failed(names[j], result) from result
+            values[j] = result
+    checked = [_checked(name, v, len(completions), columns) for name, v in zip(names, values)]
+    for column, column_values in extra.items():
+        if len(column_values) != len(completions):
+            raise ValueError(f"log_extra({column!r}, ...) got {len(column_values)} values for {len(completions)} "
+                             "completions; give one value per completion, in the order of `completions`.")
+    metrics = {name: math.fsum(v) / len(v) for name, v in logged.items()}
+    return RewardCalls(checked, dict(extra), metrics)
+
+
+def call_reward(func: Callable[..., Any], name: str, prompts: Sequence, completions: Sequence,
+                columns: dict[str, list], trainer_state: Any,
+                completion_ids: Sequence[Sequence[int]] | None = None) -> list[float | None]:
+    """One function's values (`call_rewards`), where no completions table or metrics are kept (the playground's
+    "Try the reward"): what it logs is dropped."""
+    return call_rewards([func], [name], prompts, completions, completion_ids, columns, trainer_state).values[0]
 
 
 def tasks_of(columns: dict[str, list], rows: Sequence[int] | None = None) -> str:

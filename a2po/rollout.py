@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from a2po.core import token_logprobs
+from a2po.core import token_entropies, token_logprobs
 from a2po.decoding import accepts, decoder_for, positions_from_mask
 
 
@@ -151,8 +151,9 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
 
 def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                       temperature: float = 1.0) -> torch.Tensor:
-    """log pi(y_t | x, y_<t) of each completion token, 0 where `completion_mask` is 0; shape (batch, T).
+                       temperature: float = 1.0, with_entropy: bool = False):
+    """log pi(y_t | x, y_<t) of each completion token, 0 where `completion_mask` is 0; shape (batch, T). With
+    `with_entropy`, also the entropy of pi(. | x, y_<t) at each position (same shape, no gradient), as a pair.
 
     With `temperature`, pi is the tempered policy softmax(logits / temperature) that sampled the tokens (GRPO's
     ratios, as in TRL). Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax
@@ -168,7 +169,11 @@ def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_
     logits = logits[:, -num_completion - 1:-1]
     if temperature != 1.0:
         logits = logits / temperature
-    return token_logprobs(logits, completion_ids) * completion_mask
+    logps = token_logprobs(logits, completion_ids) * completion_mask
+    if not with_entropy:
+        return logps
+    with torch.no_grad():
+        return logps, token_entropies(logits) * completion_mask
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -14,8 +14,10 @@
      "fsdp": None,                                 # or "FULL_SHARD", ...: FSDP instead of DDP (GPUs only)
      "runner": "worker",                           # the studio's: one long worker process, or "chunked":
                                                    # short chunks that each resume from disk (app.runtime.chunks)
-     "method": "a2po"}                             # or "grpo": GRPOTrainer, `config` holds GRPOConfig fields;
+     "method": "a2po",                             # or "grpo": GRPOTrainer, `config` holds GRPOConfig fields;
                                                    # a spec without the key is A*-PO (and `to_dict` leaves it out)
+     "recipe": None}                               # GRPO: a named recipe (a2po.recipes, e.g. "dapo") whose
+                                                   # settings fill what `config` leaves out
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ METHODS = tuple(CONFIG_CLASSES)
 # How the studio executes a run (`app.runtime.scheduler`, `app.runtime.chunks`); the CLI ignores it.
 RUNNERS = ("worker", "chunked")
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
+# Stage 1's own settings: A*-PO's, and GRPO's only where it selects prompts by pass rate (`pass_rate_band`).
+STAGE_ONE_FIELDS = ("num_value_samples", "value_batch_size", "values_seed", "values_path", "save_values")
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                     "eval_size": 64}
@@ -50,7 +54,10 @@ DATASET_KEYS = {
 }
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout")
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(A2POConfig)}
-METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} for method, cls in CONFIG_CLASSES.items()}
+# A method's fields in a run spec; GRPO has stage 1's only with a pass-rate band (`method_config_fields`).
+METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} - (set(STAGE_ONE_FIELDS) if method != "a2po"
+                                                                           else set())
+                        for method, cls in CONFIG_CLASSES.items()}
 # What a studio or CLI run uses where its spec says nothing (A2POConfig itself keeps TRL's defaults).
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
                                        "save_every_seconds": 300.0, "save_total_limit": 2}
@@ -132,6 +139,9 @@ class RunSpec:
     # run seeds), a label of short values, e.g. {"id": "3f9c0a1b2e", "kind": "pair", "protocol": "paper", "seed": 0}.
     # Training ignores it; the CLI leaves it out.
     study: dict[str, Any] | None = None
+    # GRPO's named recipe (`a2po.recipes`: "dapo", "dr-grpo", "gspo", ...) or None: its GRPOConfig settings fill what
+    # `config` leaves out, so a validated spec's `config` holds them and `recipe` records where they came from.
+    recipe: str | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> RunSpec:
@@ -178,6 +188,7 @@ class RunSpec:
             problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {run.runner!r:.40})"
         elif run.runner == "chunked" and processes not in (None, 1):
             problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
+        problems.update(run._recipe_problems())
         if run.study is not None and not (isinstance(run.study, dict) and _small_label(run.study)):
             problems["study"] = ("study must be None or a small object of short texts and numbers, and of small "
                                  "objects and lists of them (the studio's label)")
@@ -186,6 +197,24 @@ class RunSpec:
         if problems:
             raise SpecError(problems)
         return run
+
+    def _recipe_problems(self) -> dict[str, str]:
+        """Problems of `recipe` (a GRPO run's, one of `a2po.recipes.RECIPES`); fills `config` with its settings where
+        `config` has none of its own, and spells its name as the table does."""
+        from a2po.recipes import RecipeError, apply_recipe, canonical_name
+
+        if self.recipe is None:
+            return {}
+        if self.method != "grpo":
+            return {"recipe": f"recipe names a GRPO variant (got {self.recipe!r:.40}) and this run's method is "
+                              f"{self.method!r}: set \"method\": \"grpo\", or remove the recipe"}
+        try:
+            self.recipe = canonical_name(self.recipe)
+        except RecipeError as error:
+            return {"recipe": str(error).rstrip(".")}
+        if isinstance(self.config, dict):
+            self.config = apply_recipe(self.recipe, self.config)
+        return {}
 
     def _dataset_problems(self) -> dict[str, str]:
         """Problems of `dataset`, by path (`dataset.num_prompts`); converts its numbers in place."""
@@ -303,10 +332,13 @@ class RunSpec:
         their fields' types. `valid`: the name, dataset and rewards it is built with are valid (else stand-ins are)."""
         from a2po.config import coerce_field
 
-        name, fields = self.config_class.__name__, METHOD_CONFIG_FIELDS[self.method]
+        name = self.config_class.__name__
         if not isinstance(self.config, dict):
             return {"config": f"config must be an object of {name} fields (got {self.config!r:.40})"}
-        problems = {f"config.{k}": f"{k} is not a {name} field" for k in self.config if k not in fields}
+        fields = method_config_fields(self.method, self.config)
+        problems = {f"config.{k}": f"{k} is not a {name} field" + (
+            " without pass_rate_band (GRPO samples stage 1 only to select prompts by pass rate): set "
+            f"pass_rate_band, or remove {k}" if k in STAGE_ONE_FIELDS else "") for k in self.config if k not in fields}
         known = {k: v for k, v in self.config.items() if k in fields}
         probe = self if valid else dataclasses.replace(self, name="a2po-run", dataset={}, rewards=[])
         problems.update({f"config.{k}": problem for k in _DEVICE_FREE_CHECK.keys() & known
@@ -326,6 +358,8 @@ class RunSpec:
             del out["method"]
         if out["study"] is None:  # as are specs of runs launched alone
             del out["study"]
+        if out["recipe"] is None:  # and specs of runs without a recipe
+            del out["recipe"]
         return out
 
     @property
@@ -418,8 +452,9 @@ class RunSpec:
         samples (each is a function of the seed, the prompt and the sample index)."""
         from a2po.values import loading_key
 
-        defaults = A2POConfig.__dataclass_fields__
+        defaults = self.config_class.__dataclass_fields__
         sampling = {k: self.config.get(k, defaults[k].default) for k in (*SAMPLING_FIELDS, "seed")}
+        sampling["top_k"] = sampling["top_k"] or None  # GRPO's 0 and A*-PO's None both turn top-k off
         if self.config.get("values_seed") is not None:  # stage 1's own seed (a sweep's runs share one)
             sampling["seed"] = self.config["values_seed"]
         # A registered function counts by its source's hash: edited, it scores differently (built-ins: by name).
@@ -438,6 +473,8 @@ class RunSpec:
         out: dict[str, Any] = {"model": self.model, "run_name": self.name}
         if self.method != "a2po":
             out["method"] = self.method
+        if self.recipe is not None:
+            out["recipe"] = self.recipe
         # The CLI starts from the default preset (the fields of this run's method): a spec that leaves some of its
         # settings out says so.
         if (set(default["config"]) & METHOD_CONFIG_FIELDS[self.method]) - set(self.config):
@@ -487,7 +524,7 @@ class RunSpec:
         """The `python -m a2po` arguments that run this spec."""
         args = [self.action]
         for key, value in self.to_config_dict().items():
-            if key in ("reward", "reward_weights", "reward_module"):
+            if key in ("reward", "reward_weights", "reward_module", "pass_rate_band") and value is not None:
                 args += [f"--{key}", *map(str, value)]
             else:
                 args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
@@ -507,10 +544,22 @@ class RunSpec:
 
 # ------------------------------------------------------------------------------------------------- presets
 
+def method_config_fields(method: str, config: dict[str, Any]) -> set[str]:
+    """The fields a run spec of `method` with `config` may set: its method's, and for GRPO stage 1's where it
+    selects prompts by pass rate."""
+    fields = METHOD_CONFIG_FIELDS.get(method, set())
+    if method != "a2po" and config.get("pass_rate_band") is not None:
+        return fields | set(STAGE_ONE_FIELDS)
+    return fields
+
+
 def value_fingerprint_of(spec: dict[str, Any]) -> str | None:
     """The V* set a stored run spec samples or reads (`RunSpec.value_fingerprint`); None for a run without stage 1
-    (GRPO, an evaluation) or a spec that no longer reads."""
-    if spec.get("method", "a2po") != "a2po" or spec.get("action", "train") not in ("train", "values"):
+    (GRPO that does not select by pass rate, an evaluation) or a spec that no longer reads."""
+    if spec.get("action", "train") not in ("train", "values"):
+        return None
+    if spec.get("method", "a2po") != "a2po" and (
+            spec.get("action", "train") != "train" or (spec.get("config") or {}).get("pass_rate_band") is None):
         return None
     try:
         return RunSpec.from_dict(spec).value_fingerprint()
@@ -532,8 +581,8 @@ def preset_spec(name: str = DEFAULT_PRESET) -> dict[str, Any]:
 def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, Any]:
     """`spec` completed from a preset (`preset`, else `spec["preset"]`, else the default): keys it gives win;
     its `config` is merged key by key (for a method other than A*-PO, only the preset's settings that method has);
-    a `dataset` of the preset's source is merged, one of another source replaces the preset's. The result has no
-    "preset" key."""
+    a `dataset` of the preset's source is merged, one of another source replaces the preset's; a GRPO spec's
+    `recipe` (`a2po.recipes`) sets what its `config` leaves out, over the preset's. The result has no "preset" key."""
     spec = dict(spec)
     name = preset or spec.get("preset") or DEFAULT_PRESET
     spec.pop("preset", None)
@@ -542,11 +591,20 @@ def with_defaults(spec: dict[str, Any], preset: str | None = None) -> dict[str, 
     method = spec.get("method", "a2po")
     if method != "a2po":  # a preset's A*-PO-only settings (N, beta1, ...) mean nothing to another method
         fields = METHOD_CONFIG_FIELDS.get(method, set())
+        if isinstance(spec.get("config"), dict):
+            fields = method_config_fields(method, spec["config"])
         out["config"] = base["config"] = {k: v for k, v in base["config"].items() if k in fields}
     if isinstance(spec.get("config"), dict):
         out["config"] = {**base["config"], **copy.deepcopy(spec["config"])}
     elif "config" in spec:
         out["config"] = spec["config"]  # not a dict: left for validation to report
+    if method == "grpo" and spec.get("recipe") is not None and isinstance(out["config"], dict):
+        from a2po.recipes import RecipeError, apply_recipe
+
+        try:  # a recipe wins over the preset, the spec's own settings over the recipe
+            out["config"] = {**base["config"], **apply_recipe(spec["recipe"], spec.get("config") or {})}
+        except RecipeError:
+            pass  # validation names it
     dataset = spec.get("dataset")
     if isinstance(dataset, dict) and dataset.get("source", base["dataset"]["source"]) == base["dataset"]["source"]:
         out["dataset"] = {**base["dataset"], **copy.deepcopy(dataset)}

@@ -346,8 +346,7 @@ def run_sweep(argv: list[str]) -> int:
             continue
         print(f"[{index}/{len(plan)}] {label}, seed {seed}", flush=True)
         trainer = spec.build_trainer(output_dir=str(root / name))
-        shared = getattr(trainer, "value_fingerprint", None)
-        key = shared() if shared else None
+        key = trainer.value_fingerprint() if getattr(trainer, "samples_stage_one", False) else None
         if key is not None and key not in tables:  # a sweep started again: the tables its earlier runs saved
             tables[key] = _saved_tables(root, key)
         for split, table in tables.get(key, {}).items():

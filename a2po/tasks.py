@@ -113,7 +113,7 @@ OPERATORS = ("+", "-", "*", "/")
 # many long terms can take minutes. With '/', (max_terms - 1) * max_digits <= 12 keeps every prompt quick to make
 # (figures: docs/benchmarks.md, "Design figures").
 MAX_DIVISION_SPAN = 12
-# Names, types and defaults are those of reasoning-gym 0.1.25's config dataclasses (tests/test_tasks.py checks),
+# Names, types and defaults are those of reasoning-gym 0.1.25's config dataclasses (tests/a2po/test_tasks.py checks),
 # except basic_arithmetic's operators (no '/' by default, see above); the ranges are what a run sensibly uses
 # (reasoning-gym's curricula) and what its generators handle.
 TASKS: dict[str, Task] = {task.name: task for task in [

@@ -2,8 +2,9 @@
 `a2po.core`; the set-up, prompts, rewards, sampling, callbacks, evaluation loop and logging shared with
 `GRPOTrainer` are in `a2po.base_trainer`.
 
-Read top to bottom: set-up, stage 1 (`estimate_optimal_values`), stage 2 (`compute_loss`), evaluation (greedy
-accuracy plus the regression loss).
+Read top to bottom: stage 1 (`ValueEstimation.estimate_optimal_values`, which `GRPOTrainer` shares to select
+prompts by pass rate), then `A2POTrainer`: set-up, stage 2 (`compute_loss`), evaluation (greedy accuracy plus the
+regression loss).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from a2po._faults import fault_point
 from a2po.answers import prompt_question
-from a2po.base_trainer import BaseTrainer, RewardFunc, frozen_gc
+from a2po.base_trainer import BaseTrainer, RewardFunc, completion_token_lists, frozen_gc
 from a2po.callbacks import StageInterrupted
-from a2po.config import A2POConfig
+from a2po.config import A2POConfig, in_pass_rate_band
 from a2po.core import a2po_loss
 from a2po.rollout import sequence_logprobs
 from a2po.values import (
@@ -39,67 +41,57 @@ from a2po.values import (
     value_record,
 )
 
-__all__ = ["A2POTrainer", "RewardFunc", "frozen_gc"]
+__all__ = ["A2POTrainer", "RewardFunc", "ValueEstimation", "frozen_gc"]
 
 
-class A2POTrainer(BaseTrainer):
-    """Trainer for A*-PO (optimal advantage regression), arXiv 2505.20686.
+class ValueEstimation(BaseTrainer):
+    """Stage 1, shared by both methods: for every prompt, `num_value_samples` completions of the reference policy,
+    their rewards, V* and the pass rate. `A2POTrainer` regresses onto V*; `GRPOTrainer` samples it only to select
+    prompts by pass rate (`pass_rate_band`). The V* table and its fingerprint are the same for both, so a GRPO run
+    that selects reuses the V* set of an A*-PO run with the same sampling settings (docs/selection.md)."""
 
-    Stage 1, before training: for every prompt, sample `num_value_samples` completions from the reference policy,
-    score them with `reward_funcs`, and estimate V*(x) = beta1 * log(mean_i exp(r_i / beta1)); prompts no sample
-    solved are dropped (`filter_all_incorrect`). Stage 2: one completion per prompt from the current policy; the loss
-    is (beta2 * log(pi(y|x) / pi_ref(y|x)) - (r(x, y) - V*(x)))^2, averaged over the batch.
-
-    Args:
-        model: a model, a hub id or local path, or "SmolLM2-135M-Instruct" (the offline default, `a2po.models`).
-        reward_funcs: one function or a list; each gets `prompts`, `completions`, every other dataset column and
-            `trainer_state` (the `transformers.TrainerState`: stage 1 sees the state before training, global_step 0;
-            stage 2 and evaluation the current one, for curriculum rewards) as keyword arguments and returns one
-            float per completion. Their weighted sum is r, assumed in {0, 1}. As in TRL, a function may return None
-            for a completion it does not apply to (multi-task data, one checker per task): the sum skips it. A
-            completion that every function skips is an error naming the functions and its task (A*-PO has no number
-            to put in V* or r - V*), as is a function that returns None or the wrong number of values.
-        args: an `A2POConfig`.
-        train_dataset: prompts in a "prompt" column (text, or conversational message lists). A `v_star` column
-            skips stage 1 for its non-null rows; a `prompt_id` column names rows (else a hash of the row is used).
-        eval_dataset: a Dataset or a dict of Datasets; `evaluate()` reports greedy accuracy on it.
-        processing_class: the tokenizer (loaded from `model` when omitted).
-        callbacks: `TrainerCallback`s; `a2po.A2POCallback`s also receive the stage-1 and sample events.
-        optimizers: (optimizer, scheduler), as in `Trainer`.
-        peft_config: a `peft` config (e.g. `LoraConfig`): only adapters train and the reference policy is the same
-            weights with adapters disabled, so no second copy of the model is held.
-    """
-
-    _tag_names = ["a2po"]
-    _eval_extra_metrics = ("loss",)
-    _non_binary_note = "A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct."
-    # No fallback for a completion no reward function scored: a 0 would bias V* and the filter, and leaving it out
-    # would still leave a stage-2 sample without a regression target.
-    _unscored_error = "A*-PO needs a number for every completion (V* in stage 1, r - V* in stage 2)."
-
-    def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
-                 args: A2POConfig | None = None, train_dataset: Dataset | None = None,
-                 eval_dataset: Dataset | dict[str, Dataset] | None = None,
-                 processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
-                 optimizers=(None, None), peft_config=None):
-        if args is None:
-            model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-            args = A2POConfig(output_dir=f"{Path(model_id).name}-A2PO")
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers, peft_config=peft_config)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.value_tables: dict[str, Dataset] = {}
         self._known_values: dict[str, dict[str, dict[str, Any]]] = {}
 
-    # ----------------------------------------------------------------------------------------------------------
-    # Stage 1: offline value estimation
+    @property
+    def samples_stage_one(self) -> bool:
+        """Whether training needs stage 1: A*-PO always (`GRPOTrainer`: only to select prompts by pass rate)."""
+        return True
+
+    def value_rules(self) -> tuple[float, bool]:
+        """(beta1, filter_all_incorrect) of the V* rows: the method's own (GRPO has neither; see `GRPOTrainer`)."""
+        return self.args.beta1, self.args.filter_all_incorrect
+
+    def _selected(self, record: dict[str, Any]) -> bool:
+        """Whether training keeps the prompt of a V* row: not dropped by `filter_all_incorrect`, and its reference
+        pass rate inside `pass_rate_band` (when set)."""
+        band = self.args.pass_rate_band
+        if record["filtered"]:
+            return False
+        if band is None:
+            return True
+        if not record.get("rewards"):
+            raise ValueError(f"pass_rate_band needs each prompt's reference samples, but prompt "
+                             f"{record['prompt_id']!r} has a V* given by the dataset (its `v_star` column) and none: "
+                             "drop the v_star column so stage 1 samples it, or set pass_rate_band to None.")
+        return in_pass_rate_band(record["num_correct"], len(record["rewards"]), band)
+
+    def select_by_pass_rate(self, dataset: Dataset, split: str = "train") -> Dataset:
+        """The rows of `dataset` training keeps (`_selected`), their V* estimated first where missing; the columns
+        left as they are."""
+        table, _ = self._values_for(dataset, split)
+        by_id = {row["prompt_id"]: row for row in table.to_list()}
+        return dataset.select([i for i, row in enumerate(dataset.to_list())
+                               if self._selected(by_id[prompt_id_for(row)])])
 
     def value_fingerprint(self) -> str:
         """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
         a = self.args
         key = {"model": str(self.model_id), "rewards": self.reward_names, "weights": self.reward_weights.tolist(),
                "seed": self.values_seed,
-               "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+               "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.sampling_top_k,
                "max_prompt_length": a.max_prompt_length, "max_completion_length": self.max_completion_length}
         if loading := loading_key(lambda name: getattr(a, name, None)):
             key["loading"] = loading
@@ -138,6 +130,7 @@ class A2POTrainer(BaseTrainer):
         Under several processes each samples its shard and every process gets the whole table.
         """
         args = self.args
+        beta1, filter_all_incorrect = self.value_rules()
         if dataset is None:
             dataset = self.train_dataset if split == "train" else self.eval_sets().get(split)
         if dataset is None:
@@ -155,10 +148,10 @@ class A2POTrainer(BaseTrainer):
         for pid, row in zip(ids, rows):
             if row.get("v_star") is not None:
                 records[pid] = known_value_record(pid, row["prompt"], self._render_prompt(row["prompt"]),
-                                                  row["v_star"], args.filter_all_incorrect)
+                                                  row["v_star"], filter_all_incorrect)
             elif pid in stored:
                 given = {"prompt": row["prompt"], "prompt_text": self._render_prompt(row["prompt"]), **stored[pid]}
-                records[pid] = rescore(given, args.beta1, args.filter_all_incorrect)
+                records[pid] = rescore(given, beta1, filter_all_incorrect)
             elif pid not in records:
                 records[pid] = None  # placeholder keeps duplicate rows from being sampled twice
                 pending.append((pid, row))
@@ -175,6 +168,7 @@ class A2POTrainer(BaseTrainer):
         cache_path = self._values_cache_path(split)
         done = len(rows) - len(pending)
         new_records = []
+        logged: dict[str, list[float]] = defaultdict(list)  # the reward functions' `log_metric` values
         bar = tqdm(total=len(pending), desc=f"Stage 1: V* ({split})", unit="prompt",
                    disable=not self.is_local_process_zero() or args.disable_tqdm)
         # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
@@ -192,14 +186,16 @@ class A2POTrainer(BaseTrainer):
                                                   num_samples=args.num_value_samples, phase="values",
                                                   row_keys=self._stream_keys("values", batch_rows,
                                                                              args.num_value_samples))
-                    completions, _ = self._decode(completion_ids)
+                    completions, mask = self._decode(completion_ids)
                     n = args.num_value_samples
                     repeated = [row for row in batch_rows for _ in range(n)]
-                    rewards, _ = self._score(repeated, completions, trainer_state=self._state_before_training())
+                    with self._reward_metrics_into(logged):
+                        rewards = self._score(repeated, completions, completion_token_lists(completion_ids, mask),
+                                              trainer_state=self._state_before_training()).total
                     fault_point("values_batch")
                     batch_records = [
                         value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
-                                     completions[i * n:(i + 1) * n], args.beta1, args.filter_all_incorrect)
+                                     completions[i * n:(i + 1) * n], beta1, filter_all_incorrect)
                         for i, (pid, row) in enumerate(batch)]
                 if cache_path is not None and batch_records:
                     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +222,7 @@ class A2POTrainer(BaseTrainer):
                                            "rerun to continue with the prompts not yet done.")
         bar.close()
         self.control.should_training_stop = stop_before
+        reward_metrics = self._reward_metric_means(logged)
         for record in new_records:
             records[record["prompt_id"]] = record
         table_rows = [records[pid] for pid in dict.fromkeys(ids)]
@@ -238,7 +235,8 @@ class A2POTrainer(BaseTrainer):
             summary["completion_tokens"] = counters.values_tokens.get(split, 0)
         self.value_tables[split] = table
         self._notify("on_values_end", split=split, values=table, summary=summary)
-        self.log({f"values/{split}/{k}": float(v) for k, v in summary.items()})
+        # The reward functions' `log_metric` values, averaged over what this start sampled; a built-in name wins.
+        self.log({f"values/{split}/{k}": float(v) for k, v in {**reward_metrics, **summary}.items()})
         return table
 
     def _values_for(self, dataset: Dataset, split: str) -> tuple[Dataset, str]:
@@ -256,14 +254,15 @@ class A2POTrainer(BaseTrainer):
         table = self.value_tables.get(name)
         return (table if table is not None else self.estimate_optimal_values(dataset, name)), name
 
-    def _with_values(self, dataset: Dataset, split: str, drop_filtered: bool) -> tuple[Dataset, Dataset]:
-        """`dataset` with the `prompt_id` and `v_star` of its V* table (estimated on first use), and the table."""
+    def _with_values(self, dataset: Dataset, split: str, select: bool) -> tuple[Dataset, Dataset]:
+        """`dataset` with the `prompt_id` and `v_star` of its V* table (estimated on first use), and the table;
+        `select`: only the rows training keeps (`_selected`)."""
         table, _ = self._values_for(dataset, split)
         by_id = {row["prompt_id"]: row for row in table.to_list()}
         keep, v_stars, pids = [], [], []
         for i, row in enumerate(dataset.to_list()):
             record = by_id[prompt_id_for(row)]
-            if drop_filtered and record["filtered"]:
+            if select and not self._selected(record):
                 continue
             keep.append(i)
             v_stars.append(record["v_star"])
@@ -273,6 +272,57 @@ class A2POTrainer(BaseTrainer):
             out = out.select_columns(["prompt"])
         out = out.remove_columns([c for c in ("v_star", "prompt_id") if c in out.column_names])
         return out.add_column("prompt_id", pids).add_column("v_star", v_stars), table
+
+
+class A2POTrainer(ValueEstimation):
+    """Trainer for A*-PO (optimal advantage regression), arXiv 2505.20686.
+
+    Stage 1, before training: for every prompt, sample `num_value_samples` completions from the reference policy,
+    score them with `reward_funcs`, and estimate V*(x) = beta1 * log(mean_i exp(r_i / beta1)); prompts no sample
+    solved are dropped (`filter_all_incorrect`). Stage 2: one completion per prompt from the current policy; the loss
+    is (beta2 * log(pi(y|x) / pi_ref(y|x)) - (r(x, y) - V*(x)))^2, averaged over the batch.
+
+    Args:
+        model: a model, a hub id or local path, or "SmolLM2-135M-Instruct" (the offline default, `a2po.models`).
+        reward_funcs: one function or a list, called as TRL 1.16 calls them (`a2po.rewards.call_rewards`): by
+            keyword `prompts`, `completions`, `completion_ids`, every other dataset column, `trainer_state` (the
+            `transformers.TrainerState`: stage 1 sees the state before training, global_step 0; stage 2 and
+            evaluation the current one, for curriculum rewards), `log_extra` and `log_metric`; `async` ones run
+            concurrently. Each returns one float per completion. Their weighted sum is r, assumed in {0, 1}. As in
+            TRL, a function may return None for a completion it does not apply to (multi-task data, one checker per
+            task): the sum skips it. A completion that every function skips is an error naming the functions and its
+            task (A*-PO has no number to put in V* or r - V*), as is a function that returns None or the wrong
+            number of values.
+        args: an `A2POConfig`.
+        train_dataset: prompts in a "prompt" column (text, or conversational message lists). A `v_star` column
+            skips stage 1 for its non-null rows; a `prompt_id` column names rows (else a hash of the row is used).
+        eval_dataset: a Dataset or a dict of Datasets; `evaluate()` reports greedy accuracy on it.
+        processing_class: the tokenizer (loaded from `model` when omitted).
+        callbacks: `TrainerCallback`s; `a2po.A2POCallback`s also receive the stage-1 and sample events.
+        optimizers: (optimizer, scheduler), as in `Trainer`.
+        peft_config: a `peft` config (e.g. `LoraConfig`): only adapters train and the reference policy is the same
+            weights with adapters disabled, so no second copy of the model is held.
+    """
+
+    _tag_names = ["a2po"]
+    _eval_extra_metrics = ("loss",)
+    _completion_columns = ("v_star", "implicit_reward")  # `advantage` is r - V*, the regression's target
+    _non_binary_note = "A*-PO assumes binary rewards; V* and the filter treat only r = 1 as correct."
+    # No fallback for a completion no reward function scored: a 0 would bias V* and the filter, and leaving it out
+    # would still leave a stage-2 sample without a regression target.
+    _unscored_error = "A*-PO needs a number for every completion (V* in stage 1, r - V* in stage 2)."
+
+    def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
+                 args: A2POConfig | None = None, train_dataset: Dataset | None = None,
+                 eval_dataset: Dataset | dict[str, Dataset] | None = None,
+                 processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
+                 optimizers=(None, None), peft_config=None):
+        if args is None:
+            model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            args = A2POConfig(output_dir=f"{Path(model_id).name}-A2PO")
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers, peft_config=peft_config)
 
     @frozen_gc
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None,
@@ -285,7 +335,10 @@ class A2POTrainer(BaseTrainer):
         """
         if self.train_dataset is None:
             raise ValueError("A2POTrainer.train() needs a train_dataset with a 'prompt' column.")
-        trained_on, _ = self._with_values(self.train_dataset, "train", drop_filtered=self.args.filter_all_incorrect)
+        trained_on, _ = self._with_values(self.train_dataset, "train", select=True)
+        if len(trained_on) == 0 and self.args.pass_rate_band is not None:
+            raise ValueError(f"No training prompt has a reference pass rate in pass_rate_band "
+                             f"{list(self.args.pass_rate_band)}: widen the band, or set it to None.")
         if len(trained_on) == 0:
             raise ValueError("Every training prompt was filtered out: no reference sample was correct. Use easier "
                              "prompts, more num_value_samples, a higher temperature, or filter_all_incorrect=False.")
@@ -324,7 +377,8 @@ class A2POTrainer(BaseTrainer):
              "prompt_text": rollout.prompt_texts[i], "question": prompt_question(row["prompt"]),
              "completion": rollout.completions[i], "reward": float(rollout.rewards[i]), "v_star": float(row["v_star"]),
              "advantage": float(stats["advantage"][i]), "implicit_reward": float(stats["implicit_reward"][i]),
-             "completion_length": int(rollout.lengths[i])} for i, row in enumerate(rows)])
+             "completion_length": int(rollout.lengths[i]), "extra": rollout.extra(i)} for i, row in enumerate(rows)],
+            rollout)
         return (loss, {}) if return_outputs else loss
 
     # ----------------------------------------------------------------------------------------------------------
@@ -332,7 +386,7 @@ class A2POTrainer(BaseTrainer):
 
     def _eval_rows(self, dataset: Dataset, split: str) -> tuple[Dataset, Dataset]:
         """The eval rows with their V* (estimated from the reference policy on first use), and their V* table."""
-        return self._with_values(dataset, split, drop_filtered=False)
+        return self._with_values(dataset, split, select=False)
 
     def _policy_is_reference(self) -> bool:
         """Whether the policy still equals the reference: before the first optimizer step, the reference being a copy
@@ -349,7 +403,7 @@ class A2POTrainer(BaseTrainer):
                             greedy_samples=1)
         completion_ids = both[1::2]
         completions, mask = self._decode(completion_ids)
-        rewards, _ = self._score(batch, completions)
+        rewards = self._score(batch, completions, completion_token_lists(completion_ids, mask)).total
         if self._policy_is_reference():
             # log pi/pi_ref = 0 for every completion: the loss needs no forward pass.
             zeros = torch.zeros(len(batch), dtype=torch.float64)

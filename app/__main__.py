@@ -75,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sharing.add_argument("--hf-oauth", action="store_true", default=bool(os.environ.get("OAUTH_CLIENT_ID")),
                          help="Sign in with Hugging Face, on a Space only (on by itself with hf_oauth: true in "
                               "its README header); elsewhere use --auth-file.")
+    sharing.add_argument("--mcp", action=argparse.BooleanOptionalAction, default=None,
+                         help="Serve the named API as MCP tools for agents at /gradio_api/mcp/ (SSE: "
+                              "/gradio_api/mcp/sse), each call through the same sign-in and limits as the page "
+                              "(docs/api.md, \"Agents (MCP)\"); default on with --hf-oauth, else off. Needs "
+                              "pip install 'a2po-studio[mcp]'.")
     sharing.add_argument("--admin", action="append", default=[], metavar="NAME",
                          help="A Hugging Face user name (or password user) who may stop or delete any run.")
     sharing.add_argument("--allow-remote-code", action="store_true",
@@ -255,6 +260,23 @@ def enter_worker_cwd(data_dir: Path) -> Path:
     return cwd
 
 
+def serve_mcp(args: argparse.Namespace) -> bool:
+    """Whether to serve the MCP endpoint: `--mcp`, or a Space's Hugging Face sign-in unless `--no-mcp`. An explicit
+    `--mcp` without the `mcp` package stops the studio (Gradio would only print the error and serve without it);
+    the Space's default only warns."""
+    import importlib.util
+
+    wanted = args.hf_oauth if args.mcp is None else args.mcp
+    if wanted and importlib.util.find_spec("mcp") is None:
+        if args.mcp:
+            raise SystemExit("A*-PO Studio: --mcp needs the `mcp` package: pip install 'a2po-studio[mcp]' (or "
+                             "'gradio[mcp]').")
+        print("A*-PO Studio: WARNING: no MCP endpoint: the `mcp` package is not installed (pip install "
+              "'a2po-studio[mcp]').", file=sys.stderr, flush=True)
+        return False
+    return bool(wanted)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from app.access.auth import oauth_problem
@@ -262,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     problem = oauth_problem(args.hf_oauth)
     if problem:
         raise SystemExit(f"A*-PO Studio: {problem}")
+    mcp = serve_mcp(args)
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     prepare_environment(data_dir)
@@ -348,6 +371,10 @@ def main(argv: list[str] | None = None) -> None:
 
     services = Services(store=store, scheduler=scheduler, data_dir=data_dir, policy=policy, auth=auth)
     demo = build_demo(services)
+    if mcp:
+        from app.web.api import json_tool_results
+
+        json_tool_results()
     # A bounded queue: a flood of requests is refused instead of piling up in memory.
     demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
@@ -359,10 +386,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"A*-PO Studio: data in {data_dir}; devices: {devices}; "
           f"{'public, ' if args.public else ''}logins {'required to act' if auth.required else 'off'}; "
           f"registered rewards: {', '.join(registered) or 'none'}; limits: {policy.limits.text()}", flush=True)
+    if mcp:
+        who = "launching needs a login's token" if auth.required else "no logins: any caller may launch"
+        print(f"A*-PO Studio: MCP tools at http://{args.host}:{args.port}/gradio_api/mcp/ (SSE: /gradio_api/mcp/sse); "
+              f"{who}.", flush=True)
     upload = f"{policy.limits.upload_mb:g}mb" if policy.limits.upload_mb is not None else None
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=False, show_error=True,
-                    allowed_paths=[str(services.exports_dir)], run_history=False, mcp_server=False,
+                    allowed_paths=[str(services.exports_dir)], run_history=False, mcp_server=mcp,
                     enable_monitoring=False, footer_links=["api", "settings"], max_file_size=upload,
                     **launch_options())
     finally:

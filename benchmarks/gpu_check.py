@@ -18,7 +18,7 @@ Steps, each writing `DIR/<step>.json` and one summary line to stdout (everything
    one table, `DIR/engines.md`, with "not measured: <why>" for an engine that is not there (docs/benchmarks.md,
    "The engines side by side (CPU)").
 
-`--cpu` (or no GPU) runs every step at a tiny size on the CPU, which `tests/test_gpu_check.py` does so the check
+`--cpu` (or no GPU) runs every step at a tiny size on the CPU, which `tests/a2po/test_gpu_check.py` does so the check
 cannot rot. `failed STEP --rc N` is what the script calls after a step that failed or ran out of time: it keeps
 what the step wrote, marks it failed and prints its line.
 

@@ -19,7 +19,7 @@
 #             measured: <why>": on the lent GPU machine vLLM (shared/reference/gpu-checks.md), on the CPU vLLM's sleep
 #             mode (CUDA only). With --cpu, vLLM runs from .venv-vllm (vLLM's CPU build, `make .venv-vllm/.installed`)
 #             when this Python has none.
-# --cpu runs them at a tiny size on the CPU (tests/test_gpu_check.py does; a few minutes of CPU, one of them vLLM's
+# --cpu runs them at a tiny size on the CPU (tests/a2po/test_gpu_check.py does; a few minutes of CPU, one of them vLLM's
 # start). Without a GPU the tiny sizes are used anyway. PYTHON picks the interpreter (default .venv/bin/python, else
 # python3); GPU_CHECK_BUDGET the overall seconds (default 560 on a GPU, 300 with --cpu), shared out among the steps.
 #

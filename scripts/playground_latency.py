@@ -1,4 +1,4 @@
-"""Latency of a playground request (`app.runtime.model_server`), with the machine idle and while a training run works.
+"""Latency of a playground request (`app.runtime.playground`), with the machine idle and while a training run works.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/playground_latency.py --model tiny
     OMP_NUM_THREADS=1 .venv/bin/python scripts/playground_latency.py --model SmolLM2-135M-Instruct
@@ -55,7 +55,7 @@ def main() -> None:
     from a2po.models import resolve_model
     from a2po.runspec import RunSpec, preset_spec
     from app.access.policy import Limits
-    from app.runtime.model_server import PlaygroundClient, build_request
+    from app.runtime.playground import PlaygroundClient, build_request
 
     work = Path(tempfile.mkdtemp(prefix="playground-latency-"))
     if options.model == "tiny":

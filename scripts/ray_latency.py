@@ -55,7 +55,7 @@ def main() -> None:
     from benchmarks.harness import studio
     from storage import Store
     from tests import postgres
-    from tests.test_app_api import tiny_spec
+    from tests.web.test_app_api import tiny_spec
 
     def ray_answers() -> bool:
         try:

@@ -1,4 +1,5 @@
-"""CSV export of rows returned by `Store` (metrics, samples, values, ...), for the dashboard's download buttons.
+"""CSV export of rows returned by `Store` (metrics, samples, values, ...), for the dashboard's download buttons, and
+a run's samples as the rows of TRL's completion tables (`completion_table`; the files: `a2po.completions`).
 
 Spreadsheet-safe: a text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return is read by Excel,
 LibreOffice and Google Sheets as a formula, so a prompt or a model completion could run `=HYPERLINK(...)` or worse
@@ -75,3 +76,17 @@ def _write(rows: Iterable[Mapping[str, Any]], file: IO[str], columns: list[str] 
                          for v in map(row.get, names, itertools.repeat(""))])
         count += 1
     return count
+
+
+def completion_table(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Stored samples (`Store.get_samples`) as rows of TRL's completion table, in TRL's column order: `step`,
+    `prompt` (the question as the studio shows it), `completion`, each reward function's value and the `log_extra`
+    columns (the sample's `extra`; none for samples stored before it was kept), `advantage`, and A*-PO's `v_star`
+    and `implicit_reward` where the sample has them."""
+    rows = []
+    for sample in samples:
+        row = {"step": sample["step"], "prompt": sample["prompt_text"], "completion": sample["completion"],
+               **(sample.get("extra") or {}), "advantage": sample["advantage"]}
+        row.update({k: sample[k] for k in ("v_star", "implicit_reward") if sample.get(k) is not None})
+        rows.append(row)
+    return rows

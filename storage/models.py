@@ -194,6 +194,9 @@ class Sample(Base):
     advantage: Mapped[float | None] = mapped_column(Float, nullable=True)
     implicit_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     completion_length: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Each reward function's value, then the reward functions' `log_extra` columns: the columns of TRL's completion
+    # table between the completion and the advantage (`storage.export.completion_tables`).
+    extra: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -453,6 +453,63 @@ class Store:
         with self._read() as s:
             return self._rows(s, stmt)
 
+    # The completions table reads a run's samples by step and by prompt. The unique index (run_id, split, step,
+    # prompt_id, sample_index) answers both with seeks: the steps by a loose index scan (one seek per step, not a
+    # read of every row), a prompt's rows by one seek per (step, prompt).
+
+    def sample_splits(self, run_id: int) -> list[str]:
+        """The splits a run logged samples of ("train"; "eval" for its evaluations' greedy completions)."""
+        with self._read() as s:
+            return [str(x) for x in s.scalars(_distinct_in_index(Sample.split, [Sample.run_id == run_id]))]
+
+    def sample_steps(self, run_id: int, split: str = "train") -> list[int]:
+        """The steps at which a run logged samples of `split`, in order."""
+        with self._read() as s:
+            return [int(x) for x in s.scalars(
+                _distinct_in_index(Sample.step, [Sample.run_id == run_id, Sample.split == split]))]
+
+    def step_samples(self, run_id: int, step: int, split: str = "train", correct: bool | None = None,
+                     text: str | None = None, sort: str = "prompt", descending: bool = False,
+                     limit: int | None = 2000) -> list[dict[str, Any]]:
+        """The samples a run logged at one step: filtered like `get_samples` and sorted by `sort` ("prompt",
+        "reward", "advantage" or "v_star"; empty values last), a prompt's completions in index order among equals."""
+        if sort not in SAMPLE_SORTS:
+            raise ValueError(f"Unknown sample sort {sort!r}: use one of {', '.join(SAMPLE_SORTS)}.")
+        stmt = select(Sample.__table__).where(Sample.run_id == run_id, Sample.split == split, Sample.step == step)
+        if correct is not None:
+            stmt = stmt.where(Sample.reward >= CORRECT_THRESHOLD if correct
+                              else or_(Sample.reward < CORRECT_THRESHOLD, Sample.reward.is_(None)))
+        if text:
+            pattern = _like_pattern(text)
+            stmt = stmt.where(or_(Sample.prompt_text.ilike(pattern, escape="\\"),
+                                  Sample.completion.ilike(pattern, escape="\\")))
+        if sort != "prompt":
+            column = getattr(Sample, sort)
+            stmt = stmt.order_by(column.is_(None), column.desc() if descending else column)
+        stmt = stmt.order_by(Sample.prompt_id, Sample.sample_index)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        with self._read() as s:
+            return self._rows(s, stmt)
+
+    def prompt_samples(self, run_id: int, prompt_id: str, split: str = "train",
+                       at_or_below: int | None = None) -> list[dict[str, Any]]:
+        """One prompt's samples in a run, by step and index: at every step that sampled it, or with `at_or_below`
+        only at the latest such step not after it (none when the run first sampled it later)."""
+        steps = _distinct_in_index(Sample.step, [Sample.run_id == run_id, Sample.split == split]).subquery()
+        where = (Sample.run_id == run_id, Sample.split == split, Sample.prompt_id == str(prompt_id))
+        with self._read() as s:
+            # The prompt's steps from the index alone (one seek per logged step), then its rows at those steps.
+            sampled = list(s.scalars(select(Sample.step).distinct().where(*where, Sample.step.in_(select(steps)))
+                                     .order_by(Sample.step)))
+            if at_or_below is not None:
+                sampled = [step for step in sampled if step <= at_or_below][-1:]
+            if not sampled:
+                return []
+            stmt = (select(Sample.__table__).where(*where, Sample.step.in_(sampled))
+                    .order_by(Sample.step, Sample.sample_index))
+            return self._rows(s, stmt)
+
     # ------------------------------------------------------------------ evaluations
 
     def get_evaluations(self, run_id: int) -> list[dict[str, Any]]:
@@ -815,6 +872,7 @@ class Store:
 
 
 VALUE_SORTS = ("id", "prompt_id", "v_star", "num_correct")
+SAMPLE_SORTS = ("prompt", "reward", "advantage", "v_star")
 STATS_GROUPS = 4096
 # A run's prompt row: the shared row's columns, in their order, with the run's own values in place of its.
 _VALUE_ROW = tuple(getattr(RunValue, c.key) if c.key in RUN_OWN else c for c in PromptValue.__table__.columns)
@@ -825,6 +883,16 @@ def _page_columns(text_chars: int) -> tuple[Any, ...]:
     pv, rv = PromptValue, RunValue
     return (pv.id, rv.prompt_id, func.substr(pv.prompt_text, 1, text_chars).label("prompt_text"), pv.prompt,
             rv.v_star, rv.num_correct, rv.filtered)
+
+
+def _distinct_in_index(column: Any, where: list[Any]) -> Any:
+    """A query of the distinct values of `column` among the rows matching `where`, in order, by a loose index scan:
+    each value is one seek for the smallest one above the last, on an index that leads with `where`'s columns and
+    then `column` (a plain DISTINCT would read every matching row)."""
+    found = select(func.min(column).label("value")).where(*where).cte("found", recursive=True)
+    following = select(func.min(column)).where(*where, column > found.c.value).scalar_subquery()
+    found = found.union_all(select(following).where(found.c.value.is_not(None)))
+    return select(found.c.value).where(found.c.value.is_not(None)).order_by(found.c.value)
 
 
 def _like_pattern(text: str) -> str:

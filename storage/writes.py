@@ -22,26 +22,14 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from a2po.names import ACTIONS, STAGES
-from storage import dialects, lifecycle
+from storage import dialects, lifecycle, models
 from storage.dialects import greatest, insert
-from storage.models import (
-    Checkpoint,
-    Evaluation,
-    LatestMetric,
-    LogLine,
-    Metric,
-    PromptValue,
-    Run,
-    RunValue,
-    Sample,
-    ValueSet,
-)
 from storage.secrets import scrub_secrets
 
 # Run columns kept by `set_run_values` alone (they count the run's `run_values` rows).
 RUN_VALUE_FIELDS = frozenset({"value_counts", "values_revision"})
 # Columns a caller may change with `update_run` (id and created_at are fixed once the run exists).
-RUN_FIELDS = frozenset(c.key for c in Run.__table__.columns) - {"id", "created_at"}
+RUN_FIELDS = frozenset(c.key for c in models.Run.__table__.columns) - {"id", "created_at"}
 RUN_OWN = ("v_star", "num_correct", "filtered")  # what a run's row says of a prompt, over the shared row's values
 # The lifecycle events a chunk may record; the parent applies every other one itself (`app.runtime.chunks`).
 JOURNAL_EVENTS = {lifecycle.REQUEST_STOP.name: lifecycle.REQUEST_STOP}
@@ -94,7 +82,9 @@ class RunWriter(Protocol):
 
     def add_samples(self, run_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
         """Store stage-2 samples (as delivered by `on_samples`); one row per (split, step, prompt_id, sample_index),
-        latest wins (A*-PO's samples are index 0; GRPO's G completions of a prompt 0..G-1)."""
+        latest wins (A*-PO's samples are index 0; GRPO's G completions of a prompt 0..G-1). A sample's `rewards`
+        (each reward function's value) and `extra` (its `log_extra` columns) are kept together, in that order, as
+        the row's `extra`."""
 
     def add_evaluation(self, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval") -> None:
         """Store one evaluation (one row per step and split) and keep the run's `best_eval_accuracy` up to date."""
@@ -223,8 +213,8 @@ def check_run_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 def update_run(s: Session, run_id: int, *, at: float | None = None, **fields: Any) -> bool:
     values = check_run_fields(fields)
     if not values:
-        return s.scalar(select(Run.id).where(Run.id == run_id)) is not None
-    return s.execute(update(Run).where(Run.id == run_id).values(**values)).rowcount == 1
+        return s.scalar(select(models.Run.id).where(models.Run.id == run_id)) is not None
+    return s.execute(update(models.Run).where(models.Run.id == run_id).values(**values)).rowcount == 1
 
 
 def heartbeat(s: Session, run_id: int, *, at: float | None = None, **fields: Any) -> None:
@@ -233,8 +223,8 @@ def heartbeat(s: Session, run_id: int, *, at: float | None = None, **fields: Any
 
 def record_progress(s: Session, run_id: int, *, at: float | None = None, **fields: Any) -> None:
     now = _now() if at is None else float(at)
-    s.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=now, progress_at=now, auto_resumes=0,
-                                                          **check_run_fields(fields)))
+    s.execute(update(models.Run).where(models.Run.id == run_id).values(
+        heartbeat_at=now, progress_at=now, auto_resumes=0, **check_run_fields(fields)))
 
 
 def apply(s: Session, run_id: int, event: lifecycle.Event, *, seconds: float | None = None, at: float | None = None,
@@ -252,26 +242,28 @@ def apply(s: Session, run_id: int, event: lifecycle.Event, *, seconds: float | N
     for name in event.resets:
         values[name] = 0
     for name in event.increments:
-        values[name] = getattr(Run, name) + 1
+        values[name] = getattr(models.Run, name) + 1
     if event.ends_stretch:
-        values["limit_seconds"] = Run.limit_seconds + greatest(0.0, now - func.coalesce(Run.started_at, now))
+        stretch = now - func.coalesce(models.Run.started_at, now)
+        values["limit_seconds"] = models.Run.limit_seconds + greatest(0.0, stretch)
     if seconds is not None:  # the event ends a chunk
-        values["chunks_done"] = Run.chunks_done + 1
-        values["chunk_seconds"] = Run.chunk_seconds + max(0.0, float(seconds or 0.0))
-    stmt = update(Run).where(Run.id == run_id, Run.status.in_(event.sources)).values(**values)
+        values["chunks_done"] = models.Run.chunks_done + 1
+        values["chunk_seconds"] = models.Run.chunk_seconds + max(0.0, float(seconds or 0.0))
+    stmt = update(models.Run).where(models.Run.id == run_id, models.Run.status.in_(event.sources)).values(**values)
     return s.execute(stmt).rowcount == 1
 
 
 def mark_value_set_complete(s: Session, value_set_id: int, summary: dict[str, Any] | None = None, *,
                             at: float | None = None) -> None:
-    s.execute(update(ValueSet).where(ValueSet.id == value_set_id)
+    s.execute(update(models.ValueSet).where(models.ValueSet.id == value_set_id)
               .values(complete=True, summary=json_safe(summary or {})))
 
 
 def update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, Any], *,
                              at: float | None = None) -> None:
-    current = s.scalar(select(ValueSet.summary).where(ValueSet.id == value_set_id).with_for_update()) or {}
-    s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(summary={**current, **json_safe(summary)}))
+    this_set = models.ValueSet.id == value_set_id
+    current = s.scalar(select(models.ValueSet.summary).where(this_set).with_for_update()) or {}
+    s.execute(update(models.ValueSet).where(this_set).values(summary={**current, **json_safe(summary)}))
 
 
 def add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
@@ -293,24 +285,25 @@ def add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapp
         return 0
     if dialects.dialect_of(s) == dialects.POSTGRESQL:  # SQLite's write lock already covers the transaction
         # The stored ids and the counts below are read, then written: one writer of a value set at a time.
-        s.execute(select(ValueSet.id).where(ValueSet.id == value_set_id).with_for_update())
-    stmt = insert(s, PromptValue)
+        s.execute(select(models.ValueSet.id).where(models.ValueSet.id == value_set_id).with_for_update())
+    stmt = insert(s, models.PromptValue)
     keep = ("prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
     # A stored estimate is never overwritten (same fingerprint = same settings, so it is as good as a new one);
     # only a row whose V* is still missing takes the new values.
     stmt = stmt.on_conflict_do_update(index_elements=["value_set_id", "split", "prompt_id"],
                                       set_={k: stmt.excluded[k] for k in keep},
-                                      where=PromptValue.v_star.is_(None))
+                                      where=models.PromptValue.v_star.is_(None))
     ids = list(dict.fromkeys(row["prompt_id"] for row in rows))
     stored = set()
     for start in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
-        stored.update(s.scalars(select(PromptValue.prompt_id).where(
-            PromptValue.value_set_id == value_set_id, PromptValue.split == split,
-            PromptValue.prompt_id.in_(ids[start:start + 500]))))
+        stored.update(s.scalars(select(models.PromptValue.prompt_id).where(
+            models.PromptValue.value_set_id == value_set_id, models.PromptValue.split == split,
+            models.PromptValue.prompt_id.in_(ids[start:start + 500]))))
     s.execute(stmt, rows)
     added = len(ids) - len(stored)
     if added:
-        counts, cost = s.execute(select(ValueSet.counts, ValueSet.cost).where(ValueSet.id == value_set_id)).one()
+        counts, cost = s.execute(select(models.ValueSet.counts, models.ValueSet.cost)
+                                 .where(models.ValueSet.id == value_set_id)).one()
         counts = counts or {}
         fields: dict[str, Any] = {"counts": {**counts, split: int(counts.get(split, 0)) + added}}
         if seconds or tokens:
@@ -320,7 +313,7 @@ def add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapp
                 "seconds": float(paid.get("seconds") or 0.0) + float(seconds) * share,
                 "tokens": int(paid.get("tokens") or 0) + round(int(tokens) * share),
                 "prompts": int(paid.get("prompts") or 0) + added}}
-        s.execute(update(ValueSet).where(ValueSet.id == value_set_id).values(**fields))
+        s.execute(update(models.ValueSet).where(models.ValueSet.id == value_set_id).values(**fields))
     return added
 
 
@@ -329,7 +322,7 @@ def set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[s
     """Only rows that are new or differ are written; the run's counts move with them, and its revision with any
     write that changed or removed a row or added one before the last."""
     # The run's rows and counts are read, then written: one writer of a run's rows at a time.
-    value_set_id = s.scalar(select(Run.value_set_id).where(Run.id == run_id).with_for_update())
+    value_set_id = s.scalar(select(models.Run.value_set_id).where(models.Run.id == run_id).with_for_update())
     if value_set_id is None:
         return 0
     wanted: dict[str, tuple[float | None, int | None, bool]] = {}
@@ -339,7 +332,7 @@ def set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[s
         wanted[str(r["prompt_id"])] = (_float(r.get("v_star")),
                                        None if r.get("num_correct") is None else int(r["num_correct"]),
                                        bool(r.get("filtered", False)))
-    rv, pv = RunValue, PromptValue
+    rv, pv = models.RunValue, models.PromptValue
     mine = (rv.run_id == run_id, rv.split == split)
     own = select(rv.prompt_id, rv.v_star, rv.num_correct, rv.filtered).where(*mine)
     stored: dict[str, tuple[float | None, int | None, bool]] = {}
@@ -360,22 +353,22 @@ def set_run_values(s: Session, run_id: int, split: str, rows: Iterable[Mapping[s
                 **dict(zip(RUN_OWN, wanted[pid], strict=True))} for pid in differ if pid in value_ids]
     last = s.scalar(select(func.max(rv.value_id)).where(*mine)) or 0
     if changed:
-        stmt = insert(s, RunValue)
+        stmt = insert(s, models.RunValue)
         stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "prompt_id"],
                                           set_={k: stmt.excluded[k] for k in ("value_id", *RUN_OWN)})
         s.execute(stmt, changed)
     removed = [pid for pid in stored if pid not in wanted] if replace else []
     for start in range(0, len(removed), 500):
-        s.execute(delete(RunValue).where(*mine, rv.prompt_id.in_(removed[start:start + 500])))
+        s.execute(delete(models.RunValue).where(*mine, rv.prompt_id.in_(removed[start:start + 500])))
     if changed or removed:
         added = [row for row in changed if row["prompt_id"] not in stored]
         # Rows only added after the last one (stage 1 going on) leave the revision: a page follows them by id.
         rewritten = len(added) < len(changed) or removed or any(row["value_id"] < last for row in added)
-        counts = s.scalar(select(Run.value_counts).where(Run.id == run_id)) or {}
+        counts = s.scalar(select(models.Run.value_counts).where(models.Run.id == run_id)) or {}
         rows_now = len(stored) + len(added) - len(removed) if replace else int(counts.get(split, 0)) + len(added)
-        s.execute(update(Run).where(Run.id == run_id).values(
+        s.execute(update(models.Run).where(models.Run.id == run_id).values(
             value_counts={**counts, split: rows_now},
-            values_revision=Run.values_revision + (1 if rewritten else 0)))
+            values_revision=models.Run.values_revision + (1 if rewritten else 0)))
     return len(changed)
 
 
@@ -385,15 +378,16 @@ def add_metrics(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], 
             for name, value in metrics.items() if _is_number(value)]
     if not rows:
         return 0
-    stmt = insert(s, Metric)
+    stmt = insert(s, models.Metric)
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "name"], set_={"value": stmt.excluded.value})
     s.execute(stmt, rows)
-    ids = dict(s.execute(select(Metric.name, Metric.id).where(
-        Metric.run_id == run_id, Metric.step == int(step), Metric.name.in_([r["name"] for r in rows]))).all())
-    latest = insert(s, LatestMetric)
+    ids = dict(s.execute(select(models.Metric.name, models.Metric.id).where(
+        models.Metric.run_id == run_id, models.Metric.step == int(step),
+        models.Metric.name.in_([r["name"] for r in rows]))).all())
+    latest = insert(s, models.LatestMetric)
     latest = latest.on_conflict_do_update(
         index_elements=["run_id", "name"], set_={k: latest.excluded[k] for k in ("step", "value", "metric_id")},
-        where=LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
+        where=models.LatestMetric.step <= latest.excluded.step)  # a late write of an older step stays behind
     s.execute(latest, [{"run_id": run_id, "name": r["name"], "step": r["step"], "value": r["value"],
                         "metric_id": ids[r["name"]]} for r in rows])
     return len(rows)
@@ -409,34 +403,44 @@ def add_samples(s: Session, run_id: int, samples: Iterable[Mapping[str, Any]], *
         "v_star": _float(x.get("v_star")), "advantage": _float(x.get("advantage")),
         "implicit_reward": _float(x.get("implicit_reward")),
         "completion_length": _float(x.get("completion_length")), "created_at": now,
+        "extra": _sample_extra(x),
     } for x in samples]
     if not rows:
         return 0
-    stmt = insert(s, Sample)
-    keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length")
+    stmt = insert(s, models.Sample)
+    keep = ("prompt_text", "completion", "reward", "v_star", "advantage", "implicit_reward", "completion_length",
+            "extra")
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "split", "step", "prompt_id", "sample_index"],
                                       set_={k: stmt.excluded[k] for k in keep})
     s.execute(stmt, rows)
     return len(rows)
 
 
+def _sample_extra(sample: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The columns of TRL's completion table between a sample's completion and its advantage, as TRL orders them:
+    each reward function's value, then the `log_extra` columns (a value JSON cannot hold is kept as its text)."""
+    extra = json_safe({**(sample.get("rewards") or {}), **(sample.get("extra") or {})})
+    return {k: v if v is None or isinstance(v, (bool, int, float, str, list, dict)) else str(v)
+            for k, v in extra.items()} or None
+
+
 def add_evaluation(s: Session, run_id: int, step: int, metrics: Mapping[str, Any], split: str = "eval", *,
                    at: float | None = None) -> None:
     clean = json_safe(dict(metrics))
-    stmt = insert(s, Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
+    stmt = insert(s, models.Evaluation).values(run_id=run_id, step=int(step), split=split, metrics=clean,
                                      created_at=_now() if at is None else float(at))
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "split"],
                                       set_={"metrics": stmt.excluded.metrics})
     accuracy = _float(clean.get(f"{split}_accuracy", clean.get("accuracy")))
     s.execute(stmt)
     if accuracy is not None:
-        best = greatest(func.coalesce(Run.best_eval_accuracy, accuracy), accuracy)
-        s.execute(update(Run).where(Run.id == run_id).values(best_eval_accuracy=best))
+        best = greatest(func.coalesce(models.Run.best_eval_accuracy, accuracy), accuracy)
+        s.execute(update(models.Run).where(models.Run.id == run_id).values(best_eval_accuracy=best))
 
 
 def add_checkpoint(s: Session, run_id: int, step: int, path: str | os.PathLike[str], *,
                    at: float | None = None) -> None:
-    stmt = insert(s, Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
+    stmt = insert(s, models.Checkpoint).values(run_id=run_id, step=int(step), path=str(path),
                                      created_at=_now() if at is None else float(at))
     stmt = stmt.on_conflict_do_update(index_elements=["run_id", "path"],
                                       set_={"step": stmt.excluded.step, "created_at": stmt.excluded.created_at})
@@ -444,8 +448,8 @@ def add_checkpoint(s: Session, run_id: int, step: int, path: str | os.PathLike[s
 
 
 def remove_checkpoint(s: Session, run_id: int, path: str | os.PathLike[str], *, at: float | None = None) -> bool:
-    return s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id,
-                                              Checkpoint.path == str(path))).rowcount == 1
+    return s.execute(delete(models.Checkpoint).where(models.Checkpoint.run_id == run_id,
+                                                     models.Checkpoint.path == str(path))).rowcount == 1
 
 
 def add_logs(s: Session, run_id: int, lines: Iterable[tuple[str, str]], *, at: float | None = None) -> None:
@@ -453,7 +457,7 @@ def add_logs(s: Session, run_id: int, lines: Iterable[tuple[str, str]], *, at: f
     rows = [{"run_id": run_id, "created_at": now, "level": str(level).upper(), "message": str(message)}
             for level, message in lines]
     if rows:
-        s.execute(insert(s, LogLine), rows)
+        s.execute(insert(s, models.LogLine), rows)
 
 
 def add_log(s: Session, run_id: int, message: str, level: str = "INFO", *, at: float | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Run by tests/test_grpo_trainer.py, once alone and once under `accelerate launch --num_processes 2` (gloo on the
+"""Run by tests/a2po/test_grpo_trainer.py, once alone and once under `accelerate launch --num_processes 2` (gloo on the
 CPU): GRPO's global batch is split between the processes, each sampling whole groups for its own prompts."""
 
 import json

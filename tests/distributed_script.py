@@ -1,4 +1,4 @@
-"""Run by tests/test_cli.py under `accelerate launch --num_processes 2 --cpu`: stage 1 sharded, stage 2 in DDP."""
+"""Run by tests/a2po/test_cli.py under `accelerate launch --num_processes 2 --cpu`: stage 1 sharded, stage 2 in DDP."""
 
 import json
 import sys

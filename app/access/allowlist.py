@@ -60,7 +60,7 @@ class Param:
 
     key: str
     label: str
-    kind: str  # "int", "float", "bool" or "choice"
+    kind: str  # "int", "float", "bool", "choice" or "band" ([low, high], on the form "low, high")
     advanced: bool = False
     info: str = ""
     limit: str = ""  # the `Limits` field bounding it from above
@@ -69,12 +69,18 @@ class Param:
 
 
 A2PO, GRPO = ("a2po",), ("grpo",)
-GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")  # a2po.config's, named here so the web process skips torch
+# a2po.core's and a2po.config's, named here so the web process skips torch (test_grpo_recipes.py compares them)
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 GRPO_SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 PARAMS: list[Param] = [
     Param("num_value_samples", "N: reference samples per prompt", "int", limit="max_value_samples",
           info="Stage 1 samples N completions per prompt to estimate V*.", methods=A2PO),
+    Param("pass_rate_band", "Pass-rate band: low, high (empty: every prompt)", "band",
+          info="Train only on prompts whose reference pass rate (stage 1: correct of N) lies in the band, e.g. "
+               "0.125, 0.875. GRPO then samples stage 1 for it, on its clock."),
     Param("beta1", "β₁ (V* temperature)", "float", info="Soft-max temperature of the V* estimate.", methods=A2PO),
     Param("beta2", "β₂ (KL temperature)", "float", info="Scale of the implicit reward in stage 2.", methods=A2PO),
     # GRPO's own settings (TRL's GRPOConfig names); G is bounded as N is: both are samples per prompt.
@@ -87,6 +93,19 @@ PARAMS: list[Param] = [
     Param("epsilon_high", "ε high (upper clipping bound; 0: ε)", "float", advanced=True, methods=GRPO),
     Param("num_iterations", "Optimizer steps per generation (μ)", "int", advanced=True, limit="max_epochs",
           methods=GRPO),
+    # The rest of the settings the named recipes (a2po.recipes) set, with TRL's names.
+    Param("mask_truncated_completions", "Leave truncated completions (no EOS) out of the loss", "bool",
+          advanced=True, methods=GRPO),
+    Param("importance_sampling_level", "Importance ratio per token, or per sequence (GSPO)", "choice", advanced=True,
+          choices=IMPORTANCE_SAMPLING_LEVELS, methods=GRPO,
+          info="Acts only off-policy: with μ = 1 every ratio is 1 when the gradient is taken."),
+    Param("multi_objective_aggregation", "Several rewards: sum then normalize, or normalize each (GDPO)", "choice",
+          advanced=True, choices=MULTI_OBJECTIVE_AGGREGATIONS, methods=GRPO),
+    Param("top_entropy_quantile", "Train on the top-entropy share of tokens (1: all)", "float", advanced=True,
+          methods=GRPO),
+    Param("sapo_temperature_pos", "SAPO: gate temperature, positive advantages", "float", advanced=True,
+          methods=GRPO),
+    Param("sapo_temperature_neg", "SAPO: gate temperature, other advantages", "float", advanced=True, methods=GRPO),
     Param("learning_rate", "Learning rate", "float"),
     Param("max_steps", "Max steps", "int", limit="max_steps", info="-1: train for num_train_epochs."),
     Param("per_device_train_batch_size", "Batch size (prompts per step; GRPO: completions, G per prompt)", "int",
@@ -130,7 +149,7 @@ PARAMS: list[Param] = [
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 # Settings an empty form field leaves out of the spec (their library default is another setting's value).
-EMPTY_MEANS_UNSET = {"values_seed"}
+EMPTY_MEANS_UNSET = {"values_seed", "pass_rate_band"}
 # Settings that only vLLM reads: honoured with `use_vllm`, so refused without it unless left at their default.
 VLLM_ONLY = ("vllm_gpu_memory_utilization",)
 VLLM_OFF = "Turn use_vllm off (\"Sample with vLLM\" on the form): the native decoder samples."
@@ -403,7 +422,7 @@ METHOD_NAMES = {"a2po": "A*-PO", "grpo": "GRPO"}
 def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: str = "a2po") -> Any:
     """The settings the studio lets a spec make (the form's, and those the operator's flags open), within its
     limits; a refused one is left out, with the reason in `errors` (keys `config.<field>`)."""
-    from a2po.runspec import CONFIG_FIELDS, METHOD_CONFIG_FIELDS
+    from a2po.runspec import CONFIG_FIELDS, METHOD_CONFIG_FIELDS, STAGE_ONE_FIELDS
 
     if not isinstance(config, Mapping):
         return config
@@ -412,6 +431,8 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: s
     for key, value in config.items():
         path = f"config.{key}"
         param = PARAM_BY_KEY.get(key)
+        if param is not None and key in STAGE_ONE_FIELDS and config.get("pass_rate_band") is not None:
+            param = replace(param, methods=tuple(METHOD_NAMES))  # GRPO samples stage 1 to select by pass rate
         if param is not None and method in METHOD_NAMES and method not in param.methods:
             owner = " and ".join(METHOD_NAMES[m] for m in param.methods)
             errors[path] = (f"{param.label} is a setting of {owner} runs, not of {METHOD_NAMES[method]} runs: "
@@ -528,6 +549,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
         clean["runner"] = run.runner
     if run.method != "a2po":  # a spec stored before GRPO existed is A*-PO: A*-PO specs keep that shape
         clean["method"] = run.method
+    if run.recipe is not None:  # the named GRPO recipe its settings came from (a2po.recipes), as RunSpec spells it
+        clean["recipe"] = run.recipe
     if run.study is not None:
         # Study membership is nothing but this label: kept from a spec, it would put a run into anyone's study.
         warnings = [*warnings, STUDY_LEFT_OUT]

@@ -87,7 +87,7 @@ def value_set_meta(spec) -> dict[str, Any]:
     from a2po.config import A2POConfig
     from a2po.runspec import SAMPLING_FIELDS
 
-    defaults = A2POConfig.__dataclass_fields__
+    defaults = getattr(spec, "config_class", A2POConfig).__dataclass_fields__
 
     def setting(name: str) -> Any:
         return spec.config.get(name, defaults[name].default)
@@ -114,7 +114,7 @@ def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], n
 
 
 def _record_reused_values(store: Store, run: dict[str, Any], splits: dict[str, Any],
-                          known: dict[str, list[dict[str, Any]]], args) -> None:
+                          known: dict[str, list[dict[str, Any]]], rules: tuple[float, bool]) -> None:
     """Give the run its own V* rows for the prompts stage 1 reuses from the shared set, before stage 1 starts (its
     end writes the whole table again), so the run's pages show them while the rest is sampled: V* and the filter
     recomputed from the stored rewards with the run's beta1, as the trainer does (`a2po.values.rescore`). Once per
@@ -128,7 +128,7 @@ def _record_reused_values(store: Store, run: dict[str, Any], splits: dict[str, A
             continue
         # Only the prompts the trainer takes from the shared set: in the split, without a V* of their own.
         reused = {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}
-        mine = [rescore(row, args.beta1, args.filter_all_incorrect) for row in rows if row["prompt_id"] in reused]
+        mine = [rescore(row, *rules) for row in rows if row["prompt_id"] in reused]
         store.set_run_values(run["id"], name, run_value_rows(mine))
 
 
@@ -200,8 +200,11 @@ def stop_on_signal(stop_event: threading.Event):
 
 
 def uses_values(spec: Any) -> bool:
-    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO samples its G completions at every step."""
-    return getattr(spec, "method", "a2po") == "a2po"
+    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO's only where it trains on the prompts of a
+    pass-rate band (`pass_rate_band`), which stage 1 measures."""
+    if getattr(spec, "method", "a2po") == "a2po":
+        return True
+    return spec.action == "train" and (spec.config or {}).get("pass_rate_band") is not None
 
 
 def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recorder: Any, check_stop) -> None:
@@ -235,12 +238,14 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
         trainer.run_counters.restore_values(name, seconds, tokens)
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
     needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
+    if getattr(spec, "method", "a2po") != "a2po":
+        needed = ["train"]  # GRPO's stage 1 only selects its training prompts
     charged = _from_main(trainer, charge_reused_values(store, run, value_set_id, splits, {
         name: known[name] for name in needed if name not in spent}) if main else None)
     for name, (seconds, tokens) in charged.items():
         trainer.run_counters.restore_values(name, seconds, tokens)
     if main:
-        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, args)
+        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.value_rules())
     check_stop()
 
     try:

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from a2po.batches import spec_batch_figures
+
 METHOD_LABELS = {"a2po": "A*-PO", "grpo": "GRPO"}
 TOLERANCE = 1e-9  # accuracies are ratios of small counts: "reached" means >= up to float noise
 DEFAULT_EVAL_SIZE = 64  # a spec's dataset without eval_size holds out this many prompts (`a2po.runspec`)
@@ -69,6 +71,7 @@ class Timeline:
     left_out: list[str] = field(default_factory=list)  # a study's median: its runs that had not finished ("#5 failed")
     stage1_reused_seconds: float = 0.0  # of stage 1's cost, the share charged for V* rows another run sampled
     stage1_reused_tokens: int = 0
+    batch: str | None = None  # what one optimizer step trains on (`a2po.batches`), from its spec
 
     @property
     def label(self) -> str:
@@ -174,7 +177,8 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
                     sum(zero_std) / len(zero_std) if zero_std else None,
                     has_eval=bool(points) or not isinstance(eval_size, (int, float)) or eval_size > 0,
                     stage=run.get("stage"), eval_every=_eval_grid(spec), stage1_reused_seconds=reused_seconds,
-                    stage1_reused_tokens=int(reused_tokens))
+                    stage1_reused_tokens=int(reused_tokens),
+                    batch=figures.text() if (figures := spec_batch_figures(spec)) else None)
 
 
 def store_timeline(store: Any, run: Mapping[str, Any]) -> Timeline:
@@ -233,7 +237,7 @@ def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | Non
                     int(statistics.median(t.stage1_tokens for t in done)), max(peaks) if peaks else None,
                     first.prompts, first.prompts_kept, first.zero_std_share,
                     has_eval=all(t.has_eval for t in done), eval_every=first.eval_every, seeds=len(done),
-                    label_text=label, left_out=left_out)
+                    label_text=label, left_out=left_out, batch=first.batch)
 
 
 def seeds_text(t: Timeline) -> str:
@@ -299,8 +303,20 @@ def _grids(a2po: Timeline, grpo: Timeline) -> str:
 
 def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
     """Markdown, one paragraph: the time A*-PO needed (with its stage 1 and without) to reach GRPO's final held-out
-    accuracy less `margin`, the time GRPO took to get there, or why there is no answer yet. Right for every status
-    of either run: an unfinished run's latest point stands in for its end, and says so."""
+    accuracy less `margin`, the time GRPO took to get there (with its stage 1 where it selected prompts by pass
+    rate), or why there is no answer yet; then what one optimizer step of each trained on (`a2po.batches`). Right for
+    every status of either run: an unfinished run's latest point stands in for its end, and says so."""
+    return _verdict(a2po, grpo, margin) + batch_note(a2po, grpo)
+
+
+def batch_note(a2po: Timeline, grpo: Timeline) -> str:
+    """" Per optimizer step: A*-PO ...; GRPO ...", or "" when a run's spec does not say."""
+    if not a2po.batch or not grpo.batch:
+        return ""
+    return f" Per optimizer step: A\\*-PO {a2po.batch}; GRPO {grpo.batch}."
+
+
+def _verdict(a2po: Timeline, grpo: Timeline, margin: float) -> str:
     missing = [t for t in (a2po, grpo) if not t.has_eval]
     if missing:
         names = " and ".join(escape_markdown(t.label) for t in missing)
@@ -320,9 +336,12 @@ def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
     target = latest - margin
     what = f"GRPO's final {percent(latest)}" + (f" less {100 * margin:g} points ({percent(target)})" if margin else "")
     grpo_at = grpo.first_reaching(target)
-    grpo_whole = (f"; its whole run: {format_duration(grpo.points[-1].seconds)}"
+    grpo_time = grpo_at.seconds + grpo.stage1_seconds  # GRPO has a stage 1 only to select prompts by pass rate
+    grpo_whole = (f"; its whole run: {format_duration(grpo.points[-1].seconds + grpo.stage1_seconds)}"
                   if grpo.points[-1].seconds > grpo_at.seconds else "")
-    grpo_part = f"GRPO reached it {_when(grpo, grpo_at, grpo_at.seconds, _coarser(grpo, a2po), grpo_whole)}"
+    grpo_part = f"GRPO reached it {_when(grpo, grpo_at, grpo_time, _coarser(grpo, a2po), grpo_whole)}"
+    if grpo.stage1_seconds:
+        grpo_part += f" with its stage 1 ({format_duration(grpo.stage1_seconds)}, to select prompts)"
     reached = a2po.first_reaching(target)
     if reached is None:
         best = max(a2po.points, key=lambda p: p.accuracy)
@@ -335,8 +354,8 @@ def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
                 f"{_when(a2po, best, best.seconds + a2po.stage1_seconds, _coarser(a2po, grpo))} with its stage 1 "
                 f"({format_duration(best.seconds)} without); {grpo_part}{grpo_state}.{converse}{grids}")
     with_stage1 = reached.seconds + a2po.stage1_seconds
-    ratio = (f" A\\*-PO took {with_stage1 / grpo_at.seconds:.2f}x GRPO's time with its stage 1."
-             if grpo_at.seconds > 0 else "")
+    ratio = (f" A\\*-PO took {with_stage1 / grpo_time:.2f}x GRPO's time with its stage 1."
+             if grpo_time > 0 else "")
     return (f"A\\*-PO reached {what} {_when(a2po, reached, with_stage1, _coarser(a2po, grpo))} with its stage 1 "
             f"({format_duration(reached.seconds)} without; stage 1: {format_duration(a2po.stage1_seconds)})"
             f"{a2po_state}; {grpo_part}{grpo_state}.{ratio}{grids}")

@@ -14,8 +14,9 @@ Protocols of "A*-PO vs GRPO" (`pair_specs`), each stated on the Launch and Compa
 
 Both runs of a pair are evaluated on one absolute grid: every k optimizer steps (k from the steps planned over
 every prompt, `EVAL_POINTS` points), or every t seconds of training under equal time, so "reached X at step k" has
-the same resolution for both. Seeds (`seeded`): one run per seed, the dataset unchanged (the same prompts and
-held-out set), the run seed (stage-1 samples, training order and samples) set to each.
+the same resolution for both. The GRPO side runs TRL's GRPOConfig defaults, or a named recipe (`grpo_recipe`:
+DAPO, Dr. GRPO, GSPO, ... from `a2po.recipes`). Seeds (`seeded`): one run per seed, the dataset unchanged (the same
+prompts and held-out set), the run seed (stage-1 samples, training order and samples) set to each.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import copy
 import math
 import uuid
 from typing import Any
+
+from a2po.recipes import RecipeError, canonical_name, recipe_settings
 
 PROTOCOLS = {
     "paper": "The paper's protocol: both methods over every prompt (A*-PO with filter_all_incorrect off, as the "
@@ -137,14 +140,15 @@ def require_a2po(spec: Any) -> None:
 
 
 def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_seconds: float | None = None,
-               eval_points: int = EVAL_POINTS) -> tuple[dict[str, Any], dict[str, Any]]:
+               eval_points: int = EVAL_POINTS, grpo_recipe: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it under `protocol`.
 
     Matched in every protocol: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every
     setting both methods have (learning rate and schedule, epochs or max steps, completion and prompt lengths,
     sampling, seed); GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size,
     which counts completions, is G x A*-PO's (which counts prompts). GRPO's own settings (beta, loss_type, epsilon,
-    ...) keep TRL's defaults. See the module docstring for what each protocol changes."""
+    ...) keep TRL's defaults, or are those of `grpo_recipe` (`a2po.recipes`: settings only GRPO has, so the match
+    holds). See the module docstring for what each protocol changes."""
     if protocol not in PROTOCOLS:
         raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
     require_a2po(spec)
@@ -175,14 +179,25 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     grpo.update(name=f"{base}-grpo", method="grpo")
     grpo["config"] = {k: config[k] for k in SHARED_SETTINGS if k in config}
     grpo["config"].update(num_generations=n, per_device_train_batch_size=n * int(config["per_device_train_batch_size"]))
+    if grpo_recipe:
+        grpo["recipe"] = recipe_name(grpo_recipe)
+        grpo["config"].update(recipe_settings(grpo["recipe"]))
     return a2po, grpo
+
+
+def recipe_name(name: str) -> str:
+    """A GRPO recipe's name as `a2po.recipes` spells it; `StudyError` naming the recipes for an unknown one."""
+    try:
+        return canonical_name(name)
+    except RecipeError as error:
+        raise StudyError(f"grpo_recipe: {error}") from None
 
 
 def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol: str = DEFAULT_PROTOCOL,
                 budget_seconds: float | None = None, eval_points: int = EVAL_POINTS,
-                study_id: str | None = None) -> list[dict[str, Any]]:
-    """Every run of a study, tagged with it: the pair (`pair`) or the spec alone, once per seed (none given: the
-    spec's own seed). A pair's runs come A*-PO first, then GRPO, seed by seed."""
+                study_id: str | None = None, grpo_recipe: str | None = None) -> list[dict[str, Any]]:
+    """Every run of a study, tagged with it: the pair (`pair`, its GRPO side under `grpo_recipe`) or the spec alone,
+    once per seed (none given: the spec's own seed). A pair's runs come A*-PO first, then GRPO, seed by seed."""
     own_seed = int((spec.get("config") or {}).get("seed") or 0)
     seeds = seeds or [own_seed]
     sid = study_id or uuid.uuid4().hex[:10]
@@ -191,11 +206,12 @@ def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol:
     for seed in seeds:
         one = copy.deepcopy(spec)
         one.setdefault("config", {})["seed"] = seed
-        made = list(pair_specs(one, protocol, budget_seconds, eval_points)) if pair else [one]
+        made = list(pair_specs(one, protocol, budget_seconds, eval_points, grpo_recipe)) if pair else [one]
         for run in made:
             if len(seeds) > 1:
                 run["name"] = f"{run.get('name') or base}-s{seed}"
             run["study"] = {"id": sid, "name": base, "kind": "pair" if pair else "seeds", "seed": seed,
-                            "seeds": len(seeds), **({"protocol": protocol} if pair else {})}
+                            "seeds": len(seeds), **({"protocol": protocol} if pair else {}),
+                            **({"grpo_recipe": recipe_name(grpo_recipe)} if pair and grpo_recipe else {})}
         runs.extend(made)
     return runs

@@ -10,12 +10,18 @@ On a studio with logins, get a token from `/login` and send it in a header:
 Every endpoint goes through `Services`, like the pages: the same allow-list, limits and permissions. Each is a
 function of this module whose first argument is the studio's `Services` (`ENDPOINTS` lists them; `register_api`
 gives them the services and names them after themselves): to add one, write it here and add it to that list.
+
+`python -m app --mcp` serves the same endpoints as MCP tools (docs/api.md, "Agents (MCP)"): Gradio reads each
+tool's description from the docstring's first paragraph, its arguments from the `Args:` lines (one line each) and
+their types from the type hints, so keep those readable by a model.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +33,7 @@ from app.access import allowlist
 from app.access.gate import Refused, Services, store_upload
 from app.studies.protocols import StudyError, budget_seconds
 from app.web import forms, live
-from app.web.common import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
+from app.web.remaining import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 from storage.lifecycle import UNFINISHED
 from storage.secrets import scrub_text
 
@@ -96,10 +102,17 @@ def _refusals_as_errors() -> Iterator[None]:
 
 
 def launch(services: Services, spec: dict, seeds: list | str | None = None, request: gr.Request = None) -> dict:
-    """Check a run spec (see docs/api.md; missing keys take the teaching demo's values, `preset` picks another
-    preset) and queue it. Returns {"run_id", "name", "command"}; every problem is named at once. `seeds` (e.g.
-    [0, 1, 2]): one run per run seed, launched together as one study (all or nothing); then also "run_ids" and
-    "study"."""
+    """Check a run spec and queue the run, as the Launch form does (docs/api.md, "The run spec"). Missing keys take
+    the teaching demo's values; `preset` picks another preset, `config` overrides its settings.
+
+    Args:
+        spec: the run, e.g. {"preset": "quick-look", "config": {"max_steps": 20}}; {} is the teaching demo.
+        seeds: run seeds, e.g. [0, 1, 2]: one run per seed, launched together as one study (all or nothing).
+
+    Returns:
+        {"run_id", "name", "command", "warnings"}; with seeds also "run_ids" and "study"
+        a refused spec is an error naming every problem at once.
+    """
     store, user = services.store, services.auth.identify(request=request)
     if seeds:
         with _refusals_as_errors():
@@ -114,19 +127,28 @@ def launch(services: Services, spec: dict, seeds: list | str | None = None, requ
 
 
 def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_minutes: float = 0.0,
-                seeds: list | str | None = None, request: gr.Request = None) -> dict:
-    """"A*-PO vs GRPO": queue the A*-PO run `spec` describes (as /launch reads it; an A*-PO spec) and a GRPO run
-    matched to it (same model, prompts, held-out set, learning rate and schedule, completion length; G = N >= 2;
-    GRPO's batch = G x A*-PO's, so the same prompts per step) under `protocol`: "paper" (the default: both over
-    every prompt, A*-PO's filter off, the same number of steps), "trl" (TRL's defaults: A*-PO's filter on) or
-    "time" (both stop after `budget_minutes` of training time, A*-PO's stage 1 included). `seeds` (e.g. [0, 1,
-    2]): one pair per run seed, as one study. Every run passes the same checks and limits, or none is queued.
-    Returns {"a2po": {"run_id", "name"}, "grpo": {...}} (the first seed's), "pairs" (one per seed) and
-    "study"; compare them on the Compare page."""
+                seeds: list | str | None = None, grpo_recipe: str = "", request: gr.Request = None) -> dict:
+    """"A*-PO vs GRPO": queue the A*-PO run `spec` describes and a GRPO run matched to it (same model, prompts,
+    held-out set, learning rate, schedule and completion length; G = N >= 2; GRPO's batch = G x A*-PO's, so the
+    same prompts per step). Every run passes the same checks and limits, or none is queued. Read the answer with
+    `study` (its verdict) once the runs have finished.
+
+    Args:
+        spec: the A*-PO run, as `launch` reads it, e.g. {"preset": "quick-look", "config": {"max_steps": 20}}.
+        protocol: "paper" (both over every prompt, same steps), "trl" (A*-PO's filter on) or "time" (equal time).
+        budget_minutes: protocol "time" only: the training time of each run in minutes, A*-PO's stage 1 included.
+        seeds: run seeds, e.g. [0, 1, 2]: one pair per seed, all in one study.
+        grpo_recipe: the GRPO side's named recipe ("dapo", "dr-grpo", "gspo", ...; see `limits`); "" for plain GRPO.
+
+    Returns:
+        {"a2po": {"run_id", "name"}, "grpo": {"run_id", "name"}}: the first seed's pair
+        "pairs" (one per seed), "study" (its id, for `study`) and "protocol".
+    """
     store, user = services.store, services.auth.identify(request=request)
     with _refusals_as_errors():
         budget = budget_seconds(budget_minutes)
-        pairs = services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget, seeds=seeds)
+        pairs = services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget, seeds=seeds,
+                                     grpo_recipe=grpo_recipe or None)
     described = [{method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
                   for method, run_id in zip(("a2po", "grpo"), pair, strict=True)} for pair in pairs]
     study = store.get_run(pairs[0][0])["config"]["study"]
@@ -135,12 +157,19 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
 
 def launch_study(services: Services, spec: dict, grid: dict | None = None, seeds: list | str | None = None,
                  request: gr.Request = None) -> dict:
-    """A sweep: the run `spec` describes (as /launch reads it) at every point of `grid`, a mapping of config
-    settings to values (e.g. {"beta2": [0.001, 0.01], "learning_rate": [1e-5, 2e-5]}; "method": ["a2po",
-    "grpo"] adds GRPO runs matched to each A*-PO point under the paper's protocol), once per run seed in `seeds`,
-    as one study: every run passes the checks and limits, or none is queued. A*-PO runs whose stage-1 settings
-    match share one V* set, sampled once. Returns {"study", "runs": [{"run_id", "name", "point", "seed",
-    "method"}], "stage1": {"value_sets", "a2po_runs", "saved_runs"}}; read it on the Studies page."""
+    """A sweep: the run `spec` describes at every point of `grid`, once per run seed, as one study; every run passes
+    the checks and limits, or none is queued. A*-PO runs whose stage-1 settings match share one V* set, sampled
+    once. Read the best point with `study` once the runs have finished.
+
+    Args:
+        spec: the base run, as `launch` reads it.
+        grid: config settings to lists of values, e.g. {"beta2": [0.001, 0.01]}; "method": ["a2po", "grpo"] adds GRPO.
+        seeds: run seeds, e.g. [0, 1, 2]: every grid point once per seed.
+
+    Returns:
+        {"study", "runs": [{"run_id", "name", "point", "seed", "method"}]}
+        "stage1": {"value_sets", "a2po_runs", "saved_runs"}: what sharing stage 1 saves.
+    """
     from app.studies.sweeps import shared_stage_one
 
     with _refusals_as_errors():
@@ -154,7 +183,14 @@ def launch_study(services: Services, spec: dict, grid: dict | None = None, seeds
 
 
 def stop(services: Services, run_id: int, request: gr.Request) -> dict:
-    """Ask a queued or running run to stop (it saves a checkpoint first). Returns the run's status."""
+    """Ask a queued or running run to stop: it saves a checkpoint first, and `resume` continues it.
+
+    Args:
+        run_id: the run's id (from `list_runs` or a launch).
+
+    Returns:
+        The run's fields, as `list_runs` shows them.
+    """
     with _refusals_as_errors():
         services.act("stop", run_id, services.auth.identify(request=request))
     return run_summary(_run(services, run_id), services.public_text)
@@ -162,7 +198,13 @@ def stop(services: Services, run_id: int, request: gr.Request) -> dict:
 
 def resume(services: Services, run_id: int, request: gr.Request) -> dict:
     """Queue a stopped, interrupted or failed run again; it continues from its last checkpoint and stored V*.
-    `warnings`: its registered rewards that changed since it started (it goes on with the current ones)."""
+
+    Args:
+        run_id: the run's id.
+
+    Returns:
+        The run's fields and "warnings": its registered rewards that changed since it started.
+    """
     from a2po.reward_registry import reward_changes
 
     with _refusals_as_errors():
@@ -173,15 +215,30 @@ def resume(services: Services, run_id: int, request: gr.Request) -> dict:
 
 
 def delete(services: Services, run_id: int, request: gr.Request) -> dict:
-    """Delete a run with its metrics, samples and files (its worker is killed if it runs)."""
+    """Delete a run with its metrics, samples and files (its worker is killed if it runs). It cannot be undone.
+
+    Args:
+        run_id: the run's id.
+
+    Returns:
+        {"deleted": run_id}.
+    """
     with _refusals_as_errors():
         services.act("delete", run_id, services.auth.identify(request=request))
     return {"deleted": int(run_id)}
 
 
 def status(services: Services, run_id: int) -> dict:
-    """A run's status, stage, progress, error and best eval accuracy, its clock (training time and the
-    remaining estimate), plus its latest value of each metric."""
+    """A run's status and figures: status, stage, progress, error, best held-out accuracy, its clock (training time,
+    the remaining estimate), its spec, the latest value of each metric and its V* summary. Poll it until "active" is
+    false.
+
+    Args:
+        run_id: the run's id.
+
+    Returns:
+        The run's fields, "active", "clock", "spec", "latest_metrics" ({name: {"step", "value"}}) and "values".
+    """
     store, run = services.store, _run(services, run_id)
     value_set = store.get_value_set(run["value_set_id"]) if run.get("value_set_id") else None
     values = None
@@ -201,28 +258,49 @@ def status(services: Services, run_id: int) -> dict:
 
 
 def list_runs(services: Services) -> list:
-    """Every run, newest first (the fields of /status without metrics, with its clock)."""
+    """Every run of the studio, newest first: id, name, status, stage, progress, model, owner, best held-out
+    accuracy and clock (`status` adds the metrics and the spec).
+
+    Returns:
+        A list of runs; "active" is true while a run is queued, running, stopping or paused.
+    """
     runs = services.store.list_runs()
     clocks = services.store.run_clocks(r["id"] for r in runs)
     return [{**run_summary(r, services.public_text), "clock": clock_summary(r, clocks.get(r["id"]))} for r in runs]
 
 
 def metrics(services: Services, run_id: int, after_id: int = 0) -> list:
-    """Metric rows {id, step, name, value} of a run with id > after_id (poll with the largest id seen)."""
+    """A run's metric rows (loss, reward, eval_accuracy, ...), oldest first: poll with the largest id seen.
+
+    Args:
+        run_id: the run's id.
+        after_id: only rows with a larger id (0: from the start).
+
+    Returns:
+        A list of {"id", "step", "name", "value"}; "eval_accuracy" at step 0 is the accuracy before training.
+    """
     _run(services, run_id)
     return [{k: r[k] for k in ("id", "step", "name", "value")}
             for r in services.store.get_metrics(int(run_id), after_id=int(after_id))]
 
 
 def limits(services: Services, request: gr.Request = None) -> dict:
-    """This studio's limits (None: no limit), whether launching needs a login, what the operator allowed, and
-    where runs go (`runs_go_to`: this machine, or the Ray cluster; its address for a signed-in admin only)."""
+    """What this studio accepts: its limits (None: no limit), whether launching needs a login, the presets, the
+    named GRPO recipes, the config settings a spec may set, the rewards it may name, and where runs go.
+
+    Returns:
+        {"limits", "public", "login_required", "presets", "grpo_recipes", "settable", "rewards", "runs_go_to", ...}.
+    """
+    from a2po.presets import PRESET_DESCRIPTIONS
+    from a2po.recipes import RECIPES
     from a2po.reward_registry import read_registry
     from app.web.pages.launch import reward_choices
 
     policy, auth = services.policy, services.auth
     registry = read_registry()
     return {"limits": policy.limits.describe(), "public": policy.public, "login_required": auth.required,
+            "presets": dict(PRESET_DESCRIPTIONS),
+            "grpo_recipes": {name: recipe.describe() for name, recipe in RECIPES.items()},
             "allow_remote_code": policy.allow_remote_code, "allow_hub_push": policy.allow_hub_push,
             "allow_hub": policy.allow_hub, "settable": [p.key for p in allowlist.PARAMS],
             "runs_go_to": runs_go_to(services, auth.identify(request=request)),
@@ -230,8 +308,125 @@ def limits(services: Services, request: gr.Request = None) -> dict:
                         for n, d in reward_choices().items()]}
 
 
+def _plain(markdown: str) -> str:
+    """The studio's Markdown verdicts as plain text for a client ("A\\*-PO" is "A*-PO")."""
+    return re.sub(r"\\([\\`*_\[\]])", r"\1", markdown.replace("**", "")).strip()
+
+
+def _verdict(services: Services, runs: list[dict[str, Any]], timelines: list[Any]) -> dict[str, Any]:
+    """What Compare shows for `runs`: each run's figures, the medians over seeds, the protocol and the verdict."""
+    from app.runtime.reward_versions import versions_note
+    from app.studies import comparison
+
+    view = comparison.study_view(runs, timelines)
+    pair = view.pair()
+    verdict = comparison.verdict(*pair) if pair else "Give an A*-PO run and a GRPO run for the verdict."
+    return {"verdict": _plain(verdict + versions_note(services.store, runs)), "protocol": view.protocol,
+            "figures": view.rows, "active": [r["id"] for r in runs if r["status"] in UNFINISHED]}
+
+
+def compare(services: Services, run_ids: list[int]) -> dict:
+    """Compare runs as the Compare page does: each run's held-out accuracy, training time (A*-PO's stage 1
+    included) and tokens, medians over seeds, and the verdict: how long A*-PO took to reach GRPO's final held-out
+    accuracy, and GRPO's time to get there. An unfinished run's latest point stands in for its end, and says so.
+
+    Args:
+        run_ids: the runs' ids, e.g. [3, 4]: an A*-PO run and a GRPO run (or several seeds of each) for a verdict.
+
+    Returns:
+        {"run_ids", "verdict" (one paragraph), "protocol"}
+        "figures": a row per run and per method's median over seeds
+        "active": the ids still queued or running (the verdict may change).
+    """
+    runs = [_run(services, run_id) for run_id in run_ids or []]
+    if not runs:
+        raise gr.Error("Give the ids of the runs to compare, e.g. run_ids=[3, 4].")
+    from app.studies.comparison import store_timeline
+
+    timelines = [store_timeline(services.store, r) for r in runs]
+    return {"run_ids": [r["id"] for r in runs], **_verdict(services, runs, timelines)}
+
+
+def study(services: Services, study_id: str = "") -> dict:
+    """Read a study back: an "A*-PO vs GRPO" pair's verdict over its seeds, or a sweep's best grid point. Without a
+    study_id, the list of studies.
+
+    Args:
+        study_id: the study's id (`launch_pair`, `launch_study` or a seeded `launch` return it); "" lists them.
+
+    Returns:
+        {"study", "kind", "name", "runs": [{"run_id", "name", "method", "seed", "point", "status"}], "active"}
+        "verdict" and "figures" (a pair), "best" and "points" (a sweep)
+        without a study_id: {"studies": [{"id", "label"}]}.
+    """
+    from app.studies import summary
+    from app.studies.comparison import store_timeline
+    from app.web.pages.compare import study_choices, study_members
+    from app.web.pages.studies import best_line
+
+    store = services.store
+    if not str(study_id or "").strip():
+        return {"studies": [{"id": sid, "label": label} for label, sid in study_choices(store)]}
+    runs = study_members(store).get(str(study_id).strip())
+    if not runs:
+        raise gr.Error(f"No study {study_id!r}: call `study` without an id to list them.")
+    tag = runs[0]["config"]["study"]
+    timelines = [store_timeline(store, r) for r in runs]
+    found = summary.summarize(runs, timelines)
+    methods = {r["config"].get("method", "a2po") for r in runs}
+    read = _verdict(services, runs, timelines)
+    return {"study": tag["id"], "kind": tag.get("kind"), "name": tag.get("name"),
+            "runs": [{"run_id": r["id"], "name": r["name"], "method": r["config"].get("method", "a2po"),
+                      "seed": (r["config"].get("study") or {}).get("seed"),
+                      "point": (r["config"].get("study") or {}).get("point"), "status": r["status"]} for r in runs],
+            "active": read["active"], "protocol": read["protocol"],
+            "verdict": read["verdict"] if methods == {"a2po", "grpo"} else None, "figures": read["figures"],
+            "best": _plain(best_line(found)) if tag.get("kind") == "sweep" else None,
+            "points": found.table() if tag.get("kind") == "sweep" else None}
+
+
+# "extra": each reward function's value and the rewards' `log_extra` columns, where the run logged them.
+COMPLETION_KEYS = ("step", "split", "prompt_id", "sample_index", "prompt_text", "completion", "reward", "v_star",
+                   "advantage", "completion_length", "extra")
+
+
+def completions(services: Services, run_id: int, step: int | None = None, limit: int = 20,
+                correct: bool | None = None, text: str = "") -> dict:
+    """Read what a run's policy wrote: its logged completions with their prompt, reward, V* and advantage (A*-PO's
+    one per prompt and step, GRPO's group of G), newest step first.
+
+    Args:
+        run_id: the run's id.
+        step: only this training step (None: the newest completions, whatever their step).
+        limit: at most this many rows, 1 to 200.
+        correct: true keeps rewarded completions, false the others, None both.
+        text: only completions whose prompt or text contains this (case-insensitive).
+
+    Returns:
+        {"run_id", "steps" (the steps with completions), "rows"}
+        rows: {"step", "split", "prompt_id", "sample_index", "prompt_text", "completion", "reward", "v_star"}
+        and "advantage", "completion_length", "extra" (each reward's value, the rewards' log_extra columns).
+    """
+    _run(services, run_id)
+    limit = int(limit)
+    if not 1 <= limit <= 200:
+        raise gr.Error(f"limit must be from 1 to 200 (got {limit}).")
+    rows = services.store.get_samples(int(run_id), step=None if step is None else int(step), correct=correct,
+                                      text=text or None, limit=limit, newest_first=True)
+    return {"run_id": int(run_id), "steps": services.store.sample_steps(int(run_id)),
+            "rows": [{k: r.get(k) for k in COMPLETION_KEYS} for r in rows]}
+
+
 def login(services: Services, username: str, password: str) -> dict:
-    """A token for a studio user: send it as the `x-a2po-token` header. Wrong credentials are an error."""
+    """A token for a studio user with a password: send it as the `x-a2po-token` header (or `Authorization: Bearer`).
+
+    Args:
+        username: the user's name.
+        password: the user's password.
+
+    Returns:
+        {"token", "user"}; wrong credentials are an error.
+    """
     auth = services.auth
     token = auth.login(str(username), str(password)) if auth.passwords else None
     if token is None:
@@ -241,10 +436,20 @@ def login(services: Services, username: str, password: str) -> dict:
 
 def playground(services: Services, run_id: int | None = None, model: str = "", prompt: str = "",
                num_samples: int = 4, answer: str = "", request: gr.Request = None) -> dict:
-    """A run's reference and trained policies (or one model's) answer `prompt`: a greedy completion and
-    `num_samples` (1-8) samples each, scored by the run's reward (`answer`: the expected answer of a typed
-    prompt). Returns {"reference": [...], "trained": [...], ...}, items {"completion", "reward", "greedy"}.
-    Needs a login where launching does."""
+    """A run's reference and trained policies (or one model's) answer `prompt`: a greedy completion and samples
+    each, scored by the run's reward. Needs a login where launching does.
+
+    Args:
+        run_id: the run whose policies answer (or give `model` instead).
+        model: a model to ask alone, when no run_id is given.
+        prompt: the prompt, at most 2000 characters.
+        num_samples: samples per policy besides the greedy completion, 1 to 8.
+        answer: the expected answer of a typed prompt, to score it.
+
+    Returns:
+        {"reference": [...], "trained": [...], "trained_from", "message", ...}
+        items: {"completion", "reward", "greedy"}.
+    """
     from app.web.pages.playground import play
 
     user = services.auth.identify(request=request)
@@ -254,10 +459,16 @@ def playground(services: Services, run_id: int | None = None, model: str = "", p
 
 
 def try_reward(services: Services, spec: dict, sample_model: bool = True, request: gr.Request = None) -> dict:
-    """Score a few of a spec's dataset prompts with its rewards before launching: each row's answer column
-    (should score 1), a wrong answer (should score 0) and, with `sample_model` and a small model, one sample.
-    Returns {"rows": [{"prompt", "kind", "completion", "reward"}], "verdict", "error", "note"}. Needs a login
-    where launching does; runs in the playground's process."""
+    """Score a few of a spec's dataset prompts with its rewards before launching: each row's answer column (should
+    score 1), a wrong answer (should score 0) and one model sample. Needs a login where launching does.
+
+    Args:
+        spec: a run spec, as `launch` reads it; only its dataset, rewards, model and sampling settings count.
+        sample_model: also score one sample of the model (a model of at most 1B parameters).
+
+    Returns:
+        {"rows": [{"prompt", "kind", "completion", "reward"}], "verdict", "error", "note"}.
+    """
     from app.web.pages.playground import try_reward as score
 
     user = services.auth.identify(request=request)
@@ -266,8 +477,14 @@ def try_reward(services: Services, spec: dict, sample_model: bool = True, reques
 
 
 def upload_dataset(services: Services, file: str | None, request: gr.Request) -> dict:
-    """Store a data file (.jsonl, .json, .csv, .parquet) for runs: returns {"file"} to use as
-    `{"source": "file", "file": ...}` in a spec. Needs a login where launching does."""
+    """Store a data file (.jsonl, .json, .csv, .parquet) for runs. Needs a login where launching does.
+
+    Args:
+        file: the file to store.
+
+    Returns:
+        {"file"}, to use as {"source": "file", "file": ...} in a spec's dataset.
+    """
     problem = services.auth.can_launch(services.auth.identify(request=request))
     if problem:
         raise gr.Error(problem.replace("Launching runs", "Uploading data"))
@@ -287,7 +504,7 @@ PLAYGROUND = {"concurrency_limit": 1, "concurrency_id": "playground"}  # one que
 ENDPOINTS: tuple[tuple[Callable[..., Any], dict[str, Any]], ...] = (
     (launch, WRITES), (launch_pair, WRITES), (launch_study, WRITES), (stop, WRITES), (resume, WRITES),
     (delete, WRITES), (status, READS), (list_runs, READS), (metrics, READS), (limits, READS), (login, WRITES),
-    (playground, PLAYGROUND), (try_reward, PLAYGROUND),
+    (playground, PLAYGROUND), (try_reward, PLAYGROUND), (compare, READS), (study, READS), (completions, READS),
 )
 
 
@@ -312,3 +529,27 @@ def register_api(services: Services) -> None:
     upload_button = gr.Button(visible=False)
     upload_button.click(with_services(upload_dataset, services), upload_in, gr.JSON(visible=False),
                         api_name="upload_dataset", concurrency_limit=2)
+
+
+def json_tool_results() -> None:
+    """Make `launch(mcp_server=True)` answer tool calls in JSON: Gradio's MCP server writes a tool's dict or list as
+    `str(value)`, Python's repr (None, True, single quotes), which an agent's JSON parser cannot read. Call it before
+    the launch, which builds the server from `gradio.mcp.GradioMCPServer`."""
+    import gradio.mcp
+
+    if getattr(gradio.mcp.GradioMCPServer, "answers_in_json", False):
+        return
+
+    class JSONAnswers(gradio.mcp.GradioMCPServer):
+        answers_in_json = True
+
+        def postprocess_output_data(self, data: Any, root_url: str) -> list[Any]:
+            parts = []
+            for value in data:
+                if isinstance(value, (dict, list)):
+                    parts.append(self.types.TextContent(type="text", text=json.dumps(value, default=str)))
+                else:
+                    parts.extend(super().postprocess_output_data([value], root_url))
+            return parts
+
+    gradio.mcp.GradioMCPServer = JSONAnswers

@@ -37,6 +37,14 @@ TRAINING_METRICS: list[tuple[str, str]] = [
     ("eval_accuracy", "Eval accuracy"),
     ("frac_nonfinite_loss", "Non-finite loss (share of the step)"),
 ]
+# What the trainers (and transformers' Trainer) log themselves: any other metric of a run was logged by one of its
+# reward functions (`log_metric`, TRL's reward contract) and gets a panel after the built-in ones
+# (`reward_metric_panels`). tests/a2po/test_reward_contract.py checks that both trainers log nothing else.
+OWN_METRICS = {"loss", "grad_norm", "learning_rate", "epoch", "reward", "reward_std", "accuracy", "completion_length",
+               "completion_clipped_frac", "v_star", "advantage", "implicit_reward", "log_ratio", "kl", "entropy",
+               "frac_nonfinite_loss", "frac_reward_zero_std", "completion_tokens", "eval_seconds", "step_seconds",
+               "peak_memory_gb", "total_flos", "cispo_clip_ratio"}
+OWN_METRIC_PREFIXES = ("eval_", "values/", "rewards/", "clip_ratio/", "sampling/", "vespo/", "train_")
 # A schedule, evaluations (a few exact points each on the same prompts) and a failure count: drawn as they are.
 UNSMOOTHED = {"learning_rate", "eval_accuracy", "frac_nonfinite_loss"}
 # Panels drawn only once a value is not 0: a healthy run logs 0 at every step, which is not worth a panel.
@@ -208,6 +216,12 @@ def _flat_range(values: Sequence[float], log: bool) -> list[float] | None:
     return [v - pad, v + pad]
 
 
+def reward_metric_panels(names: Iterable[str]) -> list[tuple[str, str]]:
+    """(name, title) of each metric in `names` that a reward function logged (see `OWN_METRICS`), by name."""
+    return [(name, name) for name in sorted(names)
+            if name not in OWN_METRICS and not name.startswith(OWN_METRIC_PREFIXES)]
+
+
 def training_figure_spec(series: Mapping[str, Series], smoothing: float = 0.6, max_points: int = MAX_POINTS,
                          ceilings: Mapping[str, float] | None = None,
                          metrics: Sequence[tuple[str, str]] = TRAINING_METRICS,
@@ -300,6 +314,29 @@ def counted_correct_bar_spec(counts: Sequence[int]) -> dict:
                        "title": {"text": f"Correct reference samples (out of N={n})"},
                        "xaxis": {"title": {"text": "correct samples"}, "dtick": 1},
                        "yaxis": {"title": {"text": "prompts"}}, "margin": {"l": 50, "r": 20, "t": 50, "b": 40}}}
+
+
+def pass_rate_band_spec(counts: Sequence[int], band: Sequence[float]) -> dict:
+    """How many prompts had each reference pass rate p = k / N (`counts[k]`, k = 0..N), the pass-rate band
+    [low, high] shaded: bars inside it are the prompts training keeps, the others grey."""
+    if not sum(counts):
+        return empty_spec("No reference samples yet")
+    n = len(counts) - 1
+    low, high = float(band[0]), float(band[1])
+    inside = [low - 1e-9 <= k / n <= high + 1e-9 for k in range(n + 1)]
+    kept = sum(c for c, keep in zip(counts, inside) if keep)
+    return {"data": [{"type": "bar", "x": [k / n for k in range(n + 1)], "y": [int(c) for c in counts],
+                      "width": 0.8 / n, "name": "prompts", "customdata": list(range(n + 1)),
+                      "marker": {"color": [PALETTE[2] if keep else "#bbbbbb" for keep in inside]},
+                      "hovertemplate": "p = %{customdata}/" + str(n) + ": %{y} prompts<extra></extra>"}],
+            "layout": {"template": _template(), "height": 300,
+                       "title": {"text": f"Reference pass rate, band [{low:g}, {high:g}]: {kept} prompts in it"},
+                       "xaxis": {"title": {"text": f"pass rate p (correct of N={n})"},
+                                 "range": [-0.6 / n, 1 + 0.6 / n]},
+                       "yaxis": {"title": {"text": "prompts"}}, "margin": {"l": 50, "r": 20, "t": 50, "b": 40},
+                       "shapes": [{"type": "rect", "xref": "x", "yref": "paper", "x0": low - 0.5 / n,
+                                   "x1": high + 0.5 / n, "y0": 0, "y1": 1, "fillcolor": PALETTE[2], "opacity": 0.12,
+                                   "line": {"width": 0}, "layer": "below"}]}}
 
 
 def pass_rate_spec(pass_at_1: float, pass_at_n: float, num_samples: int,

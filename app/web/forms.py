@@ -40,12 +40,13 @@ FORM_KEYS = {"dataset.source": "dataset_source", "dataset.num_prompts": "num_pro
              "dataset.settings": "task_settings", "dataset.system_prompt": "system_prompt",
              "dataset.answer_format": "answer_format", "peft.r": "lora_r",
              "peft.lora_alpha": "lora_alpha",
-             "peft": "lora_r"}
+             "peft": "lora_r", "recipe": "recipe"}
 FORM_FIELDS_DEFAULTS: dict[str, Any] = {
     "hub_name": "openai/gsm8k", "hub_config": "main", "hub_split": "train", "file_path": "", "prompt_column": "",
     "answer_column": "", "task": "chain_sum", "task_settings": "{}", "lora": False, "lora_r": 16, "lora_alpha": 32,
-    "template_system_prompt": True, "system_prompt": "", "answer_format": "tags",
+    "template_system_prompt": True, "system_prompt": "", "answer_format": "tags", "recipe": "none",
 }
+NO_RECIPE = "none"  # the form's recipe choice for TRL's GRPOConfig defaults (a spec without a recipe)
 @dataclass
 class FormResult:
     """What form validation produced: a spec when `errors` is empty, else the errors keyed by form field."""
@@ -92,6 +93,7 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
               **spec["config"]}
     form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
+    form["pass_rate_band"] = band_text(form.get("pass_rate_band"))
     dataset = {**DATASET_DEFAULTS, **spec["dataset"]}
     source = dataset["source"]
     form.update(dataset_source=source, num_prompts=dataset["num_prompts"], difficulty=dataset["difficulty"],
@@ -111,6 +113,7 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
     form["rewards"] = {r["name"]: r.get("weight", 1.0) for r in spec["rewards"]}
     peft = spec.get("peft")
     form.update(lora=bool(peft), lora_r=(peft or {}).get("r", 16), lora_alpha=(peft or {}).get("lora_alpha", 32))
+    form["recipe"] = spec.get("recipe") or NO_RECIPE
     return form
 
 
@@ -150,6 +153,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
     config = {p.key: form[p.key] if p.key in form else default_value(p.key, method)
               for p in method_params(method if method in ("a2po", "grpo") else "a2po")}
     # A setting left empty that has no value of its own (the stage-1 seed: the run seed's) stays out of the spec.
+    if "pass_rate_band" in config:
+        config["pass_rate_band"] = band_value(config["pass_rate_band"])
     config = {k: v for k, v in config.items() if not (k in EMPTY_MEANS_UNSET and v in (None, ""))}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()
@@ -161,7 +166,58 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
         spec["num_processes"] = form["num_processes"]
     if method != "a2po":
         spec["method"] = method
+    if method == "grpo" and form.get("recipe") not in (None, "", NO_RECIPE):
+        spec["recipe"] = form["recipe"]
     return spec
+
+
+def recipe_choices() -> list[tuple[str, str]]:
+    """The form's GRPO recipes (`a2po.recipes`), TRL's defaults first."""
+    from a2po.recipes import RECIPES
+
+    return [("None: TRL's GRPOConfig defaults", NO_RECIPE), *((f"{r.title} ({r.name})", r.name)
+                                                             for r in RECIPES.values())]
+
+
+def recipe_values(name: str) -> dict[str, Any]:
+    """The form's values of every setting some recipe sets, as recipe `name` has them: its own settings, TRL's
+    GRPOConfig defaults for the rest (`NO_RECIPE`: all TRL's), so switching recipes leaves nothing of the last."""
+    from a2po.recipes import RECIPE_SETTINGS, recipe_settings
+
+    chosen = {} if name in (None, "", NO_RECIPE) else recipe_settings(name)
+    values = {k: chosen[k] if k in chosen else default_value(k, "grpo") for k in RECIPE_SETTINGS}
+    return {k: 0 if v is None and k in ZERO_MEANS_NONE else v for k, v in values.items()}
+
+
+def recipe_note(name: str, form: Mapping[str, Any]) -> str:
+    """What the recipe sets, from which paper, what it leaves out, and which of its settings change nothing in the
+    form's run (those that act only off-policy, with num_iterations 1)."""
+    from a2po.recipes import RECIPES, canonical_name, off_policy_note
+
+    if name in (None, "", NO_RECIPE):
+        return "**Recipe:** none: GRPO with TRL's GRPOConfig defaults and the settings below."
+    recipe = RECIPES[canonical_name(name)]
+    left_out = f" Not set by the recipe: {recipe.left_out}." if recipe.left_out else ""
+    caveat = off_policy_note(recipe.name, form, num_rewards=len(form.get("rewards") or {}) or 1)
+    return (f"**Recipe:** {recipe.describe()} A setting changed below wins over the recipe.{left_out}"
+            + (f"\n\n⚠ {caveat}" if caveat else ""))
+
+
+def band_text(band: Any) -> str:
+    """A pass-rate band as the form shows it: "low, high" ("" for None: every prompt)."""
+    return ", ".join(f"{float(v):g}" for v in band) if isinstance(band, (list, tuple)) else str(band or "")
+
+
+def band_value(text: Any) -> Any:
+    """The form's "low, high" as [low, high]; empty: None; anything else as typed, for the library to refuse."""
+    if not isinstance(text, str):
+        return text
+    if not text.strip():
+        return None
+    try:
+        return [float(part) for part in text.replace("[", "").replace("]", "").split(",")]
+    except ValueError:
+        return text.strip()
 
 
 def _json_field(text: Any) -> Any:
@@ -238,10 +294,11 @@ def check_columns(columns: Sequence[str], prompt_column: str | None, answer_colu
 
 
 def reward_columns(name: str) -> list[str]:
-    """Dataset columns a reward reads: its named parameters besides `completions`, `prompts` and `trainer_state`
-    (which the trainer passes) (a registered reward's read from its source, without importing it)."""
+    """Dataset columns a reward reads: its named parameters besides those the trainer passes (`TRAINER_ARGUMENTS`:
+    `completions`, `prompts`, `completion_ids`, `trainer_state`, `log_extra`, `log_metric`) (a registered reward's
+    read from its source, without importing it)."""
     from a2po.reward_registry import read_registry
-    from a2po.rewards import REWARD_FUNCTIONS
+    from a2po.rewards import REWARD_FUNCTIONS, TRAINER_ARGUMENTS
 
     if name in REWARD_FUNCTIONS:
         params = inspect.signature(REWARD_FUNCTIONS[name]).parameters.values()
@@ -249,4 +306,4 @@ def reward_columns(name: str) -> list[str]:
     else:
         registered = read_registry().rewards.get(name)
         names = list(registered.params or ()) if registered is not None else []
-    return [n for n in names if n not in ("completions", "prompts", "completion_ids", "trainer_state")]
+    return [n for n in names if n not in TRAINER_ARGUMENTS]

@@ -1,6 +1,7 @@
 """Compare page: curves of several runs overlaid, and the configuration keys on which they differ; for A*-PO and GRPO
 runs (an "A*-PO vs GRPO" pair, or any picked), held-out accuracy against training time and against completion tokens,
-A*-PO's time with and without its stage 1, peak memory, and a one-line verdict (`app.studies.comparison`)."""
+A*-PO's time with and without its stage 1, peak memory, and a one-line verdict (`app.studies.comparison`); and two
+runs' completions of one prompt side by side at matched steps (`app.web.pages.completions`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from app.runtime.reward_versions import versions_note
 from app.studies import comparison
 from app.studies.protocols import PROTOCOL_LABELS, PROTOCOLS
 from app.web import charts
-from app.web.common import run_choices
+from app.web.common import run_choices, run_label
+from app.web.pages import completions
 
 DEFAULT_METRICS = ["loss", "reward", "eval_accuracy", "log_ratio"]
 
@@ -147,4 +149,53 @@ def build_compare_page(services: Services) -> gr.Dropdown:
 
     study.change(pick_study, study, picker, api_visibility="private")
     refresh.click(lambda: gr.update(choices=study_choices(services.store)), None, study, api_visibility="private")
+    _build_side_by_side(services, picker)
     return picker
+
+
+def _build_side_by_side(services: Services, picker: gr.Dropdown) -> None:
+    """Two of the picked runs' completions of one prompt, each at its latest logged step at or before the step
+    picked: A*-PO's one completion beside GRPO's G."""
+    gr.Markdown("### One prompt, two runs", elem_id="compare-completions-title")
+    with gr.Row():
+        left = gr.Dropdown(label="Left run", scale=2, elem_id="compare-left")
+        right = gr.Dropdown(label="Right run", scale=2, elem_id="compare-right")
+        step = gr.Slider(0, 1, value=0, step=1, scale=3, elem_id="compare-step",
+                         label="Step (each run shows its latest logged step at or before it)")
+    prompt = gr.Dropdown(label="Prompt (those both runs sampled there first)", elem_id="compare-prompt")
+    prompt_text = gr.Markdown(elem_id="compare-prompt-text")
+    heads, tables = [], []
+    with gr.Row(equal_height=False):
+        for name in ("left", "right"):
+            with gr.Column():
+                heads.append(gr.Markdown(elem_id=f"compare-{name}-head"))
+                tables.append(gr.Dataframe(headers=completions.SIDE_COLUMNS, interactive=False, wrap=True,
+                                           max_height=500, column_widths=["36px", "45%"],
+                                           elem_id=f"compare-{name}-table"))
+
+    def draw(left_id: int | None, right_id: int | None, at: Any, prompt_id: str | None) -> list[Any]:
+        shown = completions.side_by_side(services.store, [left_id, right_id], at, prompt_id)
+        sides = shown["sides"] + [("", completions.side_frame([]))] * (2 - len(shown["sides"]))
+        if shown["step"] is None:
+            sides[0] = ("These runs logged no completions yet." if left_id or right_id else
+                        "Pick runs above: two of them are set side by side here.", sides[0][1])
+        text = f"```text\n{shown['text']}\n```" if shown["text"] else ""
+        return [completions.step_slider(shown["steps"], shown["step"]),
+                gr.Dropdown(choices=shown["choices"], value=shown["prompt"]), text,
+                sides[0][0], sides[0][1], sides[1][0], sides[1][1]]
+
+    drawn = [step, prompt, prompt_text, heads[0], tables[0], heads[1], tables[1]]
+
+    def pick_runs(run_ids: list[int] | None):
+        runs = [r for r in (services.store.get_run(i) for i in run_ids or []) if r is not None]
+        choices = [(run_label(r), r["id"]) for r in runs]
+        pair = completions.default_pair(runs)
+        return [gr.Dropdown(choices=choices, value=pair[0]), gr.Dropdown(choices=choices, value=pair[1]),
+                *draw(*pair, None, None)]
+
+    private = {"api_visibility": "private", "show_progress": "hidden"}
+    picker.change(pick_runs, picker, [left, right, *drawn], **private)
+    for trigger in (left.input, right.input):  # another run: its latest step
+        trigger(lambda a, b, p: draw(a, b, None, p), [left, right, prompt], drawn, **private)
+    step.release(draw, [left, right, step, prompt], drawn, **private)
+    prompt.input(draw, [left, right, step, prompt], drawn, **private)

@@ -1,5 +1,5 @@
-"""Export page: CSV files of the tables and metrics, the trained model (or LoRA adapter) as a zip, and a snippet
-that loads it with transformers.
+"""Export page: CSV files of the tables and metrics, the run's completion tables as TRL writes them (parquet files,
+zipped), the trained model (or LoRA adapter) as a zip, and a snippet that loads it with transformers.
 
 CSV files are streamed: rows go from the store (`Store.iter_*`, a batch per read) to the file as they come, so an
 export of a million samples needs the memory of one batch, not of the table. Cells are spreadsheet-safe (see
@@ -7,6 +7,7 @@ export of a million samples needs the memory of one batch, not of the table. Cel
 
 from __future__ import annotations
 
+import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Any
 
 import gradio as gr
 
+from a2po.completions import completions_file, write_completions
 from app.access.gate import Services
 from app.web.common import run_choices
 from storage import export_csv
+from storage.export import completion_table
 
 TABLES = ["runs", "metrics", "samples", "values", "evaluations", "logs"]
 MODEL_FILES = ("config.json", "adapter_config.json")
@@ -54,6 +57,27 @@ def write_csv(services: Services, table: str, run_id: int | None) -> Path:
     export_csv(rows, partial)
     partial.replace(path)
     return path
+
+
+def zip_completions(services: Services, run_id: int | None) -> Path:
+    """The run's training samples as TRL's completion tables, one parquet file per step in TRL's layout
+    (`completions/completions_{step:05d}.parquet`, `a2po.completions`), zipped; read one step at a time."""
+    if run_id is None or services.store.get_run(run_id) is None:
+        raise ValueError("Pick a run first.")
+    steps = services.store.sample_steps(run_id, "train")
+    if not steps:
+        raise ValueError("This run has no training samples yet.")
+    target = services.exports_dir / f"run-{run_id}-completions.zip"
+    partial = target.with_name(f".{target.name}.partial")
+    with tempfile.TemporaryDirectory(dir=services.exports_dir) as folder, \
+            zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for step in steps:
+            rows = completion_table(services.store.get_samples(run_id, step=step, split="train", limit=None))
+            path = write_completions(completions_file(folder, step), rows)
+            archive.write(path, path.relative_to(folder).as_posix())
+            path.unlink()
+    partial.replace(target)
+    return target
 
 
 def model_dir(services: Services, run: dict[str, Any]) -> Path | None:
@@ -101,10 +125,12 @@ print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_to
 
 def build_export_page(services: Services) -> gr.Dropdown:
     """Lay out the page; returns its run picker."""
-    gr.Markdown("## Export\nDownload any table as CSV, the trained model as a zip, and code to load it.")
+    gr.Markdown("## Export\nDownload any table as CSV, the completion tables as TRL writes them, the trained model "
+                "as a zip, and code to load it.")
     picker = gr.Dropdown(choices=run_choices(services.store), label="Run", elem_id="export-run")
     with gr.Row():
         buttons = {t: gr.Button(f"{t.capitalize()} CSV", size="sm", elem_id=f"export-{t}") for t in TABLES}
+    completions_btn = gr.Button("Completion tables (TRL parquet, .zip)", size="sm", elem_id="export-completions")
     model_btn = gr.Button("Trained model (.zip)", variant="primary", elem_id="export-model")
     message = gr.Markdown(elem_id="export-message")
     files = gr.File(label="Files", file_count="multiple", interactive=False, elem_id="export-files")
@@ -126,6 +152,16 @@ def build_export_page(services: Services) -> gr.Dropdown:
 
     for table, button in buttons.items():
         button.click(export_table(table), [picker, files], [message, files], api_visibility="private")
+
+    def export_completions(run_id: int | None, existing: list[str] | None):
+        try:
+            path = zip_completions(services, run_id)
+        except ValueError as exc:
+            return f"❌ {exc}", gr.skip()
+        return f"✅ Wrote {path.name}: completions/completions_<step>.parquet, as TRL's log_completions.", \
+            add(existing, path)
+
+    completions_btn.click(export_completions, [picker, files], [message, files], api_visibility="private")
 
     def export_model(run_id: int | None, existing: list[str] | None):
         if run_id is None:

@@ -7,7 +7,7 @@ studio's limits next to the fields they bound. The form goes through the same al
 
 The layout is a few sections that fill one `LaunchForm` (the page's components); the handlers are functions of it
 and of an event's values, returning {component: update} (one output: its value), so tests call them without a browser
-(tests/test_launch_page.py).
+(tests/web/test_launch_page.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import gradio as gr
 import pandas as pd
 from gradio.components import Component
 
+from a2po.batches import spec_batch_figures
 from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
 from app.access import allowlist
@@ -89,14 +90,32 @@ def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
 
 
 def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minutes: float | None,
-                   history: list[tuple[dict[str, Any], dict[str, float]]]) -> str:
+                   history: list[tuple[dict[str, Any], dict[str, float]]], grpo_recipe: str | None = None) -> str:
     """What "A*-PO vs GRPO" would start from the A*-PO `spec`: its runs, their optimizer steps and evaluations, and
-    each method's training time estimated from finished runs (`history`, as `finished_history` gives it)."""
+    each method's training time estimated from finished runs (`history`, as `finished_history` gives it); the GRPO
+    side's recipe (`grpo_recipe`) first, when it has one."""
     try:
         specs = study_specs(spec, parse_seeds(seeds), pair=True, protocol=protocol,
-                            budget_seconds=budget_seconds(budget_minutes))
+                            budget_seconds=budget_seconds(budget_minutes), grpo_recipe=grpo_recipe)
     except StudyError as exc:
         return f"⚠ {exc}"
+    per_step = pair_batch_text(specs[0], specs[1])
+    if grpo_recipe:
+        note = forms.recipe_note(specs[1]["recipe"], {**specs[1]["config"], "rewards": specs[1]["rewards"]})
+        return (f"{note.replace('**Recipe:**', '**GRPO side:**', 1)}\n\n{_pair_runs_text(specs, protocol, history)}"
+                f"\n\n{per_step}")
+    return f"{_pair_runs_text(specs, protocol, history)}\n\n{per_step}"
+
+
+def pair_batch_text(a2po: dict[str, Any], grpo: dict[str, Any]) -> str:
+    """Each side's optimizer step (`a2po.batches`): the same prompts, one completion each against G."""
+    return (f"**Per optimizer step:** A*-PO {spec_batch_figures(a2po).text()}; GRPO "
+            f"{spec_batch_figures(grpo).text()}.")
+
+
+def _pair_runs_text(specs: list[dict[str, Any]], protocol: str,
+                    history: list[tuple[dict[str, Any], dict[str, float]]]) -> str:
+    """The runs of a pair study (`study_specs`), their steps, evaluations and estimated training times."""
     a2po, grpo = specs[0], specs[1]
     count = len(specs) // 2
     runs = f"**This pair:** {len(specs)} runs ({count} seed{'s' if count > 1 else ''} x A*-PO and GRPO), one after " \
@@ -213,7 +232,11 @@ class LaunchForm:
     protocol: Any = None
     budget: Any = None
     protocol_text: Any = None
+    pair_recipe: Any = None  # the GRPO side's recipe in "A*-PO vs GRPO"
+    recipe_box: Any = None  # the GRPO recipe's choice and note, shown for GRPO runs
+    recipe_text: Any = None
     pair_plan: Any = None
+    batch_text: Any = None  # prompts, completions and generations per step (`a2po.batches`), by the batch settings
     sweep_field: Any = None
     sweep_grid: Any = None
     sweep_plan: Any = None
@@ -344,11 +367,13 @@ def start_pair(form: LaunchForm, data: dict[Any, Any], request: gr.Request | Non
     protocol = data[form.protocol]
     try:
         pairs = form.services.launch_pair(result.spec, _user(form, data, request), protocol=protocol,
-                                          budget_seconds=budget_seconds(data[form.budget]), seeds=data[form.seeds])
+                                          budget_seconds=budget_seconds(data[form.budget]), seeds=data[form.seeds],
+                                          grpo_recipe=pair_recipe(form, data))
     except (Refused, StudyError) as exc:
         return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,
                 form.pair: None}
-    listed = "; ".join(f"A*-PO #{a} and GRPO #{g}" for a, g in pairs)
+    recipe = pair_recipe(form, data)
+    listed = "; ".join(f"A*-PO #{a} and GRPO #{g}{f' ({recipe})' if recipe else ''}" for a, g in pairs)
     seeds = f" for {len(pairs)} seeds" if len(pairs) > 1 else ""
     return {**error_updates(form, {}), form.launched: pairs[0][0], form.pair: [i for pair in pairs for i in pair],
             form.status: f"✅ Started A*-PO vs GRPO ({PROTOCOL_LABELS[protocol]}){seeds}: {listed}. The Compare page "
@@ -361,7 +386,27 @@ def plan_pair(form: LaunchForm, data: dict[Any, Any]) -> str:
     if not result.ok:
         return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
     return pair_plan_text(result.spec, data[form.protocol], data[form.seeds], data[form.budget],
-                          finished_history(form.services))
+                          finished_history(form.services), grpo_recipe=pair_recipe(form, data))
+
+
+def batch_text(spec: dict[str, Any]) -> str:
+    """What one optimizer step of the form's run trains on (`a2po.batches`), under the batch settings."""
+    figures = spec_batch_figures(spec)
+    if figures is None:
+        return "**Per optimizer step:** set the batch size, accumulation steps and G to whole numbers to see it."
+    note = " (GRPO's batch size counts completions, as TRL's)" if figures.method == "grpo" else ""
+    return f"**Per optimizer step:** {figures.text()}{note}."
+
+
+def show_batch(form: LaunchForm, data: dict[Any, Any]) -> str:
+    """`batch_text` of the form's values, as they are (unchecked)."""
+    return batch_text(forms.form_to_spec(form.values(data)))
+
+
+def pair_recipe(form: LaunchForm, data: dict[Any, Any]) -> str | None:
+    """The GRPO side's recipe chosen for "A*-PO vs GRPO" (None: TRL's GRPOConfig defaults)."""
+    name = data.get(form.pair_recipe)
+    return None if name in (None, "", forms.NO_RECIPE) else name
 
 
 def show_protocol(form: LaunchForm, protocol: str) -> dict[Any, Any]:
@@ -429,9 +474,22 @@ def try_it(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -
 
 
 def show_method(form: LaunchForm, method: str) -> dict[Any, Any]:
-    """The settings of the chosen method; the other method's hidden."""
-    return {column: gr.update(visible=method in allowlist.PARAM_BY_KEY[key].methods)
-            for key, column in form.param_columns.items()}
+    """The settings of the chosen method; the other method's hidden (and the recipe, GRPO's)."""
+    return {**{column: gr.update(visible=method in allowlist.PARAM_BY_KEY[key].methods)
+               for key, column in form.param_columns.items()}, form.recipe_box: gr.update(visible=method == "grpo")}
+
+
+def pick_recipe(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """A recipe picked: its settings in their fields, TRL's GRPOConfig defaults in those of the settings it leaves
+    (so nothing of the last recipe stays)."""
+    values = forms.recipe_values(data[form.inputs["recipe"]])
+    return {form.inputs[k]: gr.update(value=v) for k, v in values.items() if k in form.inputs}
+
+
+def show_recipe(form: LaunchForm, data: dict[Any, Any]) -> str:
+    """The recipe's note: what it sets, what it leaves out, and which of its settings act only off-policy, so
+    change nothing with the form's num_iterations (or, GDPO's, with one reward)."""
+    return forms.recipe_note(data[form.inputs["recipe"]], form.values(data))
 
 
 def show_source(form: LaunchForm, source: str) -> dict[Any, Any]:
@@ -678,9 +736,17 @@ def _settings_section(form: LaunchForm) -> None:
                                 info="The other method's settings are hidden; \"A*-PO vs GRPO\" launches both, "
                                      "matched.")
     form.error_slot("method")
+    with gr.Column(visible=defaults["method"] == "grpo", elem_id="recipe-box") as form.recipe_box:
+        inputs["recipe"] = gr.Dropdown(forms.recipe_choices(), value=defaults["recipe"], elem_id="field-recipe",
+                                       label="GRPO recipe (TRL's paper index)",
+                                       info="A named GRPO variant: picking one fills its settings (some under "
+                                            "Advanced); a setting changed after wins.")
+        form.error_slot("recipe")
+        form.recipe_text = gr.Markdown(forms.recipe_note(defaults["recipe"], defaults), elem_id="recipe-note")
     gr.Markdown("### Hyper-parameters")
     with gr.Row():
         _param_columns(form, [p for p in allowlist.PARAMS if not p.advanced])
+    form.batch_text = gr.Markdown(batch_text(forms.form_to_spec(defaults)), elem_id="batch-figures")
     with gr.Accordion("Advanced", open=False, elem_id="advanced"):
         with gr.Row():
             _param_columns(form, [p for p in allowlist.PARAMS if p.advanced])
@@ -730,6 +796,9 @@ def _actions_section(form: LaunchForm) -> None:
                              label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
     form.budget = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)", minimum=0.1,
                             visible=False, elem_id="pair-budget")
+    form.pair_recipe = gr.Dropdown(forms.recipe_choices(), value=forms.NO_RECIPE, label="A*-PO vs GRPO: GRPO's recipe",
+                                   elem_id="pair-recipe", info="GRPO's side runs TRL's defaults, or a named variant "
+                                                               "(settings only GRPO has: the match holds).")
     form.protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
     form.pair_plan = gr.Markdown(elem_id="pair-plan")
     gr.Markdown(PAIR_NOTE, elem_id="pair-note")
@@ -757,9 +826,10 @@ def _actions_section(form: LaunchForm) -> None:
                            elem_id="command", wrap_lines=True)
     default_dataset = forms.form_to_spec(form.defaults)["dataset"]
     form.preview_info = gr.Markdown("The preset's prompts:", elem_id="preview-info")
-    form.preview = gr.Dataframe(value=lambda: load_dataset_preview(default_dataset)[1],
-                                label="First rows of the dataset", interactive=False, wrap=True, elem_id="preview",
+    form.preview = gr.Dataframe(label="First rows of the dataset", interactive=False, wrap=True, elem_id="preview",
                                 max_height=300)
+    # Filled when a page loads (reading the dataset imports `datasets`); a page's own event, not an API endpoint.
+    gr.on(None, lambda: load_dataset_preview(default_dataset)[1], None, form.preview, api_visibility="private")
     gr.Markdown(f"**This studio's limits:** at most {limits.text()}.", elem_id="limits-info")
 
 
@@ -767,6 +837,9 @@ def _actions_section(form: LaunchForm) -> None:
 
 PRIVATE = {"api_visibility": "private"}
 # The fields that change a pair's length; the rest are read when one of these, or the page, changes.
+# The fields the batch figures (`batch_text`) read.
+BATCH_FIELDS = ("method", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+                "num_value_samples", "num_processes", "pass_rate_band")
 PAIR_LENGTH_FIELDS = ("model", "num_prompts", "eval_size", "num_train_epochs", "max_steps",
                       "per_device_train_batch_size", "gradient_accumulation_steps", "num_value_samples", "eval_steps")
 
@@ -802,7 +875,8 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
                                     [*errors, form.status, form.launched], concurrency_limit=1, **PRIVATE)
               for action in ACTIONS]
     pair_event = buttons["pair"].click(_with_request(start_pair, form),
-                                       {form.token, form.seeds, form.protocol, form.budget, *form.fields},
+                                       {form.token, form.seeds, form.protocol, form.budget, form.pair_recipe,
+                                        *form.fields},
                                        [*errors, form.status, form.launched, form.pair], concurrency_limit=1,
                                        **PRIVATE)
     sweep_event = buttons["sweep"].click(_with_request(start_sweep, form),
@@ -817,7 +891,7 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
 
 def plan_pair_on(form: LaunchForm, triggers: list[Any]) -> None:
     """Refresh the pair's plan (runs, steps, time per method) on these events."""
-    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, *form.fields},
+    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, form.pair_recipe, *form.fields},
           form.pair_plan, trigger_mode="always_last", **PRIVATE)
 
 
@@ -826,14 +900,24 @@ def _wire_form(form: LaunchForm) -> None:
     settings, the dataset's boxes and rewards, a preset."""
     bind, inputs = _bind, form.inputs
     form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.protocol_text], **PRIVATE)
-    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change,
+    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change, form.pair_recipe.change,
                         *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
+    gr.on([inputs[k].change for k in BATCH_FIELDS if k in inputs], bind(show_batch, form), set(form.fields),
+          form.batch_text, trigger_mode="always_last", **PRIVATE)
     plan_inputs = {form.sweep_grid, form.seeds, *form.fields}
     for box in (form.sweep_grid, form.seeds):
         box.change(bind(plan_sweep, form), plan_inputs, form.sweep_plan, trigger_mode="always_last", **PRIVATE)
     form.sweep_field.input(bind(add_sweep_field, form), {form.sweep_field, form.sweep_grid, *form.fields},
                            [form.sweep_grid, form.sweep_field], **PRIVATE)
-    inputs["method"].change(bind(show_method, form), inputs["method"], list(form.param_columns.values()), **PRIVATE)
+    inputs["method"].change(bind(show_method, form), inputs["method"],
+                            [*form.param_columns.values(), form.recipe_box], **PRIVATE)
+    # `.input`: a user's pick fills the recipe's settings; a preset, a loaded config or a clone keeps its own values.
+    recipe_fields = [inputs[k] for k in forms.recipe_values(forms.NO_RECIPE) if k in inputs]
+    inputs["recipe"].input(bind(pick_recipe, form), set(form.fields), recipe_fields, **PRIVATE)
+    note_triggers = [inputs["recipe"].change, inputs["num_iterations"].change,
+                     *(inputs[f"use_reward:{name}"].change for name in form.reward_names)]
+    gr.on(note_triggers, bind(show_recipe, form), set(form.fields), form.recipe_text, trigger_mode="always_last",
+          **PRIVATE)
     inputs["dataset_source"].change(bind(show_source, form), inputs["dataset_source"], form.boxes, **PRIVATE)
     # `.input`: only a user's pick switches the rewards, not a preset, a loaded config or a clone filling the form.
     inputs["dataset_source"].input(bind(match_rewards, form), inputs["dataset_source"],
@@ -904,6 +988,9 @@ def _param_input(param: allowlist.Param, defaults: dict[str, Any], inputs: dict[
     elif param.kind == "choice":
         inputs[param.key] = gr.Dropdown(list(param.choices), value=value, label=param.label, info=info,
                                         elem_id=elem_id)
+    elif param.kind == "band":
+        inputs[param.key] = gr.Textbox(value=value, label=param.label, info=info or param.info, elem_id=elem_id,
+                                       placeholder="e.g. 0.125, 0.875", interactive=False if locked else None)
     else:
         inputs[param.key] = gr.Number(value=value, label=param.label, info=info, elem_id=elem_id,
                                       precision=0 if param.kind == "int" else None,

@@ -1,7 +1,7 @@
 """Playground page: the reference policy and a run's trained policy answer one prompt side by side (a greedy
 completion and a few samples each), scored by the run's reward.
 
-Models run in the playground's own process (`app.runtime.model_server`: its cache, its share of the machine and its
+Models run in the playground's own process (`app.runtime.playground`: its cache, its share of the machine and its
 limits); this module checks who asks and what, picks the weights, and shows the answer. The `/playground` endpoint
 (`app.web.api`) goes through `play` too.
 """
@@ -21,7 +21,7 @@ import pandas as pd
 from app.access import allowlist
 from app.access.auth import User
 from app.access.gate import Refused, Services, offline
-from app.runtime.model_server import (
+from app.runtime.playground import (
     MAX_PROMPT_CHARS,
     MAX_SAMPLES,
     PlaygroundClient,

@@ -33,21 +33,12 @@ from typing import Any
 import gradio as gr
 from gradio.components.plot import PlotData
 
+from a2po.batches import spec_batch_figures
 from app.access.gate import Services
 from app.web import charts, live
-from app.web.common import (
-    Remaining,
-    clock_from_metrics,
-    elapsed_seconds,
-    estimate_remaining,
-    format_duration,
-    format_time,
-    progress_bar,
-    run_choices,
-    status_badge,
-    training_seconds,
-)
-from app.web.pages import training, values
+from app.web.common import elapsed_seconds, format_duration, format_time, progress_bar, run_choices, status_badge
+from app.web.pages import completions, training, values
+from app.web.remaining import Remaining, clock_from_metrics, estimate_remaining, training_seconds
 from storage import Store
 from storage.lifecycle import LIVE, UNFINISHED
 
@@ -58,7 +49,6 @@ LIVE_REDRAW_SECONDS = 5.0
 # since a Gradio event with the main tabs as an output would make every later event walk the whole app.
 SHOW_RUN_TAB = "() => { document.getElementById('page-run-button')?.click(); return []; }"
 MAX_LOG_LINES = 300
-SEARCH_WINDOW = 100_000
 MAX_POINTS = charts.MAX_POINTS
 
 
@@ -174,6 +164,9 @@ def header(run: dict[str, Any], evaluations: list[dict[str, Any]] | None = None,
              f"`{run.get('stage') or '–'}` · created {format_time(run['created_at'])} · wall time "
              f"{format_duration(elapsed_seconds(run))} · training time {format_duration(training_seconds(clock))} · "
              + remaining_text(estimate)]
+    figures = spec_batch_figures(run.get("config"))
+    if figures is not None and run.get("action") == "train":
+        parts.append(f'<span id="run-batch">per optimizer step: {html.escape(figures.text())}</span>')
     change = accuracy_change(evaluations or [])
     if change:
         parts.append(change)
@@ -244,7 +237,8 @@ def _values_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
         expected = _expected_prompts(run)
         note = f" (of {expected}, still estimating)" if expected and run.get("stage") == "values" else ""
         view = values.render(_stats(store, run, split), _splits(run), split,
-                             summary if isinstance(summary, dict) else None, run.get("best_eval_accuracy"), note)
+                             summary if isinstance(summary, dict) else None, run.get("best_eval_accuracy"), note,
+                             values.band_of(run))
     return {k: _plot(v) if k in ("histogram", "correct_bar", "pass_rates") else v for k, v in view.items()}
 
 
@@ -291,9 +285,10 @@ def _filtered_view(store: Store, run: dict[str, Any] | None, split: str) -> dict
 def _series(store: Store, run_id: int, metric_id: int) -> dict[str, Any]:
     """The run's training curves, downsampled in SQL once (`Store.metric_series`), then extended with only the
     metric rows newer than the last one seen; downsampled again once they grow past twice `MAX_POINTS`."""
-    names = [name for name, _ in charts.TRAINING_METRICS]
-
     def compute(previous: dict[str, Any] | None) -> dict[str, Any]:
+        # The built-in panels' metrics, and those the run's reward functions logged (`log_metric`).
+        panels = [*charts.TRAINING_METRICS, *charts.reward_metric_panels(store.metric_names(run_id))]
+        names = [name for name, _ in panels]
         if previous is not None and previous["metric_id"] < metric_id:
             data = {k: {f: list(v) for f, v in d.items()} for k, d in previous["data"].items()}
             for row in store.get_metrics(run_id, after_id=previous["metric_id"], names=names):
@@ -329,7 +324,8 @@ def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartO
         x_title = "step"
         if chart.x_axis == "time":
             series, x_title = charts.time_axis(series, store.step_times(run_id)), "minutes since the first step"
-        return _plot(charts.training_figure_spec(series, smoothing=chart.smoothing, ceilings=ceilings,
+        panels = [*charts.TRAINING_METRICS, *charts.reward_metric_panels(series)]
+        return _plot(charts.training_figure_spec(series, smoothing=chart.smoothing, ceilings=ceilings, metrics=panels,
                                                  buckets=buckets, x_title=x_title, log_y=chart.log_y))
 
     version = (ids["metrics"], tuple(sorted(ceilings.items())))
@@ -339,27 +335,27 @@ def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartO
     return {"plot": plot, "evaluations": evaluations}
 
 
-def _samples_view(store: Store, run_id: int, sample_id: int, query: dict[str, Any]) -> dict[str, Any]:
-    """The newest `MAX_SAMPLES` samples matching the filters; later polls fetch only rows newer than the last.
-    A text or step filter looks through the newest `SEARCH_WINDOW` sample ids only: a substring has no index, and
-    a search through a million samples is slow (the CSV export has them all)."""
-    filtered = query.get("text") is not None or query.get("step") is not None
-    floor = max(0, sample_id - SEARCH_WINDOW) if filtered else 0
-
-    def compute(previous: tuple[int, list[dict[str, Any]]] | None) -> tuple[int, list[dict[str, Any]]]:
-        after = previous[0] if previous is not None and previous[0] <= sample_id else 0
-        new = store.get_samples(run_id, after_id=max(after, floor), limit=training.MAX_SAMPLES, newest_first=True,
-                                **query)
-        rows = (new + (previous[1] if after else []))[: training.MAX_SAMPLES]
-        return sample_id, rows
-
-    key = ("samples", run_id, tuple(sorted(query.items())))
-    rows = live.SHARED.get(key, sample_id, compute)[1]
-    info = f"{len(rows)} completions shown (newest first, at most {training.MAX_SAMPLES})."
-    if floor:
-        info += f" Filters search the newest {SEARCH_WINDOW:,} samples; export the samples (CSV) for all of them."
-    return {"samples": training.samples_frame(rows), "samples_info": info}
-
+def _samples_view(store: Store, run_id: int, sample_id: int, frame: Frame) -> dict[str, Any]:
+    """The completions of one logged step (the latest, or the nearest at or below the slider's), filtered and
+    sorted: the steps and the step's rows are read once per new sample for every session."""
+    splits = live.SHARED.get(("sample-splits", run_id), sample_id, lambda _prev: store.sample_splits(run_id))
+    split = frame.sample_split if frame.sample_split in splits or not splits else splits[0]
+    steps = live.SHARED.get(("sample-steps", run_id, split), sample_id,
+                            lambda _prev: store.sample_steps(run_id, split))
+    step = completions.shown_step(steps, frame.step, frame.latest)
+    query = completions.sample_query(frame.correct, frame.text, frame.sort)
+    rows = [] if step is None else live.SHARED.get(
+        ("samples", run_id, split, step, tuple(sorted(query.items()))), sample_id,
+        lambda _prev: store.step_samples(run_id, step, split, limit=completions.MAX_ROWS, **query))
+    if step is None:
+        info = "No completions logged yet: a training run logs its sampled completions at each logging step."
+    else:
+        info = (f"Step **{step}** ({'the latest; ' if step == steps[-1] else ''}{len(steps)} logged steps, "
+                f"{steps[0]} to {steps[-1]}): {len(rows)} completions"
+                + (f" (the first {completions.MAX_ROWS})" if len(rows) >= completions.MAX_ROWS else "") + ".")
+    return {"samples": completions.samples_frame(rows), "samples_info": info,
+            "samples_step": completions.step_slider(steps, step), "samples_latest": frame.latest,
+            "samples_split": gr.Radio(choices=splits or [split], value=split)}
 
 
 def _logs_view(services: Services, run_id: int, log_id: int) -> dict[str, Any]:
@@ -398,14 +394,21 @@ class Frame:
     search: str | None
     correct: str
     text: str | None
-    step: str | None
+    step: float | None
+    sort: str = "prompt"
+    latest: bool = True
+    sample_split: str = "train"
 
     @classmethod
     def of(cls, services: Services, snap: dict[str, Any], chart: ChartOptions, split: str, order: str,
-           search: str | None, correct: str, text: str | None, step: str | None) -> Frame:
-        """The session's inputs as a draw reads them: the train split, stage-1 order and no search by default."""
+           search: str | None, correct: str, text: str | None, step: float | str | None, sort: str | None = None,
+           latest: bool | None = True, sample_split: str | None = None) -> Frame:
+        """The session's inputs as a draw reads them: the train split, stage-1 order and no search by default;
+        the Samples tab on the latest step (its slider's value then read as none), sorted by prompt."""
+        latest = latest is not False
         return cls(services, snap, chart, split or "train", order if order in values.ORDERS else "stage-1 order",
-                   (search or "").strip() or None, correct, text, step)
+                   (search or "").strip() or None, correct, text, None if latest or step == "" else step,
+                   sort if sort in completions.SORTS else "prompt", latest, sample_split or "train")
 
     @property
     def store(self) -> Store:
@@ -525,10 +528,11 @@ VIEWS: dict[str, View] = {view.name: view for view in (
          changes=_rows, build=lambda f: _filtered_view(f.store, f.run, f.split), inputs=("split",)),
     View("training", tab="training", group="training", outputs=("plot", "evaluations"), changes=_training_changes,
          build=_build_training, inputs=("chart",)),
-    View("samples", tab="samples", group="samples", outputs=("samples", "samples_info"),
-         changes=lambda snap: (snap["ids"]["samples"],), inputs=("correct", "text", "step"),
-         build=lambda f: _samples_view(f.store, f.run["id"], f.snap["ids"]["samples"],
-                                       training.sample_query(f.correct, f.text, f.step))),
+    View("samples", tab="samples", group="samples",
+         outputs=("samples", "samples_info", "samples_step", "samples_latest", "samples_split"),
+         changes=lambda snap: (snap["ids"]["samples"],),
+         inputs=("correct", "text", "step", "sort", "latest", "sample_split"),
+         build=lambda f: _samples_view(f.store, f.run["id"], f.snap["ids"]["samples"], f)),
     View("logs", tab="logs", group="logs", outputs=("logs",), changes=lambda snap: (snap["ids"]["logs"],),
          build=lambda f: _logs_view(f.services, f.run["id"], f.snap["ids"]["logs"])),
 )}
@@ -607,14 +611,15 @@ def run_version(store: Store, run_id: int) -> dict[str, str]:
 
 
 def draw_group(services: Services, group: str, run_id: int | None, chart: ChartOptions, split: str, order: str,
-               search: str | None, correct: str, text: str | None, step: str | None) -> list[Any]:
+               search: str | None, correct: str, text: str | None, step: float | None, sort: str | None = None,
+               latest: bool | None = True, sample_split: str | None = None) -> list[Any]:
     """One group's outputs (see `GROUPS`) for the poller: no session state is read or written (the poller decided
     what moved); each value comes from what every session shares (`live.SHARED`)."""
     snap = live.snapshot(services.store, run_id) if run_id is not None else None
     names = GROUPS[group][1]
     if snap is None:
         return [gr.skip()] * len(names)
-    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step)
+    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step, sort, latest, sample_split)
     out: dict[str, Any] = {}
     for view in GROUP_VIEWS[group]:
         built = view.build(frame)
@@ -625,7 +630,8 @@ def draw_group(services: Services, group: str, run_id: int | None, chart: ChartO
 
 
 def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None, chart: ChartOptions, split: str,
-            order: str, search: str | None, correct: str, text: str | None, step: str | None,
+            order: str, search: str | None, correct: str, text: str | None, step: float | None,
+            sort: str | None = None, latest: bool | None = True, sample_split: str | None = None,
             tab: str | None = None) -> list[Any]:
     """Draw what moved since `state` (a tab switch, a filter change, a new run picked): updates for the
     `OUTPUTS`, where only the views on screen (`ON_TAB`: above the tabs and the selected tab's) whose version moved
@@ -643,7 +649,7 @@ def refresh(services: Services, run_id: int | None, state: dict[str, Any] | None
             out.update(_no_run(services.store, split or "train"))
         return _updates(out)
 
-    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step)
+    frame = Frame.of(services, snap, chart, split, order, search, correct, text, step, sort, latest, sample_split)
     shown = state["shown"]
     for view in ON_TAB[state["tab"]]:
         version = frame.version(view)
@@ -661,7 +667,9 @@ def _no_run(store: Store, split: str) -> dict[str, Any]:
     return {"header": "Pick a run above, launch one, or open one from the Runs page.", "progress": "",
             "error": gr.Textbox(visible=False, value=""), "logs": "",
             "plot": _plot(charts.empty_spec("No run selected")), "evaluations": None, "samples": None,
-            "samples_info": "", "picker": gr.Dropdown(choices=run_choices(store)),
+            "samples_info": "", "samples_step": completions.step_slider([], None), "samples_latest": True,
+            "samples_split": gr.Radio(choices=["train"], value="train"),
+            "picker": gr.Dropdown(choices=run_choices(store)),
             **_values_view(store, {}, None, split), **_table_view(store, None, "", "", None),
             **_filtered_view(store, None, ""),
             **dict(zip(("stop", "resume", "delete"), _button_updates(None), strict=True))}
@@ -701,7 +709,7 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     with gr.Tabs(selected="values", elem_id="run-tabs"):
         vtab = values.build_values_tabs()
         ttab = training.build_training_tab()
-        stab = training.build_samples_tab()
+        stab = completions.build_samples_tab()
         with gr.Tab("Logs", id="logs", elem_id="tab-logs") as logs_tab:
             logs = gr.Textbox(lines=18, max_lines=18, autoscroll=True, interactive=False, show_label=False,
                               elem_id="run-logs")
@@ -710,7 +718,8 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     # The components the views fill (`View.outputs`) and the tabs they are on, by name.
     components = {"state": state, "timer": timer, "header": head, "progress": progress, "error": error,
                   **vtab.outputs(), "plot": ttab.plot, "evaluations": ttab.evaluations, "samples": stab.table,
-                  "samples_info": stab.info, "logs": logs, "stop": stop_btn, "resume": resume_btn,
+                  "samples_info": stab.info, "samples_step": stab.step, "samples_latest": stab.latest,
+                  "samples_split": stab.split, "logs": logs, "stop": stop_btn, "resume": resume_btn,
                   "delete": delete_btn, "picker": picker}
     tabs = {"values": vtab.values_tab, "filtered": vtab.filtered_tab, "training": ttab.tab, "samples": stab.tab,
             "logs": logs_tab}
@@ -718,9 +727,11 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     filters = [vtab.split, vtab.order, vtab.search, *stab.filters()]
     _add_redraws(services, picker, timer, components, chart_inputs, filters)
     triggers = (vtab.split.change, vtab.order.change, vtab.search.submit, ttab.smoothing.release, ttab.x_axis.change,
-                ttab.log_y.change, stab.correct.change, stab.text.submit, stab.step.submit)
+                ttab.log_y.change, stab.correct.change, stab.text.submit, stab.sort.change, stab.latest.input,
+                stab.split.input)
     _add_refreshes(services, picker, state, components, tabs, chart_inputs, filters, triggers)
-    _add_details(services, picker, vtab, ttab)
+    _add_step_pick(services, picker, state, components, chart_inputs, filters, stab)
+    _add_details(services, picker, vtab, ttab, stab)
     _add_actions(services, picker, token, timer, action_msg, {"stop": stop_btn, "resume": resume_btn,
                                                               "delete": delete_btn})
     return RunPage(picker=picker, state=state, timer=timer, clone=clone_btn)
@@ -792,8 +803,26 @@ def _add_refreshes(services: Services, picker: gr.Dropdown, state: gr.State, com
         tabs[tab_id].select(select(tab_id), inputs, outputs, **private)
 
 
-def _add_details(services: Services, picker: gr.Dropdown, vtab: Any, ttab: Any) -> None:
-    """The training tab's download and a prompt's completions, on request."""
+def _add_step_pick(services: Services, picker: gr.Dropdown, state: gr.State, components: dict[str, Any],
+                   chart_inputs: list[Any], filters: list[Any], stab: completions.SamplesTab) -> None:
+    """The Samples tab's slider let go: that step is shown, and no longer the latest (its box unticked by the
+    draw), so a live run's new steps leave it where the user put it."""
+    latest = filters.index(stab.latest)
+
+    def pick(run_id, state, smoothing, x_axis, log_y, *rest):
+        if run_id is None:
+            return [gr.skip()] * len(OUTPUTS)
+        rest = [False if i == latest else value for i, value in enumerate(rest)]
+        return refresh(services, run_id, state, ChartOptions.of(smoothing, x_axis, log_y), *rest)
+
+    stab.step.release(pick, [picker, state, *chart_inputs, *filters], [components[name] for name in OUTPUTS],
+                      show_progress="hidden", concurrency_limit=None, api_visibility="private")
+
+
+def _add_details(services: Services, picker: gr.Dropdown, vtab: Any, ttab: Any,
+                 stab: completions.SamplesTab) -> None:
+    """The training tab's download, a prompt's reference completions (V* tab) and a prompt's completions across
+    steps (Samples tab), on request."""
 
     def chart_data(run_id: int | None):
         """Every logged metric of the run, one row per (step, name), as the Export page writes it."""
@@ -814,6 +843,15 @@ def _add_details(services: Services, picker: gr.Dropdown, vtab: Any, ttab: Any) 
 
     vtab.table.select(show_prompt, [picker, vtab.split], [vtab.prompt_text, vtab.completions],
                       api_visibility="private")
+
+    def prompt_history(run_id: int | None, split: str, evt: gr.SelectData):
+        if run_id is None or not evt.row_value:
+            return gr.skip(), gr.skip()
+        prompt_id = str(evt.row_value[completions.STEP_COLUMNS.index("prompt")])
+        rows = services.store.prompt_samples(int(run_id), prompt_id, split or "train")
+        return completions.prompt_heading(rows, prompt_id), completions.history_frame(rows)
+
+    stab.table.select(prompt_history, [picker, stab.split], [stab.prompt, stab.history], api_visibility="private")
 
 
 def _add_actions(services: Services, picker: gr.Dropdown, token: Any, timer: gr.Timer, message: gr.Markdown,

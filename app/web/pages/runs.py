@@ -19,15 +19,9 @@ import pandas as pd
 
 from app.access.gate import Services
 from app.web import live
-from app.web.common import (
-    elapsed_seconds,
-    estimate_remaining,
-    format_duration,
-    format_time,
-    method_label,
-    training_seconds,
-)
+from app.web.common import elapsed_seconds, format_duration, format_time, method_label
 from app.web.pages.run import SHOW_RUN_TAB
+from app.web.remaining import estimate_remaining, training_seconds
 from storage.lifecycle import UNFINISHED
 
 COLUMN_WIDTHS = ["4%", "10%", "6%", "7%", "5%", "5%", "6%", "7%", "7%", "11%", "12%", "6%", "6%", "8%"]

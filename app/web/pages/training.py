@@ -1,4 +1,4 @@
-"""Training and Samples tabs of the run page: stage-2 curves, evaluations and the sampled completions."""
+"""Training tab of the run page: stage-2 curves and evaluations (the Samples tab: `completions.py`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,6 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
-
-from app.web.common import short
-
-# "#": a completion's index in its prompt's group (GRPO samples G per prompt and step; A*-PO one, #0).
-SAMPLE_COLUMNS = ["step", "split", "question", "#", "completion", "reward", "V*", "advantage", "implicit reward",
-                  "length"]
-CORRECT_FILTERS = ["all", "correct", "incorrect"]
-MAX_SAMPLES = 500
 
 
 @dataclass
@@ -31,19 +23,6 @@ class TrainingTab:
     def controls(self) -> list[gr.components.Component]:
         """The inputs of the figure, in the order of `app.web.pages.run.ChartOptions`."""
         return [self.smoothing, self.x_axis, self.log_y]
-
-
-@dataclass
-class SamplesTab:
-    correct: gr.Radio
-    text: gr.Textbox
-    step: gr.Textbox
-    table: gr.Dataframe
-    info: gr.Markdown
-    tab: gr.Tab
-
-    def filters(self) -> list[gr.components.Component]:
-        return [self.correct, self.text, self.step]
 
 
 def build_training_tab() -> TrainingTab:
@@ -65,43 +44,6 @@ def build_training_tab() -> TrainingTab:
                                  elem_id="chart-download")
             data_file = gr.File(label="Chart data", visible=False, scale=2, elem_id="chart-data-file")
     return TrainingTab(smoothing, x_axis, log_y, plot, evaluations, download, data_file, tab)
-
-
-def build_samples_tab() -> SamplesTab:
-    with gr.Tab("Samples", id="samples", elem_id="tab-samples") as tab:
-        with gr.Row():
-            correct = gr.Radio(CORRECT_FILTERS, value="all", label="Reward", elem_id="samples-correct")
-            text = gr.Textbox(label="Contains text", placeholder="search prompts and completions",
-                              elem_id="samples-text")
-            step = gr.Textbox(label="Step (empty: all)", placeholder="e.g. 10", elem_id="samples-step")
-        info = gr.Markdown(elem_id="samples-info")
-        table = gr.Dataframe(headers=SAMPLE_COLUMNS, interactive=False, wrap=True, max_height=600,
-                             elem_id="samples-table", label="Stage-2 completions (newest first)",
-                             column_widths=["6%", "6%", "25%", "4%", "24%", "7%", "7%", "8%", "8%", "5%"])
-    return SamplesTab(correct, text, step, table, info, tab)
-
-
-def sample_query(correct: str, text: str | None, step: str | None) -> dict[str, Any]:
-    """Keyword arguments of `Store.get_samples` for the tab's filters (a step that is not a number is ignored)."""
-    step = (step or "").strip()
-    return {"correct": {"correct": True, "incorrect": False}.get(correct),
-            "text": (text or "").strip() or None, "step": int(step) if step.lstrip("-").isdigit() else None}
-
-
-def samples_frame(samples: list[dict[str, Any]]) -> pd.DataFrame:
-    """The Samples tab's table: `samples` in their order, a GRPO group's completions together, in index order."""
-    def group(s: dict[str, Any]) -> tuple:
-        return s["step"], s["split"], s.get("prompt_id")
-
-    first: dict[tuple, int] = {}
-    for i, s in enumerate(samples):
-        first.setdefault(group(s), i)
-    samples = sorted(samples, key=lambda s: (first[group(s)], s.get("sample_index") or 0))
-    rows = [{"step": s["step"], "split": s["split"], "question": short(s["prompt_text"], 100),
-             "#": s.get("sample_index") or 0, "completion": s["completion"], "reward": s["reward"],
-             "V*": _round(s["v_star"]), "advantage": _round(s["advantage"]),
-             "implicit reward": _round(s["implicit_reward"]), "length": s["completion_length"]} for s in samples]
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
 
 
 def evaluations_frame(evaluations: list[dict[str, Any]]) -> pd.DataFrame:

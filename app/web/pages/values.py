@@ -103,10 +103,28 @@ def ceilings(stats: dict[str, Any], summary: dict[str, Any] | None = None) -> di
     return {"pass@1": float(stats["pass_at_1"]), "pass@N": float(stats["pass_at_n"])}
 
 
+def band_of(run: dict[str, Any] | None) -> list[float] | None:
+    """The run's pass-rate band (`pass_rate_band` in its spec's config), or None when it trains on every prompt."""
+    band = (((run or {}).get("config") or {}).get("config") or {}).get("pass_rate_band")
+    return [float(band[0]), float(band[1])] if isinstance(band, (list, tuple)) and len(band) == 2 else None
+
+
+def band_selection(stats: dict[str, Any], band: list[float]) -> dict[str, int]:
+    """What a pass-rate band keeps of a split, from `Store.value_stats`' correct counts: `in_band` (prompts whose
+    pass rate k / N lies in it), `kept` (those not also dropped by `filter_all_incorrect`, which only drops
+    prompts at k = 0) and `sampled` (prompts with reference samples)."""
+    counts, n = stats.get("correct") or [], stats.get("num_samples") or 0
+    inside = [k for k in range(len(counts)) if n and band[0] - 1e-9 <= k / n <= band[1] + 1e-9]
+    in_band = sum(counts[k] for k in inside)
+    dropped_at_zero = min(stats.get("filtered") or 0, counts[0]) if 0 in inside else 0
+    return {"in_band": in_band, "kept": in_band - dropped_at_zero, "sampled": sum(counts)}
+
+
 def render(stats: dict[str, Any], splits: list[str], split: str, summary: dict[str, Any] | None,
-           best_eval: float | None, progress_note: str = "") -> dict[str, Any]:
+           best_eval: float | None, progress_note: str = "", band: list[float] | None = None) -> dict[str, Any]:
     """The V* tab's summary, split picker and charts (figure specs, see `charts.to_json`; everything but the
-    table) from `Store.value_stats`."""
+    table) from `Store.value_stats`. With a pass-rate `band` (the run's `pass_rate_band`), the summary says what
+    it kept and the correct-count chart becomes the histogram of pass rates with the band shaded."""
     n, count, filtered = stats["num_samples"], stats["count"], stats["filtered"]
     rates = ceilings(stats, summary)
     if count:
@@ -114,6 +132,10 @@ def render(stats: dict[str, Any], splits: list[str], split: str, summary: dict[s
         rate_text = (f" · reference pass@1 {rates['pass@1']:.1%}, pass@{n} {rates['pass@N']:.1%}" if rates else "")
         text = (f"**{count:,} prompts** with V* ({split}){progress_note} · N = {n} reference samples each · "
                 f"mean V* {mean}{rate_text} · **{filtered:,} filtered**")
+        if band is not None and split == "train":
+            chosen = band_selection(stats, band)
+            text += (f" · pass-rate band [{band[0]:g}, {band[1]:g}]: **{chosen['kept']:,} of "
+                     f"{chosen['sampled']:,} prompts kept** for training")
     else:
         text = "No V* estimates yet: stage 1 has not stored any prompt." + progress_note
     pass_fig = (charts.pass_rate_spec(rates["pass@1"], rates["pass@N"], n, best_eval) if count and rates
@@ -122,7 +144,8 @@ def render(stats: dict[str, Any], splits: list[str], split: str, summary: dict[s
     return {"summary": text, "split": gr.Dropdown(choices=splits or [split], value=split),
             "histogram": charts.binned_value_histogram_spec(hist["start"], hist["width"], hist["kept"],
                                                             hist["filtered"]),
-            "correct_bar": charts.counted_correct_bar_spec(stats["correct"]), "pass_rates": pass_fig}
+            "correct_bar": (charts.pass_rate_band_spec(stats["correct"], band) if band is not None
+                            else charts.counted_correct_bar_spec(stats["correct"])), "pass_rates": pass_fig}
 
 
 def render_table(rows: list[dict[str, Any]], stats: dict[str, Any], order: str, search: str | None) -> dict[str, Any]:

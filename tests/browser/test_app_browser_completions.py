@@ -1,0 +1,112 @@
+"""The completions table in a real headless Chromium: the Run page's Samples tab reads every logged step (the slider
+moved, the rows change; a row opens its prompt across steps), and Compare sets an A*-PO run's and a GRPO run's
+completions of one prompt side by side. Real `python -m app` on a real SQLite file filled beforehand with the rows
+a finished pair writes. Saves docs/screenshots/completions-table.png and compare-completions.png."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from benchmarks.harness import studio as served
+from storage import Store, lifecycle
+from tests.browser import chromium, open_page, open_tab, set_field, shoot
+
+APP_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# The steps each method logged its completions at: Compare matches them (each run's latest at or before the step).
+STEPS = {"a2po": (4, 8, 12, 16, 20), "grpo": (5, 10, 15, 20)}
+G = 4
+QUESTIONS = [f"What is {10 + i} + {20 + i}?" for i in range(4)]
+
+
+def fill(data_dir) -> dict[str, int]:
+    """A finished A*-PO run (one completion per prompt) and a finished GRPO run (G per prompt) that logged their
+    completions every few steps, with a reward function's value and a `log_extra` column."""
+    store = Store(data_dir / "studio.db")
+    ids = {}
+    for method in ("a2po", "grpo"):
+        name = f"pair-{method}"
+        run_id = ids[method] = store.create_run(name, "train", {"name": name, "method": method}, model="tiny",
+                                                dataset="arithmetic")
+        for step in STEPS[method]:
+            rows = []
+            for i, question in enumerate(QUESTIONS):
+                answer = 30 + 2 * i
+                for j in range(G if method == "grpo" else 1):
+                    right = (step + i + j) % 3 != 0
+                    rows.append({"step": step, "split": "train", "prompt_id": f"q{i}", "sample_index": j,
+                                 "prompt_text": question, "reward": float(right),
+                                 "completion": f"{method} step {step} #{j}: {answer if right else answer + 1}",
+                                 "v_star": 0.25 * i if method == "a2po" else None,
+                                 "advantage": float(right) - 0.5, "completion_length": 6 + j,
+                                 "rewards": {"accuracy": float(right)}, "extra": {"format": "ok"}})
+            store.add_samples(run_id, rows)
+        store.apply(run_id, lifecycle.CLAIM, pid=1, started_at=time.time() - 600)
+        store.apply(run_id, lifecycle.FINISH, stage=None, progress=1.0)
+    store.close()
+    return ids
+
+
+@pytest.fixture
+def studio(tmp_path):
+    fill(tmp_path)
+    with served(tmp_path, "--no-resume", env=APP_ENV) as app:
+        yield app.url
+
+
+def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side(studio):
+    from playwright.sync_api import expect
+
+    with chromium() as browser:
+        page = open_page(browser, studio, height=1100)
+        open_tab(page, "Runs")
+        page.locator("#runs-table").get_by_text("pair-a2po", exact=True).filter(visible=True).first.click()
+        expect(page.locator("#run-header")).to_contain_text("pair-a2po")
+        open_tab(page, "Samples")
+        table, info = page.locator("#samples-table"), page.locator("#samples-info")
+        # The latest logged step by default, with the extra columns.
+        expect(info).to_contain_text("Step 20 (the latest; 5 logged steps, 4 to 20)")
+        expect(table).to_contain_text("a2po step 20")
+        expect(table).to_contain_text("format")
+        # The slider moved to step 8: that step's rows, and the page stops following the latest.
+        set_field(page, "samples-step", "8")
+        expect(info).to_contain_text("Step 8 (5 logged steps")
+        expect(table).to_contain_text("a2po step 8")
+        expect(table).not_to_contain_text("a2po step 20")
+        expect(page.locator("#samples-latest input")).not_to_be_checked()
+        # Sorted by reward, lowest first: step 8's one wrong answer (prompt q1) on top.
+        expect(table.locator("tbody tr").first).to_contain_text("q0")
+        page.locator("#samples-sort input").click()
+        page.get_by_role("option", name="reward, lowest first").click()
+        expect(table.locator("tbody tr").first).to_contain_text("q1")
+        # A row opens its prompt across the steps.
+        table.get_by_text(QUESTIONS[2]).first.click()
+        history = page.locator("#samples-history")
+        expect(page.locator("#samples-prompt")).to_contain_text("Prompt q2 · sampled at 5 step(s), 4 to 20")
+        expect(page.locator("#samples-prompt")).to_contain_text(QUESTIONS[2])
+        for step in STEPS["a2po"]:
+            expect(history).to_contain_text(f"a2po step {step}")
+        shoot(page, "completions-table")
+
+        open_tab(page, "Compare")
+        page.locator("#compare-runs input").click()
+        for name in ("pair-grpo", "pair-a2po"):
+            page.get_by_role("option", name=name).first.click()
+        page.keyboard.press("Escape")
+        left, right = page.locator("#compare-left-head"), page.locator("#compare-right-head")
+        expect(left).to_contain_text("pair-a2po (A*-PO)")
+        expect(right).to_contain_text("pair-grpo (GRPO)")
+        expect(left).to_contain_text("step 20 · 1 completion")
+        expect(right).to_contain_text(f"step 20 · {G} completions")
+        # Step 12: each run's latest logged step at or before it (GRPO's is step 10).
+        set_field(page, "compare-step", "12")
+        expect(left).to_contain_text("step 12 · 1 completion")
+        expect(right).to_contain_text(f"step 10 (its latest at or before 12) · {G} completions")
+        expect(page.locator("#compare-left-table")).to_contain_text("a2po step 12")
+        expect(page.locator("#compare-right-table")).to_contain_text("grpo step 10")
+        for j in range(G):
+            expect(page.locator("#compare-right-table")).to_contain_text(f"grpo step 10 #{j}")
+        expect(page.locator("#compare-prompt-text")).to_contain_text(QUESTIONS[0])
+        page.locator("#compare-left-table").scroll_into_view_if_needed()
+        shoot(page, "compare-completions")

@@ -1,0 +1,82 @@
+"""Every script in scripts/ and every measurement harness in benchmarks/ starts: `--help` (its own options), or a
+tiny run where one is cheap; and `benchmarks.harness.studio`, the one launcher they share, names a studio that
+will not start. A studio it serves is covered by `tests/browser/test_run_page_browser.py`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import studio
+
+ROOT = Path(__file__).resolve().parents[2]
+# Each script and an option only its own parser knows: its `--help` printing it shows the script ran to its parser.
+SCRIPTS = {
+    "app_latency.py": "--seed",
+    "click_train.py": "--screenshot",
+    "compare_methods.py": "--protocol",
+    "kill_resume.py": "--kill-after-step",
+    "playground_latency.py": "--warmup",
+    "ray_latency.py": "--trials",
+    "screenshots.py": "--duel",
+    "teaching_demo.py": "--seeds",
+    "vllm_sampling_mismatch.py": "--top-k",
+}
+HARNESSES = {"benchmarks.polling_cost": "--sessions", "benchmarks.store": "--plan"}
+TESTED_APART = {"gpu_check.sh": "tests/a2po/test_gpu_check.py", "chunk_overhead.py": "tests/runtime/test_chunk_cost.py",
+                "cluster_demo.sh": "test_cluster_demo_answers_help_and_refuses_an_unknown_option_..., below"}
+
+
+def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_every_script_has_a_smoke_test():
+    found = sorted(path.name for path in (ROOT / "scripts").iterdir() if path.is_file())
+    assert found == sorted([*SCRIPTS, *TESTED_APART]), "a new script needs a line in SCRIPTS (its --help)"
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_script_answers_help(script, tmp_path):
+    # From another folder, as a user may start it: nothing may rely on the checkout being the working directory.
+    result = run(sys.executable, str(ROOT / "scripts" / script), "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("usage:") and SCRIPTS[script] in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("module", sorted(HARNESSES))
+def test_harness_answers_help(module):
+    result = run(sys.executable, "-m", module, "--help")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert HARNESSES[module] in result.stdout, result.stdout
+
+
+def test_cluster_demo_answers_help_and_refuses_an_unknown_option_before_touching_anything(tmp_path):
+    script = str(ROOT / "scripts" / "cluster_demo.sh")
+    assert run("bash", "-n", script).returncode == 0
+    shown = run("bash", script, "--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "scripts/cluster_demo.sh [WORK_DIR] [--quick]" in shown.stdout, shown.stderr
+    refused = run("bash", script, "--qiuck", cwd=tmp_path)
+    assert refused.returncode == 2 and "unknown option --qiuck" in refused.stderr
+    assert refused.stdout == ""  # no step started: it did not take the option for its work folder
+
+
+def test_compare_methods_report_names_a_missing_study(tmp_path):
+    result = run(sys.executable, str(ROOT / "scripts" / "compare_methods.py"), str(tmp_path), "--report",
+                 "--name", "nothing-yet")
+    assert result.returncode == 1
+    assert "No study named 'nothing-yet' in this data folder: run it first (without --report)." in result.stderr
+
+
+def test_studio_that_exits_at_start_is_named_with_its_output(tmp_path):
+    with pytest.raises(RuntimeError) as failed, studio(tmp_path, "--no-such-option", timeout=120):
+        raise AssertionError("a studio with an unknown option served")
+    message = str(failed.value)
+    assert "python -m app exited with code 2" in message
+    assert "--no-such-option" in message and str(tmp_path / "server.log") in message
