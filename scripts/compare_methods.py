@@ -7,6 +7,7 @@ time A*-PO needs to reach GRPO's final accuracy less 3 points and GRPO's to reac
 
     python scripts/compare_methods.py DATA_DIR [--seeds 0 1 2] [--protocol paper] [--spec '{"dataset": {...}}']
     python scripts/compare_methods.py DATA_DIR --protocol time --budget-minutes 3 --name equal-time
+    python scripts/compare_methods.py DATA_DIR --grpo-recipe dr-grpo --name duel-dr-grpo   # GRPO as Dr. GRPO
     python scripts/compare_methods.py DATA_DIR --report [--name duel]    # the figures of the newest study run
 
 Starts `python -m app` on DATA_DIR. The scheduler runs one run at a time on a CPU (a run takes the machine), so runs
@@ -37,8 +38,9 @@ def wait_finished(client, run_id: int) -> dict:
 
 
 def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protocol: str, extra: dict,
-                 budget_minutes: float = 0.0) -> None:
-    """Press "A*-PO vs GRPO" with `seeds` on a studio serving `data_dir`, and wait for every run to end."""
+                 budget_minutes: float = 0.0, grpo_recipe: str = "") -> None:
+    """Press "A*-PO vs GRPO" with `seeds` (its GRPO side under `grpo_recipe`) on a studio serving `data_dir`, and
+    wait for every run to end."""
     from gradio_client import Client
 
     from benchmarks.harness import studio
@@ -47,7 +49,7 @@ def launch_study(data_dir: Path, port: int, name: str, seeds: list[int], protoco
         client = Client(app.url, verbose=False)
         spec = {"name": name, **extra, "dataset": {"eval_size": 128, **extra.get("dataset", {})}}
         study = client.predict(spec=spec, protocol=protocol, budget_minutes=budget_minutes, seeds=seeds,
-                               api_name="/launch_pair")
+                               grpo_recipe=grpo_recipe, api_name="/launch_pair")
         print(f"study {study['study']}: " + ", ".join(f"{m} #{p[m]['run_id']}" for p in study["pairs"]
                                                       for m in ("a2po", "grpo")), flush=True)
         for pair in study["pairs"]:
@@ -162,6 +164,8 @@ def main() -> None:
     parser.add_argument("--protocol", default="paper", choices=("paper", "trl", "time"))
     parser.add_argument("--budget-minutes", type=float, default=0.0,
                         help="each run's training time under --protocol time (A*-PO's stage 1 included)")
+    parser.add_argument("--grpo-recipe", default="",
+                        help="the GRPO side's named recipe (dapo, dr-grpo, ...: a2po/recipes.py); none: TRL's defaults")
     parser.add_argument("--port", type=int, default=7873)
     parser.add_argument("--spec", default="{}", help="JSON merged into the pair's A*-PO spec (the teaching demo's)")
     parser.add_argument("--report", action="store_true", help="only report the newest study already in DATA_DIR")
@@ -169,9 +173,16 @@ def main() -> None:
 
     from storage import Store
 
+    if options.grpo_recipe:
+        from a2po.recipes import RecipeError, canonical_name
+
+        try:  # refused before a studio starts
+            options.grpo_recipe = canonical_name(options.grpo_recipe)
+        except RecipeError as error:
+            parser.error(f"--grpo-recipe: {error}")
     if not options.report:
         launch_study(options.data_dir, options.port, options.name, options.seeds, options.protocol,
-                     json.loads(options.spec), options.budget_minutes)
+                     json.loads(options.spec), options.budget_minutes, options.grpo_recipe)
     report(Store(options.data_dir / "studio.db"), options.name)
 
 

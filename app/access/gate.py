@@ -148,9 +148,10 @@ class Services:
 
     def launch_pair(self, spec: Any, user: User | None, protocol: str = DEFAULT_PROTOCOL,
                     budget_seconds: float | None = None, seeds: Any = None,
-                    grpo_recipe: str | None = None) -> list[tuple[int, int]]:
+                    grpo_recipe: str | None = None, grpo_settings: Any = None) -> list[tuple[int, int]]:
         """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it under `protocol`
-        (`app.studies.protocols`; `grpo_recipe`: the GRPO side's named recipe, `a2po.recipes`), once per run seed,
+        (`app.studies.protocols`; `grpo_recipe`: the GRPO side's named recipe, `a2po.recipes`; `grpo_settings`: its
+        own learning rate and batch under equal time), once per run seed,
         as one study: every run checked (permission, allow-list, limits) before any is queued. Returns (A*-PO's id,
         GRPO's id) per seed."""
         from app.studies.protocols import StudyError, parse_seeds, require_a2po, study_specs
@@ -162,7 +163,7 @@ class Services:
             require_a2po(spec)  # before the allow-list, whose GRPO checks would name other fields first
             a2po, _ = self.checked(spec)
             specs = study_specs(a2po, parse_seeds(seeds), pair=True, protocol=protocol, budget_seconds=budget_seconds,
-                                grpo_recipe=grpo_recipe)
+                                grpo_recipe=grpo_recipe, grpo_settings=grpo_settings)
         except StudyError as error:
             raise Refused(str(error)) from None
         ids = self.launch_study(specs, user)

@@ -44,6 +44,9 @@ DEFAULT_PROTOCOL = "paper"
 EVAL_POINTS = 8  # held-out evaluations after the step-0 one, when the spec asks for no other grid
 TIME_EPOCHS = 20.0  # equal time: passes enough for the budget to end the runs, not their epochs
 MAX_SEEDS = 10
+# What the GRPO side of an equal-time pair may set for itself (`pair_specs`'s `grpo_settings`); its batch counts
+# completions, G per prompt.
+GRPO_OWN_SETTINGS = ("learning_rate", "per_device_train_batch_size")
 
 # Settings both methods have, copied from the A*-PO run to its GRPO match (same names in A2POConfig and GRPOConfig).
 SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "max_steps",
@@ -140,7 +143,8 @@ def require_a2po(spec: Any) -> None:
 
 
 def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_seconds: float | None = None,
-               eval_points: int = EVAL_POINTS, grpo_recipe: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               eval_points: int = EVAL_POINTS, grpo_recipe: str | None = None,
+               grpo_settings: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it under `protocol`.
 
     Matched in every protocol: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every
@@ -148,9 +152,12 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     sampling, seed); GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size,
     which counts completions, is G x A*-PO's (which counts prompts). GRPO's own settings (beta, loss_type, epsilon,
     ...) keep TRL's defaults, or are those of `grpo_recipe` (`a2po.recipes`: settings only GRPO has, so the match
-    holds). See the module docstring for what each protocol changes."""
+    holds). Under equal time, `grpo_settings` may give the GRPO side its own `GRPO_OWN_SETTINGS` (each method at its
+    best point: the budget, not the steps, is what the pair shares). See the module docstring for what each protocol
+    changes."""
     if protocol not in PROTOCOLS:
         raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
+    _check_grpo_settings(grpo_settings, protocol)
     require_a2po(spec)
     if spec.get("action", "train") != "train":
         raise StudyError("A*-PO vs GRPO compares two training runs: set the action to \"train\".")
@@ -182,7 +189,22 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     if grpo_recipe:
         grpo["recipe"] = recipe_name(grpo_recipe)
         grpo["config"].update(recipe_settings(grpo["recipe"]))
+    grpo["config"].update(grpo_settings or {})
     return a2po, grpo
+
+
+def _check_grpo_settings(settings: Any, protocol: str) -> None:
+    """`StudyError` unless `settings` is empty, or a mapping of `GRPO_OWN_SETTINGS` under the equal-time protocol."""
+    if not settings:
+        return
+    if not isinstance(settings, dict):
+        raise StudyError(f"grpo_settings: give a mapping, e.g. {{\"learning_rate\": 3e-5}} (got {shown(settings)}).")
+    if protocol != "time":
+        raise StudyError(f"grpo_settings: the {protocol} protocol matches GRPO's learning rate and prompts per step to "
+                         "A*-PO's; give GRPO its own only under the equal-time protocol (protocol \"time\").")
+    if other := [k for k in settings if k not in GRPO_OWN_SETTINGS]:
+        raise StudyError(f"grpo_settings: {shown(other[0])} is matched to the A*-PO run; the GRPO side may set only "
+                         f"{', '.join(GRPO_OWN_SETTINGS)}.")
 
 
 def recipe_name(name: str) -> str:
@@ -195,9 +217,11 @@ def recipe_name(name: str) -> str:
 
 def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol: str = DEFAULT_PROTOCOL,
                 budget_seconds: float | None = None, eval_points: int = EVAL_POINTS,
-                study_id: str | None = None, grpo_recipe: str | None = None) -> list[dict[str, Any]]:
-    """Every run of a study, tagged with it: the pair (`pair`, its GRPO side under `grpo_recipe`) or the spec alone,
-    once per seed (none given: the spec's own seed). A pair's runs come A*-PO first, then GRPO, seed by seed."""
+                study_id: str | None = None, grpo_recipe: str | None = None,
+                grpo_settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every run of a study, tagged with it: the pair (`pair`, its GRPO side under `grpo_recipe` and
+    `grpo_settings`) or the spec alone, once per seed (none given: the spec's own seed). A pair's runs come A*-PO
+    first, then GRPO, seed by seed."""
     own_seed = int((spec.get("config") or {}).get("seed") or 0)
     seeds = seeds or [own_seed]
     sid = study_id or uuid.uuid4().hex[:10]
@@ -206,12 +230,14 @@ def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol:
     for seed in seeds:
         one = copy.deepcopy(spec)
         one.setdefault("config", {})["seed"] = seed
-        made = list(pair_specs(one, protocol, budget_seconds, eval_points, grpo_recipe)) if pair else [one]
+        made = list(pair_specs(one, protocol, budget_seconds, eval_points, grpo_recipe, grpo_settings)) if pair \
+            else [one]
         for run in made:
             if len(seeds) > 1:
                 run["name"] = f"{run.get('name') or base}-s{seed}"
             run["study"] = {"id": sid, "name": base, "kind": "pair" if pair else "seeds", "seed": seed,
                             "seeds": len(seeds), **({"protocol": protocol} if pair else {}),
-                            **({"grpo_recipe": recipe_name(grpo_recipe)} if pair and grpo_recipe else {})}
+                            **({"grpo_recipe": recipe_name(grpo_recipe)} if pair and grpo_recipe else {}),
+                            **({"grpo_settings": dict(grpo_settings)} if pair and grpo_settings else {})}
         runs.extend(made)
     return runs

@@ -10,8 +10,10 @@ same steps, G = N, one grid of evaluations for the pair): every A*-PO point has 
 that two points would make alike (they differ in a setting only A*-PO has, e.g. beta2) is made once.
 
 Without `method`, every run of a sweep is evaluated on one absolute grid of steps (`protocols.EVAL_POINTS` points over
-the longest run), so curves of different points read at the same steps. The grid's size (a product of its lengths)
-is checked before any run is made: a refused grid costs nothing that grows with it.
+the longest run), so curves of different points read at the same steps; a base spec with a time budget
+(`max_train_seconds`, `eval_every_seconds`) keeps its grid of seconds instead, for a sweep at equal training time.
+The grid's size (a product of its lengths) is checked before any run is made: a refused grid costs nothing that grows
+with it.
 
 Stage 1 depends only on the model, the prompts, the rewards, N, the sampling settings and its seed
 (`RunSpec.value_fingerprint`), and every A*-PO run of a sweep gets the base spec's stage-1 seed (`values_seed`):
@@ -131,14 +133,15 @@ def sweep_specs(spec: dict[str, Any], grid: Any, seeds: list[int], *, study_id: 
 
 def _one_step_grid(runs: list[dict[str, Any]], eval_points: int) -> None:
     """Every run that does not set its own `eval_steps` evaluates every k steps, k from the longest run's steps:
-    the points' curves are read at the same steps."""
+    the points' curves are read at the same steps. A run on a clock (`eval_every_seconds`, an equal-time sweep) keeps
+    its grid of seconds: a grid of steps beside it would read runs of different batch sizes at different times."""
     steps = [planned_steps(r) for r in runs]
     if not runs or any(s is None for s in steps):
         return
     every = max(1, math.ceil(max(steps) / eval_points))
     for run in runs:
         config = run.setdefault("config", {})
-        if not config.get("eval_steps"):
+        if not config.get("eval_steps") and not config.get("eval_every_seconds"):
             config["eval_steps"] = every
 
 

@@ -127,7 +127,8 @@ def launch(services: Services, spec: dict, seeds: list | str | None = None, requ
 
 
 def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_minutes: float = 0.0,
-                seeds: list | str | None = None, grpo_recipe: str = "", request: gr.Request = None) -> dict:
+                seeds: list | str | None = None, grpo_recipe: str = "", grpo_settings: dict | None = None,
+                request: gr.Request = None) -> dict:
     """"A*-PO vs GRPO": queue the A*-PO run `spec` describes and a GRPO run matched to it (same model, prompts,
     held-out set, learning rate, schedule and completion length; G = N >= 2; GRPO's batch = G x A*-PO's, so the
     same prompts per step). Every run passes the same checks and limits, or none is queued. Read the answer with
@@ -139,6 +140,8 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
         budget_minutes: protocol "time" only: the training time of each run in minutes, A*-PO's stage 1 included.
         seeds: run seeds, e.g. [0, 1, 2]: one pair per seed, all in one study.
         grpo_recipe: the GRPO side's named recipe ("dapo", "dr-grpo", "gspo", ...; see `limits`); "" for plain GRPO.
+        grpo_settings: protocol "time" only: the GRPO side's own learning_rate and per_device_train_batch_size
+            (completions per step), e.g. {"learning_rate": 3e-5}; none: matched to the A*-PO run.
 
     Returns:
         {"a2po": {"run_id", "name"}, "grpo": {"run_id", "name"}}: the first seed's pair
@@ -148,7 +151,7 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
     with _refusals_as_errors():
         budget = budget_seconds(budget_minutes)
         pairs = services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget, seeds=seeds,
-                                     grpo_recipe=grpo_recipe or None)
+                                     grpo_recipe=grpo_recipe or None, grpo_settings=grpo_settings or None)
     described = [{method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
                   for method, run_id in zip(("a2po", "grpo"), pair, strict=True)} for pair in pairs]
     study = store.get_run(pairs[0][0])["config"]["study"]

@@ -55,6 +55,21 @@ def studio(tmp_path):
         yield app.url
 
 
+def set_step(page, elem_id: str, value: str, shown, text: str) -> None:
+    """Type a step into a slider's box until `shown` says it took: an update of the slider still on its way (the
+    runs just picked) can re-render the box under the typing on a loaded machine, as a user would see and retype."""
+    from playwright.sync_api import expect
+
+    for _ in range(3):
+        set_field(page, elem_id, value)
+        try:
+            expect(shown).to_contain_text(text, timeout=30_000)
+            return
+        except AssertionError:
+            continue
+    expect(shown).to_contain_text(text)
+
+
 def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side(studio):
     from playwright.sync_api import expect
 
@@ -70,8 +85,7 @@ def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side
         expect(table).to_contain_text("a2po step 20")
         expect(table).to_contain_text("format")
         # The slider moved to step 8: that step's rows, and the page stops following the latest.
-        set_field(page, "samples-step", "8")
-        expect(info).to_contain_text("Step 8 (5 logged steps")
+        set_step(page, "samples-step", "8", info, "Step 8 (5 logged steps")
         expect(table).to_contain_text("a2po step 8")
         expect(table).not_to_contain_text("a2po step 20")
         expect(page.locator("#samples-latest input")).not_to_be_checked()
@@ -100,8 +114,7 @@ def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side
         expect(left).to_contain_text("step 20 · 1 completion")
         expect(right).to_contain_text(f"step 20 · {G} completions")
         # Step 12: each run's latest logged step at or before it (GRPO's is step 10).
-        set_field(page, "compare-step", "12")
-        expect(left).to_contain_text("step 12 · 1 completion")
+        set_step(page, "compare-step", "12", left, "step 12 · 1 completion")
         expect(right).to_contain_text(f"step 10 (its latest at or before 12) · {G} completions")
         expect(page.locator("#compare-left-table")).to_contain_text("a2po step 12")
         expect(page.locator("#compare-right-table")).to_contain_text("grpo step 10")

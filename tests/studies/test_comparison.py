@@ -356,3 +356,20 @@ def test_a_median_never_falls_outside_its_own_range():
         assert min(finals) <= median.final_accuracy <= max(finals)
         assert all(p.spread[0] <= p.accuracy <= p.spread[1] for p in median.points)
         assert [p.step for p in median.points] == sorted(p.step for p in median.points)
+
+
+def test_under_equal_time_the_grpo_side_may_take_its_own_learning_rate_and_batch_and_nothing_else():
+    a2po, grpo = pair_specs(SPEC, "time", budget_seconds=240, grpo_recipe="dapo",
+                            grpo_settings={"learning_rate": 3e-5, "per_device_train_batch_size": 32})
+    assert (grpo["config"]["learning_rate"], grpo["config"]["per_device_train_batch_size"]) == (3e-5, 32)
+    assert a2po["config"]["learning_rate"] == 1e-5 and grpo["config"]["num_generations"] == 8  # G = N still
+    assert grpo["config"]["max_train_seconds"] == a2po["config"]["max_train_seconds"] == 240  # the shared budget
+    assert grpo["config"]["loss_type"] == "dapo"
+    runs = study_specs(SPEC, [0, 1], pair=True, protocol="time", budget_seconds=240,
+                       grpo_settings={"learning_rate": 3e-5})
+    assert runs[0]["study"]["grpo_settings"] == {"learning_rate": 3e-5}
+    with pytest.raises(StudyError, match="only under the equal-time protocol"):
+        pair_specs(SPEC, "paper", grpo_settings={"learning_rate": 3e-5})
+    with pytest.raises(StudyError, match="'num_generations' is matched to the A\\*-PO run; the GRPO side may set "
+                                         "only learning_rate, per_device_train_batch_size"):
+        pair_specs(SPEC, "time", budget_seconds=240, grpo_settings={"num_generations": 4})

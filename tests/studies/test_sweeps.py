@@ -135,6 +135,15 @@ def test_method_in_the_grid_gives_every_a2po_point_its_own_matched_grpo_run():
         sweep_specs(base, {"method": ["a2po", "grpo"], "num_generations": [4, 8]}, [])
 
 
+def test_an_equal_time_sweep_keeps_its_grid_of_seconds():
+    # Runs of 8 and 64 prompts per step on one grid of steps would be read at very different times.
+    budget = {"max_train_seconds": 240.0, "eval_every_seconds": 30.0, "max_steps": -1, "num_train_epochs": 20.0}
+    base = with_defaults({"name": "clock", "config": budget})
+    runs = sweep_specs(base, {"per_device_train_batch_size": [8, 64]}, [0])
+    assert [(r["config"].get("eval_steps"), r["config"]["eval_every_seconds"]) for r in runs] == [(None, 30.0)] * 2
+    assert {r["config"]["max_train_seconds"] for r in runs} == {240.0}
+
+
 EIGHT_FIELDS = ["learning_rate", "beta1", "beta2", "warmup_steps", "weight_decay", "max_grad_norm", "top_p",
                 "temperature"]
 HUGE_GRID = {name: [round(0.01 * (i + 1), 3) for i in range(12)] for name in EIGHT_FIELDS}  # 12^8 = 430 M points

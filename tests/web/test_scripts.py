@@ -22,6 +22,7 @@ SCRIPTS = {
     "kill_resume.py": "--kill-after-step",
     "playground_latency.py": "--warmup",
     "ray_latency.py": "--trials",
+    "recipe_search.py": "--dry-run",
     "screenshots.py": "--duel",
     "teaching_demo.py": "--seeds",
     "vllm_sampling_mismatch.py": "--top-k",
@@ -72,6 +73,28 @@ def test_compare_methods_report_names_a_missing_study(tmp_path):
                  "--name", "nothing-yet")
     assert result.returncode == 1
     assert "No study named 'nothing-yet' in this data folder: run it first (without --report)." in result.stderr
+
+
+def test_compare_methods_refuses_an_unknown_grpo_recipe_before_starting_a_studio(tmp_path):
+    result = run(sys.executable, str(ROOT / "scripts" / "compare_methods.py"), str(tmp_path / "data"),
+                 "--grpo-recipe", "dapp")
+    assert result.returncode == 2 and "--grpo-recipe: Unknown GRPO recipe 'dapp': use one of dapo" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("flags, runs", [
+    # A*-PO: 4 batches x 2 learning rates x 3 selections; GRPO: 2 recipes x 2 learning rates x 3 batches; 3 seeds.
+    ((), (4 * 2 * 3 + 2 * 2 * 3) * 3),
+    (("--a2po-batch", "8", "32", "--lrs", "1e-5", "--minutes", "4", "--seeds", "0"), 2 * 3 + 2 * 3),
+])
+def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path, flags, runs):
+    data_dir = tmp_path / "data"
+    result = run(sys.executable, str(ROOT / "scripts" / "recipe_search.py"), str(data_dir), "--dry-run", *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    listed = [line for line in result.stdout.splitlines() if line.startswith("  recipe-search-")]
+    assert len(listed) == len(set(listed)) == runs
+    assert f"would launch {runs} runs in 5 studies, 4 min of training each" in result.stdout
+    assert not data_dir.exists()
 
 
 def test_studio_that_exits_at_start_is_named_with_its_output(tmp_path):
