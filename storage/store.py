@@ -436,13 +436,7 @@ class Store:
         of the prompt or the completion.
         """
         stmt = select(Sample.__table__).where(Sample.run_id == run_id, Sample.id > after_id)
-        if correct is not None:
-            stmt = stmt.where(Sample.reward >= CORRECT_THRESHOLD if correct
-                              else or_(Sample.reward < CORRECT_THRESHOLD, Sample.reward.is_(None)))
-        if text:
-            pattern = _like_pattern(text)
-            stmt = stmt.where(or_(Sample.prompt_text.ilike(pattern, escape="\\"),
-                                  Sample.completion.ilike(pattern, escape="\\")))
+        stmt = _filter_samples(stmt, correct, text)
         if step is not None:
             stmt = stmt.where(Sample.step == step)
         if split is not None:
@@ -476,13 +470,7 @@ class Store:
         if sort not in SAMPLE_SORTS:
             raise ValueError(f"Unknown sample sort {sort!r}: use one of {', '.join(SAMPLE_SORTS)}.")
         stmt = select(Sample.__table__).where(Sample.run_id == run_id, Sample.split == split, Sample.step == step)
-        if correct is not None:
-            stmt = stmt.where(Sample.reward >= CORRECT_THRESHOLD if correct
-                              else or_(Sample.reward < CORRECT_THRESHOLD, Sample.reward.is_(None)))
-        if text:
-            pattern = _like_pattern(text)
-            stmt = stmt.where(or_(Sample.prompt_text.ilike(pattern, escape="\\"),
-                                  Sample.completion.ilike(pattern, escape="\\")))
+        stmt = _filter_samples(stmt, correct, text)
         if sort != "prompt":
             column = getattr(Sample, sort)
             stmt = stmt.order_by(column.is_(None), column.desc() if descending else column)
@@ -893,6 +881,19 @@ def _distinct_in_index(column: Any, where: list[Any]) -> Any:
     following = select(func.min(column)).where(*where, column > found.c.value).scalar_subquery()
     found = found.union_all(select(following).where(found.c.value.is_not(None)))
     return select(found.c.value).where(found.c.value.is_not(None)).order_by(found.c.value)
+
+
+def _filter_samples(stmt: Any, correct: bool | None, text: str | None) -> Any:
+    """`stmt` keeping rewards >= CORRECT_THRESHOLD (`correct` True) or below (False, unscored included), and rows
+    whose prompt or completion contains `text` (case-insensitive)."""
+    if correct is not None:
+        stmt = stmt.where(Sample.reward >= CORRECT_THRESHOLD if correct
+                          else or_(Sample.reward < CORRECT_THRESHOLD, Sample.reward.is_(None)))
+    if text:
+        pattern = _like_pattern(text)
+        stmt = stmt.where(or_(Sample.prompt_text.ilike(pattern, escape="\\"),
+                              Sample.completion.ilike(pattern, escape="\\")))
+    return stmt
 
 
 def _like_pattern(text: str) -> str:

@@ -123,14 +123,17 @@ def test_a_completion_depends_on_the_seed_step_prompt_and_sample_index_only(tmp_
     assert first_step(4, seed=1) != narrow
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
 def test_gradient_accumulation_gives_the_same_update_as_one_batch(tmp_path, tiny_model_dir, loss_type):
     """One generation per optimizer step, split into micro-batches in order: the update of 2 x 2 completions with
-    accumulation is that of one batch of 4 (the samples are the same: they depend on the step, not the batching)."""
+    accumulation is that of one batch of 4 (the samples are the same: they depend on the step, not the batching),
+    whatever each loss type normalises by (the step's tokens: dapo, cispo, vespo; micro-batch means: grpo, sapo,
+    luspo)."""
     def trained(batch, accumulation, where):
         args = config(tmp_path / where, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
                       max_steps=1, optim="sgd", learning_rate=0.5, max_grad_norm=1e9, lr_scheduler_type="constant",
-                      loss_type=loss_type, shuffle_dataset=False)
+                      loss_type=loss_type, shuffle_dataset=False,
+                      importance_sampling_level="sequence" if loss_type == "luspo" else "token")
         trainer = GRPOTrainer(tiny_model_dir, coin, args=args, train_dataset=prompts(8))
         trainer.train()
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, losses(trainer)[1]

@@ -8,23 +8,15 @@ import warnings
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from a2po import GRPOConfig, GRPOTrainer
+from a2po import GRPOTrainer
 from a2po.config import ConfigError
+from tests.a2po.test_grpo_trainer import config
 from tests.a2po.test_trainer import Recorder, coin, prompts
 
 NEW_LOSS_TYPES = ["cispo", "sapo", "luspo", "vespo"]
 LOSS_METRICS = {"cispo": "cispo_clip_ratio", "sapo": None, "luspo": "clip_ratio/region_mean",
                 "vespo": "vespo/phi_seq_mean"}
-
-
-def config(tmp_path, **overrides):
-    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2, max_steps=2,
-                  max_completion_length=6, use_cpu=True, logging_steps=1, report_to="none", save_strategy="no",
-                  learning_rate=1e-2, seed=0, disable_tqdm=True, gradient_checkpointing=False)
-    values.update(overrides)
-    return GRPOConfig(**values)
 
 
 def logged(trainer):
@@ -85,27 +77,6 @@ def test_each_new_loss_type_trains_with_finite_loss(tmp_path, tiny_model_dir, lo
         assert all(math.isfinite(h[LOSS_METRICS[loss_type]]) for h in history)
     clipped_family = loss_type == "luspo"
     assert all(("clip_ratio/region_mean" in h) == clipped_family for h in history)
-
-
-@pytest.mark.parametrize("loss_type", NEW_LOSS_TYPES)
-def test_gradient_accumulation_gives_the_same_update_as_one_batch(tmp_path, tiny_model_dir, loss_type):
-    """The normalisers of the new loss types (cispo and vespo: the step's tokens; sapo and luspo: micro-batch
-    means) make 2 x 2 completions with accumulation the update of one batch of 4."""
-    def trained(batch, accumulation, where):
-        args = config(tmp_path / where, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
-                      max_steps=1, optim="sgd", learning_rate=0.5, max_grad_norm=1e9, lr_scheduler_type="constant",
-                      loss_type=loss_type, shuffle_dataset=False,
-                      importance_sampling_level="sequence" if loss_type == "luspo" else "token")
-        trainer = GRPOTrainer(tiny_model_dir, coin, args=args, train_dataset=prompts(8))
-        trainer.train()
-        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, logged(trainer)[0]["loss"]
-
-    (one_batch, loss), (accumulated, accumulated_loss) = trained(4, 1, "a"), trained(2, 2, "b")
-    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
-    assert any(not torch.allclose(one_batch[n], initial[n].detach()) for n in one_batch)
-    assert accumulated_loss == pytest.approx(loss, abs=1e-6)
-    for name in one_batch:
-        assert torch.allclose(one_batch[name], accumulated[name], atol=1e-5), name
 
 
 def long_answers(completions, **kwargs):
