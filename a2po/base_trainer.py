@@ -46,7 +46,7 @@ from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
 from a2po.completions import completions_file, print_completions, unique_prompts, write_completions
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
-from a2po.rewards import call_rewards, tasks_of
+from a2po.rewards import as_given, call_rewards, tasks_of
 from a2po.rollout import sample_completions
 from a2po.values import prompt_id_for
 
@@ -325,12 +325,10 @@ class BaseTrainer(Trainer):
         `_reward_metrics` (one value per call, the mean of what was logged, as TRL's).
         """
         prompts = [row["prompt"] for row in rows]
-        conversational = [not isinstance(p, str) for p in prompts]
-        as_given = [[{"role": "assistant", "content": c}] if conv else c
-                    for c, conv in zip(completions, conversational)]
+        given = [as_given(p, c) for p, c in zip(prompts, completions)]
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
         state = self.state if trainer_state is None else trainer_state
-        calls = call_rewards(self.reward_funcs, self.reward_names, prompts, as_given, completion_ids, columns, state)
+        calls = call_rewards(self.reward_funcs, self.reward_names, prompts, given, completion_ids, columns, state)
         for name, value in calls.metrics.items():
             self._reward_metrics[name].append(value)
         per_func = torch.tensor([[math.nan if v is None else v for v in values] for values in calls.values],
@@ -536,11 +534,8 @@ class BaseTrainer(Trainer):
         rows = []
         for k, sample in enumerate(samples):
             prompt = rollout.rows[k // rollout.num_samples]["prompt"]
-            completion = rollout.completions[k]
             rows.append({
-                "step": sample["step"], "prompt": prompt,
-                "completion": completion if isinstance(prompt, str) else [{"role": "assistant",
-                                                                           "content": completion}],
+                "step": sample["step"], "prompt": prompt, "completion": as_given(prompt, rollout.completions[k]),
                 **{name: float(rollout.rewards_per_func[k, j]) for j, name in enumerate(self.reward_names)},
                 **rollout.extra(k), "advantage": sample["advantage"],
                 **{column: sample[column] for column in self._completion_columns}})

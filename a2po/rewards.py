@@ -124,6 +124,12 @@ def task_checker(completions: Sequence, task: Sequence[str] | None = None, task_
     return score_completions(completions, task, task_entry, task_settings, answer_format)
 
 
+def as_given(prompt: Any, completion: str) -> str | list[dict[str, str]]:
+    """`completion` as reward functions (and TRL's completion table) get it: text for a text prompt, an assistant
+    message for a conversational one."""
+    return completion if isinstance(prompt, str) else [{"role": "assistant", "content": completion}]
+
+
 # The keyword arguments the trainer passes besides the dataset columns (a column of one of these names is shadowed).
 TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 

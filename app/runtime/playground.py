@@ -717,10 +717,10 @@ def weighted_rewards(rewards: list[dict[str, Any]], rows: list[dict[str, Any]], 
     from transformers import TrainerState
 
     from a2po.reward_registry import get_reward_function
-    from a2po.rewards import call_reward
+    from a2po.rewards import as_given, call_reward
 
     prompts = [row["prompt"] for row in rows]
-    completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for t, p in zip(texts, prompts)]
+    completions = [as_given(p, t) for t, p in zip(texts, prompts)]
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
     state = TrainerState()
     total: list[float | None] = [None] * len(rows)
