@@ -44,10 +44,11 @@ from a2po._faults import fault_point
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
 from a2po.completions import completions_file, print_completions, unique_prompts, write_completions
+from a2po.compute import FlopsPerToken, sequence_tokens
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
 from a2po.rewards import as_given, call_rewards, tasks_of
-from a2po.rollout import sample_completions
+from a2po.rollout import per_token_logprobs, sample_completions
 from a2po.values import prompt_id_for
 
 if TYPE_CHECKING:
@@ -253,8 +254,11 @@ class BaseTrainer(Trainer):
         # Evaluate right after restoring a checkpoint in `train` (see there).
         self.evaluate_on_resume = False
         self._warned_non_binary = False
-        # Time and work spent decoding, per phase ("values", "train", "eval"): for benchmarks and users alike.
+        # Time and work spent decoding, per phase ("values", "train", "eval"): for benchmarks and users alike; and
+        # each phase's compute (`flops`: sampling and the log-probability passes, `a2po.compute`).
         self.rollout_stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.flops_per_token = FlopsPerToken.of(self.accelerator.unwrap_model(self.model))
+        self._local_step_flops = 0.0  # this process's compute in the micro-batch just trained (`floating_point_ops`)
         # With use_vllm: the engine (made at the first sampling) and this trainer's name in its weights keys.
         self._vllm: VLLMEngine | None = None
         self._vllm_owner = object()
@@ -452,8 +456,19 @@ class BaseTrainer(Trainer):
         stats["seconds"] += time.perf_counter() - start
         stats["decode_steps"] += out.shape[1]
         stats["sequences"] += out.shape[0]
-        stats["tokens"] += int(completion_mask(out, self.eos_token_ids).sum())
+        mask = completion_mask(out, self.eos_token_ids)
+        stats["tokens"] += int(mask.sum())
+        stats["flops"] += self.flops_per_token.forward(sequence_tokens(prompt_mask, mask))
         return out, sampling_logps
+
+    def _token_logprobs(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                        completion_ids: torch.Tensor, completion_mask: torch.Tensor, *, phase: str, grad: bool,
+                        **kwargs: Any) -> Any:
+        """`a2po.rollout.per_token_logprobs`, its compute counted in `phase` (a training pass with `grad`)."""
+        tokens = sequence_tokens(prompt_mask, completion_mask)
+        per_token = self.flops_per_token.train if grad else self.flops_per_token.forward
+        self.rollout_stats[phase]["flops"] += per_token(tokens)
+        return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, **kwargs)
 
     def _vllm_for(self, model: torch.nn.Module, phase: str, dtype: torch.dtype | None) -> VLLMEngine:
         """The vLLM engine, holding `model`'s current weights (pushed when it holds others).
@@ -604,10 +619,24 @@ class BaseTrainer(Trainer):
             self.args.eval_on_start = eval_on_start
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        before = self.rollout_stats["train"]["flops"]
         loss = super().training_step(model, inputs, num_items_in_batch)
         # The Trainer's `logging_nan_inf_filter` replaces a non-finite loss in the logged `loss`: count them here.
         self._metrics["frac_nonfinite_loss"].append(float(not torch.isfinite(loss).all()))
+        # The micro-batch's compute: the run's (every process's, so every rank stops at the same step) and this
+        # process's, which the Trainer adds to `state.total_flos` (`floating_point_ops`).
+        self._local_step_flops = self.rollout_stats["train"]["flops"] - before
+        flops = torch.tensor([self._local_step_flops], dtype=torch.float64)
+        if self.accelerator.num_processes > 1:  # every rank trains every micro-batch: a safe collective
+            flops = self.accelerator.gather(flops.to(self.accelerator.device)).sum()
+        self.run_counters.add_train_flops(float(flops.sum()))
         return loss
+
+    def floating_point_ops(self, inputs) -> int:
+        """This process's compute in the micro-batch just trained (`a2po.compute`), which the Trainer sums into
+        `state.total_flos` (its own count reads `input_ids`, which our batches of prompts do not carry)."""
+        flops, self._local_step_flops = self._local_step_flops, 0.0
+        return int(flops)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -757,7 +786,8 @@ class BaseTrainer(Trainer):
         """The run's clock (`RunCounters`) as logged with every training log and evaluation."""
         counters = self.run_counters
         clock = {"completion_tokens": counters.completion_tokens, "train_seconds": round(counters.train_seconds, 4),
-                 "eval_seconds": round(counters.eval_seconds, 4)}
+                 "eval_seconds": round(counters.eval_seconds, 4), "train_flops": counters.train_flops,
+                 "compute_flops": counters.compute}
         if counters.step_seconds is not None:
             clock["step_seconds"] = round(counters.step_seconds, 4)
         return clock

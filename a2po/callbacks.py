@@ -27,7 +27,7 @@ class A2POCallback(TrainerCallback):
 
     def on_values_batch(self, args, state, control, *, split: str, records: list[dict[str, Any]], done: int,
                         total: int, seconds: float = 0.0, completion_tokens: int = 0, batch_seconds: float = 0.0,
-                        batch_tokens: int = 0, **kwargs):
+                        batch_tokens: int = 0, flops: float = 0.0, batch_flops: float = 0.0, **kwargs):
         pass
 
     def on_values_end(self, args, state, control, *, split: str, values, summary: dict[str, float], **kwargs):
@@ -49,12 +49,18 @@ class RunCounters(TrainerCallback, ExportableState):
         self.completion_tokens = completion_tokens
         self.train_seconds = 0.0
         self.eval_seconds = 0.0
+        self.train_flops = 0.0
         self.values_seconds: dict[str, float] = {}
         self.values_tokens: dict[str, int] = {}
+        self.values_flops: dict[str, float] = {}
         self.evaluation_due: int | None = None
+        # The share of a budget's training part (what stage 1 leaves of it) this run may spend: a rung of a
+        # successive-halving sweep stops early (`budget_share` < 1), its evaluations on the whole budget's grid.
+        self.budget_share = 1.0
         self._step_started: float | None = None
         self._steps_timed = 0  # steps of this process timed so far
         self._steady_seconds = 0.0  # their seconds, the first one's left out
+        self._step_flops = 0.0  # the compute of the step under way, for the evaluation grid of `eval_every_flops`
 
     @property
     def step_seconds(self) -> float | None:
@@ -63,8 +69,9 @@ class RunCounters(TrainerCallback, ExportableState):
     def state(self) -> dict[str, Any]:
         return {"args": {}, "attributes": {
             "completion_tokens": self.completion_tokens, "train_seconds": round(self.train_seconds, 4),
-            "eval_seconds": round(self.eval_seconds, 4), "values_seconds": dict(self.values_seconds),
-            "values_tokens": dict(self.values_tokens), "evaluation_due": self.evaluation_due}}
+            "eval_seconds": round(self.eval_seconds, 4), "train_flops": self.train_flops,
+            "values_seconds": dict(self.values_seconds), "values_tokens": dict(self.values_tokens),
+            "values_flops": dict(self.values_flops), "evaluation_due": self.evaluation_due}}
 
     @classmethod
     def saved(cls, stateful_callbacks: dict[str, Any]) -> dict[str, Any]:
@@ -73,20 +80,26 @@ class RunCounters(TrainerCallback, ExportableState):
         saved = saved[-1] if isinstance(saved, list) else saved
         return saved.get("attributes", {})
 
-    @staticmethod
-    def saved_clock(attributes: dict[str, Any]) -> float:
-        """`clock` as kept in a checkpoint (`saved`)."""
-        return float((attributes.get("values_seconds") or {}).get("train", 0.0)) + float(
-            attributes.get("train_seconds", 0.0))
+    def restored(self, stateful_callbacks: dict[str, Any]) -> RunCounters:
+        """New counters holding what a checkpoint's trainer state kept (its `stateful_callbacks`), with this run's
+        `budget_share`: what the run had spent at that checkpoint."""
+        counters = RunCounters()
+        counters.budget_share = self.budget_share
+        state = type("SavedState", (), {"stateful_callbacks": dict(stateful_callbacks), "global_step": 1})()
+        counters.load(state)
+        return counters
 
-    def restore_values(self, split: str, seconds: float, tokens: int) -> None:
-        """What earlier starts of this run spent on `split`'s stage 1 (e.g. read back from a store)."""
+    def restore_values(self, split: str, seconds: float, tokens: int, flops: float = 0.0) -> None:
+        """What earlier starts of this run spent on `split`'s stage 1 (e.g. read back from a store), or what sampling
+        the V* rows it reuses cost."""
         self.values_seconds[split] = max(self.values_seconds.get(split, 0.0), float(seconds))
         self.values_tokens[split] = max(self.values_tokens.get(split, 0), int(tokens))
+        self.values_flops[split] = max(self.values_flops.get(split, 0.0), float(flops))
 
-    def add_values(self, split: str, seconds: float, tokens: int) -> None:
+    def add_values(self, split: str, seconds: float, tokens: int, flops: float = 0.0) -> None:
         self.values_seconds[split] = self.values_seconds.get(split, 0.0) + seconds
         self.values_tokens[split] = self.values_tokens.get(split, 0) + int(tokens)
+        self.values_flops[split] = self.values_flops.get(split, 0.0) + float(flops)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.load(state)
@@ -99,13 +112,15 @@ class RunCounters(TrainerCallback, ExportableState):
             self.completion_tokens = int(attributes.get("completion_tokens", 0))
             self.train_seconds = float(attributes.get("train_seconds", 0.0))
             self.eval_seconds = float(attributes.get("eval_seconds", 0.0))
+            self.train_flops = float(attributes.get("train_flops", 0.0))
             self.evaluation_due = attributes.get("evaluation_due")
             for split, seconds in (attributes.get("values_seconds") or {}).items():
-                self.restore_values(split, seconds, (attributes.get("values_tokens") or {}).get(split, 0))
+                self.restore_values(split, seconds, (attributes.get("values_tokens") or {}).get(split, 0),
+                                    (attributes.get("values_flops") or {}).get(split, 0.0))
         else:
-            self.completion_tokens, self.train_seconds, self.eval_seconds = 0, 0.0, 0.0
+            self.completion_tokens, self.train_seconds, self.eval_seconds, self.train_flops = 0, 0.0, 0.0, 0.0
             self.evaluation_due = None
-        self._step_started = None
+        self._step_started, self._step_flops = None, 0.0
         self._steps_timed, self._steady_seconds = 0, 0.0
         # A checkpoint from before these counters has no entry, and the Trainer's save expects one.
         state.stateful_callbacks[type(self).__name__] = self.state()
@@ -113,25 +128,48 @@ class RunCounters(TrainerCallback, ExportableState):
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_started = time.perf_counter()
 
+    def add_train_flops(self, flops: float) -> None:
+        """The compute of the optimizer step under way (every process's; the trainer counts it)."""
+        self.train_flops += flops
+        self._step_flops += flops
+
     @property
     def clock(self) -> float:
         """The run's training time: the train split's stage 1 and the training steps."""
         return self.values_seconds.get("train", 0.0) + self.train_seconds
 
+    @property
+    def compute(self) -> float:
+        """The run's compute in FLOPs (`a2po.compute`): the train split's stage 1 and the training steps."""
+        return self.values_flops.get("train", 0.0) + self.train_flops
+
+    def budget_reached(self, args) -> bool:
+        """Whether a budget of `args` (`max_train_seconds`, `max_train_flops`), or this run's share of it
+        (`budget_share`: of what the train split's stage 1 leaves), is spent."""
+        for budget, used, stage_one in ((getattr(args, "max_train_seconds", None), self.clock,
+                                         self.values_seconds.get("train", 0.0)),
+                                        (getattr(args, "max_train_flops", None), self.compute,
+                                         self.values_flops.get("train", 0.0))):
+            if budget and used >= stage_one + self.budget_share * max(budget - stage_one, 0.0):
+                return True
+        return False
+
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_started is None:
             return
-        before = self.clock
+        before, computed = self.clock, self.compute - self._step_flops
         seconds = time.perf_counter() - self._step_started
         self.train_seconds += seconds
         self._step_started = None
         if self._steps_timed:
             self._steady_seconds += seconds
         self._steps_timed += 1
-        budget, every = getattr(args, "max_train_seconds", None), getattr(args, "eval_every_seconds", None)
-        if every and math.floor(self.clock / every) > math.floor(before / every):
-            control.should_evaluate = True
-        if budget and self.clock >= budget:
+        for every, now, then in ((getattr(args, "eval_every_seconds", None), self.clock, before),
+                                 (getattr(args, "eval_every_flops", None), self.compute, computed)):
+            if every and math.floor(now / every) > math.floor(then / every):
+                control.should_evaluate = True
+        self._step_flops = 0.0
+        if self.budget_reached(args):
             control.should_training_stop = True
             control.should_evaluate = True  # the accuracy at the end of the budget
             control.should_save = True

@@ -159,6 +159,11 @@ class _BaseConfig(TrainingArguments):
                                         "reaches this many seconds."})
     eval_every_seconds: float | None = field(
         default=None, metadata={"help": "Also evaluate whenever the run's clock passes a multiple of this."})
+    max_train_flops: float | None = field(
+        default=None, metadata={"help": "Stop training once the run's compute (A*-PO's stage 1 plus training, in FLOPs "
+                                        "from the tokens processed: docs/compute.md) reaches this many FLOPs."})
+    eval_every_flops: float | None = field(
+        default=None, metadata={"help": "Also evaluate whenever the run's compute passes a multiple of this."})
 
     # Completion tables (`a2po.completions`): TRL GRPOConfig's names, defaults and help.
     log_completions: bool = field(
@@ -209,6 +214,10 @@ class _BaseConfig(TrainingArguments):
          "max_train_seconds must be >= 0 (0 or None: no budget; got {})"),
         ("eval_every_seconds", lambda v: v is None or v >= 0,
          "eval_every_seconds must be >= 0 (0 or None: off; got {})"),
+        ("max_train_flops", lambda v: v is None or v >= 0,
+         "max_train_flops must be >= 0 (0 or None: no budget; got {}), e.g. 2e15"),
+        ("eval_every_flops", lambda v: v is None or v >= 0,
+         "eval_every_flops must be >= 0 (0 or None: off; got {})"),
         ("num_completions_to_print", lambda v: v is None or v >= 0,
          "num_completions_to_print must be >= 0 or None (None: print them all; got {})"),
         ("learning_rate", lambda v: v > 0, "learning_rate must be > 0 (got {})"),
@@ -355,6 +364,11 @@ class A2POConfig(_BaseConfig):
         max_train_seconds: stop training once the clock reaches this many seconds (stage 1 of the train split
             included): a budget of training time, e.g. to compare methods at equal time.
         eval_every_seconds: also evaluate whenever the clock passes a multiple of this many seconds.
+    Compute (ours; FLOPs counted from the tokens the run processes, `a2po.compute`, the same on every machine, so a
+    seeded run under a compute budget stops at the same step and logs the same history wherever it runs):
+        max_train_flops: stop training once the run's compute (stage 1 of the train split, or its share of a reused V*
+            set, plus training) reaches this many FLOPs: a budget to compare methods at equal compute.
+        eval_every_flops: also evaluate whenever the compute passes a multiple of this many FLOPs.
     Stage 2:
         beta2: KL temperature of the regression target.
         reward_weights: one weight per reward function (default 1.0 each).
@@ -516,6 +530,8 @@ class GRPOConfig(_BaseConfig):
             completions.
         max_train_seconds, eval_every_seconds (ours): a budget of training time, and evaluations on a grid of it,
             on the run's clock (`a2po.callbacks.RunCounters`), as in `A2POConfig`.
+        max_train_flops, eval_every_flops (ours): a budget of compute in FLOPs, and evaluations on a grid of it, as in
+            `A2POConfig` (G completions sampled, trained and, with beta > 0, scored by the reference per prompt).
 
     These defaults differ from `TrainingArguments`' as in TRL: logging_steps 10, gradient_checkpointing True, bf16
     where the GPU supports it, learning_rate 1e-6.

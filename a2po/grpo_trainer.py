@@ -33,7 +33,7 @@ from a2po.core import (
     high_entropy_mask,
     vllm_importance_weights,
 )
-from a2po.rollout import eval_mode, per_token_logprobs
+from a2po.rollout import eval_mode
 from a2po.trainer import ValueEstimation
 
 BUFFER_FILE = "generation_buffer"
@@ -262,7 +262,8 @@ class GRPOTrainer(ValueEstimation):
             with torch.no_grad():
                 if args.num_iterations > 1 or correcting:
                     with eval_mode(policy):  # no dropout or activation checkpointing in a pass without gradients
-                        batch["old_logps"] = per_token_logprobs(policy, *inputs, temperature=args.temperature)
+                        batch["old_logps"] = self._token_logprobs(policy, *inputs, phase="train", grad=False,
+                                                                  temperature=args.temperature)
                 if sampling_logps is not None:
                     batch["sampling_logps"] = sampling_logps[part].to(device)
                 if correcting:
@@ -272,7 +273,8 @@ class GRPOTrainer(ValueEstimation):
                         args.vllm_importance_sampling_clip_max)
                 if args.beta != 0.0:
                     with self._reference_policy() as reference, eval_mode(reference):
-                        batch["ref_logps"] = per_token_logprobs(reference, *inputs, temperature=args.temperature)
+                        batch["ref_logps"] = self._token_logprobs(reference, *inputs, phase="train", grad=False,
+                                                                  temperature=args.temperature)
             batches.append(batch)
 
         self._record_rollout(rollout)
@@ -326,11 +328,12 @@ class GRPOTrainer(ValueEstimation):
         inputs = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
         entropies = token_mask = None
         if args.top_entropy_quantile < 1.0:  # the entropies cost a pass over the logits: only where they are used
-            logps, entropies = per_token_logprobs(model, *inputs, temperature=args.temperature, with_entropy=True)
+            logps, entropies = self._token_logprobs(model, *inputs, phase="train", grad=True,
+                                                    temperature=args.temperature, with_entropy=True)
             token_mask = high_entropy_mask(entropies, mask, args.top_entropy_quantile,
                                            population=self._entropy_population(entropies, mask))
         else:
-            logps = per_token_logprobs(model, *inputs, temperature=args.temperature)
+            logps = self._token_logprobs(model, *inputs, phase="train", grad=True, temperature=args.temperature)
         # dapo's normaliser counts the tokens of the whole optimizer step: per micro-batch, it is that over their
         # number, so that the Trainer's division leaves each token of the step one share.
         num_items = batch["num_items"] / self.current_gradient_accumulation_steps

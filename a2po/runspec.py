@@ -80,13 +80,13 @@ def config_default(name: str) -> Any:
 
 
 def _small_label(value: Any, depth: int = 0) -> bool:
-    """A study label's value: a short text, a number or a bool, or (two levels deep at most) an object or a list of
-    at most 12 of them: a sweep's grid point and grid."""
+    """A study label's value: a short text, a number or a bool, or (three levels deep at most) an object or a list of
+    at most 12 of them: a sweep's grid point and grid (whose values may be lists, e.g. pass-rate bands)."""
     if value is None or isinstance(value, (bool, int, float)):
         return True
     if isinstance(value, str):
         return len(value) <= 120
-    if depth >= 3 or not isinstance(value, (dict, list)) or len(value) > 12:
+    if depth >= 4 or not isinstance(value, (dict, list)) or len(value) > 12:
         return False
     if isinstance(value, dict):
         return all(isinstance(k, str) and len(k) <= 40 and _small_label(v, depth + 1) for k, v in value.items())

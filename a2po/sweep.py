@@ -24,9 +24,11 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,159 @@ def point_label(point: dict[str, Any]) -> str:
 def point_slug(point: dict[str, Any]) -> str:
     """A run-name part for a point: "beta2=0.001-learning_rate=1e-05" ("base" for no grid)."""
     return "-".join(f"{k}={show_value(v)}" for k, v in point.items()) or "base"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Successive halving: every point to a first rung, the best fraction on to the next
+
+
+MAX_RUNGS = 4
+SEARCHES = ("grid", "random")
+
+
+@dataclass(frozen=True)
+class Halving:
+    """Successive halving over a sweep's points (docs/studies.md, "Sweeps that stop early").
+
+    Every point trains to rung 0 with the first run seed; at each rung the best 1/`reduction_factor` of the points
+    (by held-out accuracy at the rung's end, the median over the seeds run so far) go on to the next, the others are
+    pruned; the last rung runs every seed. Rung r spends `share(r)` of the budget's training part (what stage 1
+    leaves of `max_train_flops` or `max_train_seconds`): 1/9, 1/3 and all of it for 3 rungs of factor 3. A rung
+    restarts its points from scratch with the same seed and evaluation grid, so its history up to the rung before
+    is the earlier run's, step for step, under a compute budget.
+
+    `search` "random" trains `trials` points drawn from the grid (Optuna's seeded `RandomSampler`) instead of all
+    of them."""
+
+    reduction_factor: int = 3
+    rungs: int = 3
+    search: str = "grid"
+    trials: int | None = None
+    sampler_seed: int = 0
+
+    def share(self, rung: int) -> float:
+        """The share of the budget's training part that rung `rung` spends."""
+        return float(self.reduction_factor) ** -(self.rungs - 1 - rung)
+
+    def kept(self, points: int, rung: int) -> int:
+        """How many of `points` grid points train at rung `rung` (ties broken, so never more)."""
+        for _ in range(rung):
+            points = max(1, points // self.reduction_factor)
+        return points
+
+    def max_runs(self, points: int, seeds: int) -> int:
+        """The most runs the sweep can make: every rung's points, the last with each seed."""
+        return sum(self.kept(points, r) * (seeds if r == self.rungs - 1 else 1) for r in range(self.rungs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def parse(cls, value: Any) -> Halving | None:
+        """A halving from a mapping ({"reduction_factor": 3, "rungs": 3}, {"search": "random", "trials": 12}), True
+        for the defaults, None / False / {} for none; `GridError` naming the setting and the fix."""
+        if value in (None, False, {}, ""):
+            return None
+        if value is True:
+            return cls()
+        if not isinstance(value, dict):
+            raise GridError('halving: give a mapping, e.g. {"reduction_factor": 3, "rungs": 3} (or true for those).')
+        known = {f.name for f in dataclasses.fields(cls)}
+        if other := [k for k in value if k not in known]:
+            raise GridError(f"halving: {str(other[0])[:40]!r} is not a setting of halving; it takes "
+                            f"{', '.join(sorted(known))}.")
+        made = {}
+        for name in ("reduction_factor", "rungs", "trials", "sampler_seed"):
+            if name in value and value[name] is not None:
+                number = value[name]
+                if isinstance(number, bool) or not isinstance(number, int):
+                    raise GridError(f"halving: {name} takes a whole number (got {str(number)[:40]!r}).")
+                made[name] = number
+        if "search" in value:
+            made["search"] = value["search"]
+        halving = cls(**made)
+        if not 2 <= halving.reduction_factor <= 8:
+            raise GridError(f"halving: reduction_factor keeps 1 in that many points at each rung: give 2 to 8 "
+                            f"(got {halving.reduction_factor}); 3 is usual.")
+        if not 2 <= halving.rungs <= MAX_RUNGS:
+            raise GridError(f"halving: rungs counts the budgets a point may reach: give 2 to {MAX_RUNGS} "
+                            f"(got {halving.rungs}).")
+        if halving.search not in SEARCHES:
+            raise GridError(f"halving: search is one of {', '.join(SEARCHES)} (got {str(halving.search)[:40]!r}).")
+        if (halving.search == "random") != (halving.trials is not None):
+            raise GridError("halving: a random search draws `trials` points of the grid (give both, e.g. "
+                            '{"search": "random", "trials": 12}); a grid search trains every point (give neither).')
+        if halving.trials is not None and not 1 <= halving.trials <= MAX_VALUES ** 2:
+            raise GridError(f"halving: trials must be 1 to {MAX_VALUES ** 2} (got {halving.trials}).")
+        if not 0 <= halving.sampler_seed < 2**32:
+            raise GridError(f"halving: sampler_seed must be 0 to {2**32 - 1} (got {halving.sampler_seed}).")
+        return halving
+
+    def points(self, grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        """The points the sweep trains: the grid's (`grid_points`), or for a random search `trials` of them drawn by
+        Optuna's `RandomSampler` (each setting's value drawn from the grid's, seeded by `sampler_seed`: the same
+        points every time), each once, in grid order."""
+        size = math.prod(len(values) for values in grid.values())
+        if self.search == "grid" or self.trials is None or self.trials >= size:
+            return grid_points(grid)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=self.sampler_seed))
+        places = {name: {repr(v): i for i, v in enumerate(values)} for name, values in grid.items()}
+        drawn: dict[tuple[int, ...], dict[str, Any]] = {}
+        while len(drawn) < self.trials:
+            trial = study.ask()
+            point = {name: values[trial.suggest_int(name, 0, len(values) - 1)] for name, values in grid.items()}
+            study.tell(trial, 0.0)
+            drawn.setdefault(tuple(places[name][repr(v)] for name, v in point.items()), point)
+        return [drawn[key] for key in sorted(drawn)]
+
+
+def rung_share(study: dict[str, Any] | None) -> float:
+    """The share of its budget's training part a run of a study spends (`RunCounters.budget_share`): its rung's
+    (`Halving.share`) for a run of a halving sweep (its `study` label holds the halving and its rung), else 1."""
+    halving = (study or {}).get("halving")
+    if not isinstance(halving, dict):
+        return 1.0
+    return Halving(**halving).share(int(study.get("rung") or 0))
+
+
+def promoted(values: dict[str, float | None], reduction_factor: int) -> set[str]:
+    """The points (keys of `values`: each point's value at the rung, None for one with no value) that go on to the
+    next rung: those Optuna's `SuccessiveHalvingPruner` does not prune, each judged against the values of every other
+    point at that rung, all known before any is judged (synchronous halving: the order the runs ended in does not
+    matter). Values should differ (break ties before: `rung_value`), so exactly max(1, n // reduction_factor) go on;
+    a point without a value never does."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    scored = {key: value for key, value in values.items() if value is not None and math.isfinite(value)}
+    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=reduction_factor,
+                                                    min_early_stopping_rate=0)
+    failed = [-math.inf] * (len(values) - len(scored))  # points without a value still count among the competitors
+    kept = set()
+    for key, value in scored.items():
+        study = optuna.create_study(direction="maximize", pruner=pruner)
+        for other in [v for k, v in scored.items() if k != key] + failed:
+            study.add_trial(create_trial(state=TrialState.PRUNED, intermediate_values={1: other},
+                                         system_attrs={"completed_rung_0": other}))
+        trial = study.ask()
+        trial.report(value, step=1)
+        if not trial.should_prune():
+            kept.add(key)
+    return kept
+
+
+def rung_value(finals: list[float], curves: list[list[float]], order: int) -> float | None:
+    """A point's value at a rung: the median over its seeds of the final held-out accuracy, then, to break ties,
+    the median over seeds of the mean accuracy of each run's evaluations at this rung (a point that got there sooner
+    ranks first), then the point's place in the grid (the earlier first). None when no run finished."""
+    if not finals:
+        return None
+    area = statistics.median(sum(c) / len(c) for c in curves) if curves and all(curves) else 0.0
+    return statistics.median(finals) + 1e-4 * area - 1e-9 * order
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from a2po.base_trainer import BaseTrainer, RewardFunc, completion_token_lists, f
 from a2po.callbacks import StageInterrupted
 from a2po.config import A2POConfig, in_pass_rate_band
 from a2po.core import a2po_loss
-from a2po.rollout import sequence_logprobs
 from a2po.values import (
     known_value_record,
     load_optimal_values,
@@ -178,7 +177,9 @@ class ValueEstimation(BaseTrainer):
             for start in range(0, num_batches * batch_size, batch_size):
                 batch = mine[start:start + batch_size]
                 batch_records = []
-                batch_started, tokens_before = time.perf_counter(), self.rollout_stats["values"]["tokens"]
+                values_stats = self.rollout_stats["values"]
+                batch_started, tokens_before, flops_before = (time.perf_counter(), values_stats["tokens"],
+                                                              values_stats["flops"])
                 if batch:
                     batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
                     prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
@@ -201,20 +202,22 @@ class ValueEstimation(BaseTrainer):
                     cache_path.parent.mkdir(parents=True, exist_ok=True)
                     with open(cache_path, "a", encoding="utf-8") as f:
                         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records)
-                # The run's clock: this batch's sampling and scoring (the slowest rank's time, every rank's tokens).
-                spent = torch.tensor([time.perf_counter() - batch_started,
-                                      self.rollout_stats["values"]["tokens"] - tokens_before], dtype=torch.float64)
+                # The run's clock: this batch's sampling and scoring (the slowest rank's time, every rank's tokens
+                # and compute).
+                spent = torch.tensor([time.perf_counter() - batch_started, values_stats["tokens"] - tokens_before,
+                                      values_stats["flops"] - flops_before], dtype=torch.float64)
                 if world > 1:  # the callbacks of every rank (the main one stores them) see every rank's rows
                     batch_records = gather_object(batch_records)
                     gathered = self.accelerator.gather(spent[None].to(self.accelerator.device)).cpu()
-                    spent = torch.stack([gathered[:, 0].max(), gathered[:, 1].sum()])
-                counters.add_values(split, float(spent[0]), int(spent[1]))
+                    spent = torch.stack([gathered[:, 0].max(), gathered[:, 1].sum(), gathered[:, 2].sum()])
+                counters.add_values(split, float(spent[0]), int(spent[1]), float(spent[2]))
                 new_records.extend(batch_records)
                 done += len(batch_records)
                 bar.update(len(batch_records))
                 self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows),
                              seconds=counters.values_seconds[split], completion_tokens=counters.values_tokens[split],
-                             batch_seconds=float(spent[0]), batch_tokens=int(spent[1]))
+                             batch_seconds=float(spent[0]), batch_tokens=int(spent[1]),
+                             flops=counters.values_flops[split], batch_flops=float(spent[2]))
                 self._agree_on_control("should_training_stop")
                 if self.control.should_training_stop:
                     bar.close()
@@ -233,6 +236,7 @@ class ValueEstimation(BaseTrainer):
             # stored) logs no cost, so it never replaces the figures of the start that paid for them.
             summary["runtime"] = round(counters.values_seconds.get(split, 0.0), 4)
             summary["completion_tokens"] = counters.values_tokens.get(split, 0)
+            summary["flops"] = counters.values_flops.get(split, 0.0)
         self.value_tables[split] = table
         self._notify("on_values_end", split=split, values=table, summary=summary)
         # The reward functions' `log_metric` values, averaged over what this start sampled; a built-in name wins.
@@ -349,11 +353,12 @@ class A2POTrainer(ValueEstimation):
     # ----------------------------------------------------------------------------------------------------------
     # Stage 2: on-policy regression
 
-    def _regression(self, model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards):
+    def _regression(self, model, rows, prompt_ids, prompt_mask, completion_ids, mask, rewards, phase="train"):
+        inputs = (prompt_ids, prompt_mask, completion_ids, mask)
         # Reference first: its temporaries are freed before the policy's autograd graph exists.
         with torch.no_grad(), self._reference_policy() as reference:
-            ref_logps = sequence_logprobs(reference, prompt_ids, prompt_mask, completion_ids, mask)
-        policy_logps = sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, mask)
+            ref_logps = self._token_logprobs(reference, *inputs, phase=phase, grad=False).sum(-1)
+        policy_logps = self._token_logprobs(model, *inputs, phase=phase, grad=phase == "train").sum(-1)
         v_star = torch.tensor([row["v_star"] for row in rows], device=policy_logps.device)
         return a2po_loss(policy_logps, ref_logps, rewards.to(policy_logps.device, policy_logps.dtype),
                          v_star.to(policy_logps.dtype), self.args.beta2)
@@ -410,7 +415,8 @@ class A2POTrainer(ValueEstimation):
             v_star = torch.tensor([row["v_star"] for row in batch], dtype=torch.float64)
             _, stats = a2po_loss(zeros, zeros, rewards.double(), v_star, self.args.beta2)
         else:
-            _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask, rewards)
+            _, stats = self._regression(self.model, batch, prompt_ids, prompt_mask, completion_ids, mask, rewards,
+                                        phase="eval")
         # Per-row squared errors, so the mean over all rows is exact whatever the batching.
         return both[0::2], {"loss": ((stats["implicit_reward"] - stats["advantage"]) ** 2).tolist()}
 

@@ -370,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     from app.web.live import calm_queue
 
     services = Services(store=store, scheduler=scheduler, data_dir=data_dir, policy=policy, auth=auth)
+    scheduler.after_pass = services.advance_studies  # a halving sweep's next rung, once its rung has ended
     demo = build_demo(services)
     if mcp:
         from app.web.api import json_tool_results

@@ -1,38 +1,38 @@
-"""Issue 39's recipe search: each method's best settings at equal training time (stage 1 counted), from the studio's
-own sweeps, then the duel "A*-PO vs GRPO" with each method at its best point.
+"""The recipe search (issues 39 and 44): each method's best settings at equal compute, found by the studio's own
+halving sweeps, then the duel "A*-PO vs GRPO" with each method at its best point.
 
-    python scripts/recipe_search.py DATA_DIR --dry-run          # the runs it would launch and their training time
-    python scripts/recipe_search.py DATA_DIR                    # the search, then its table
-    python scripts/recipe_search.py DATA_DIR --report           # the table of a search that ran (or still runs)
-    python scripts/recipe_search.py DATA_DIR --duel             # the duel at each method's best, 4 and 8 minutes
-    python scripts/recipe_search.py DATA_DIR --task basic-arithmetic --a2po-batch 8 32 --lrs 1e-5 --minutes 4
+    python scripts/recipe_search.py DATA_DIR --dry-run      # the studies, their rung-0 runs, the most runs each makes
+    python scripts/recipe_search.py DATA_DIR                # the search, rung by rung, then its table (resumes)
+    python scripts/recipe_search.py DATA_DIR --report       # the table of a search that ran (or still runs)
+    python scripts/recipe_search.py DATA_DIR --duel         # the duels at each method's best (equal compute, 3 seeds)
+    python scripts/recipe_search.py DATA_DIR --duel --protocol time --minutes 4   # the same at equal time
+    python scripts/recipe_search.py DATA2 --task basic-arithmetic                   # reasoning-gym basic_arithmetic
 
-The grid, every point at `--minutes` of training time per run (`max_train_seconds`, A*-PO's stage 1 inside it),
-held-out accuracy on 128 prompts every 1/8 of the budget, for each run seed (`--seeds`, 3 by default):
+Every run of the search has one budget of compute (`--budget-flops`, `max_train_flops`: FLOPs counted from the tokens
+it processes, A*-PO's stage 1 included, so the answer is the same on any machine and under any load; docs/compute.md),
+held-out accuracy on 128 prompts at every quarter of it. One studio sweep per study, halved (`/launch_study` with
+`halving`, docs/studies.md): every point trains with run seed 0 on 1/9 of the budget's training part (what stage 1
+leaves of it), the best third by held-out accuracy go on to 1/3 of it, the best third of those to the whole budget
+with run seeds 0, 1 and 2; the studio launches each rung when the one before has ended, and marks the others pruned.
 
-    A*-PO   prompts per step (`--a2po-batch`) x learning rate (`--lrs`) x selection (`--selections`): every prompt;
-            p > 0 (`filter_all_incorrect`, TRL's name); the pass-rate band [0.25, 0.75] (`pass_rate_band`)
-    GRPO    recipe (`--recipes`, `a2po.recipes`) x learning rate x prompts per step (`--grpo-batch`; G = 8
-            completions each, so its per_device_train_batch_size is 8 x that)
+    a2po            prompts per step (`--a2po-batch`) x learning rate (`--lrs`) x selection by reference pass rate:
+                    every prompt; p > 0 (the band [1/N, 1], TRL's `filter_all_incorrect`); p in [0.25, 0.75]
+    grpo-<recipe>   one study per recipe (`--recipes`: DAPO, Dr. GRPO): learning rate x prompts per step
+                    (`--grpo-batch`; G = 8 completions each, so per_device_train_batch_size is 8 x that)
 
-One studio sweep (`/launch_study`) per selection and per recipe, so no study passes the studio's 64 runs; the A*-PO
-sweeps share one V* set, each run charged what sampling it cost. The report gives, per grid point, the median and
-range over seeds of the final held-out accuracy, training time, completion tokens and peak memory, marks diverged
-runs (a NaN loss, or a final accuracy below the step-0 one), and picks each method's best point by its median over
-seeds, among the points whose every seed finished without a NaN loss. `--duel` then presses "A*-PO vs GRPO"
-(`/launch_pair`, protocol "time", `grpo_recipe` and `grpo_settings`) at those points, for each of `--minutes`
-(4 and 8 by default), and prints the verdicts as markdown for docs/benchmarks.md.
-
-Starts `python -m app` on DATA_DIR (benchmarks/harness.py); the scheduler runs one run at a time on a CPU, so nothing
-else should use it meanwhile. A study already in DATA_DIR under its name is waited for, not launched again: an
-interrupted search continues by running the same command.
+Started again, it waits for the studies already in DATA_DIR instead of launching them (the studio itself resumes
+interrupted runs and launches the rungs still due), so an interrupted search continues by running the same command.
+`--results FILE` writes the table as JSON whenever a run ends (the search's state so far, with the commit it runs
+at), for docs/benchmarks.md. The report picks each method's best point among those of the last rung by the median
+over seeds of the final held-out accuracy; the duels press "A*-PO vs GRPO" (`/launch_pair`, protocol "compute" or
+"time") at those points and print the verdicts, each with its paired bootstrap interval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -40,14 +40,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `benchmarks` is not installed
-FINISHED = ("finished", "failed", "stopped", "interrupted")
-MARGIN = 0.03  # as scripts/compare_methods.py: "reaches" means within 3 points
+ROOT = Path(__file__).resolve().parents[1]
 GENERATIONS = 8  # GRPO's G, the teaching demo's N
 EVAL_SIZE = 128
-SELECTIONS = {"every": {"filter_all_incorrect": False, "pass_rate_band": None},
-              "solved": {"filter_all_incorrect": True, "pass_rate_band": None},
-              "band": {"filter_all_incorrect": False, "pass_rate_band": [0.25, 0.75]}}
-SELECTION_LABELS = {"every": "every prompt", "solved": "p > 0", "band": "p in [0.25, 0.75]"}
+EVAL_POINTS = 4  # held-out evaluations per budget (and the one before training)
+SELECTIONS = {"every": None, "solved": [1 / GENERATIONS, 1.0], "band": [0.25, 0.75]}
+SELECTION_LABELS = {"None": "every prompt", repr([1 / GENERATIONS, 1.0]): "p > 0", "[0.25, 0.75]": "p in [0.25, 0.75]"}
 # docs/benchmarks.md, "A reasoning-gym task with SmolLM2 on this CPU": the task SmolLM2 learns on this CPU.
 TASKS = {
     "teaching-demo": {},
@@ -59,81 +57,80 @@ TASKS = {
 
 
 @dataclass(frozen=True)
-class Sweep:
-    """One studio sweep of the search: a method at one selection (A*-PO) or one recipe (GRPO)."""
+class Study:
+    """One halving sweep of the search: A*-PO, or GRPO under one recipe."""
 
     name: str
     method: str
-    label: str  # the selection's or the recipe's name
+    recipe: str | None
     spec: dict[str, Any]
     grid: dict[str, list[Any]]
 
 
-def budget(minutes: float) -> dict[str, Any]:
-    """The config of a run that trains for `minutes` (stage 1 counted), evaluated every 1/8 of it: what the
-    equal-time protocol sets (`app.studies.protocols.pair_specs`)."""
-    from app.studies.protocols import EVAL_POINTS, TIME_EPOCHS
-
-    seconds = 60.0 * minutes
-    return {"max_train_seconds": seconds, "eval_every_seconds": seconds / EVAL_POINTS, "eval_steps": None,
-            "max_steps": -1, "num_train_epochs": TIME_EPOCHS}
-
-
 def base_spec(options: argparse.Namespace, name: str, method: str) -> dict[str, Any]:
-    extra = json.loads(options.spec)
-    spec = {**extra, "name": name, "dataset": {**TASKS[options.task], "eval_size": EVAL_SIZE,
-                                               **extra.get("dataset", {})}}
-    spec["config"] = {**extra.get("config", {}), **budget(options.minutes[0])}
-    if method == "grpo":  # the A*-PO settings of --spec (N, beta1, ...) go to the A*-PO runs only
-        from a2po.runspec import METHOD_CONFIG_FIELDS
+    """The teaching demo's spec on the task, at the budget: every run trains until its compute is spent."""
+    from app.studies.protocols import TIME_EPOCHS
 
-        spec["method"] = "grpo"
-        spec["config"] = {k: v for k, v in spec["config"].items() if k in METHOD_CONFIG_FIELDS["grpo"]}
+    extra = json.loads(options.spec)
+    spec = {"preset": "teaching-demo", **extra, "name": name,
+            "dataset": {**TASKS[options.task], "eval_size": EVAL_SIZE, **extra.get("dataset", {})}}
+    spec["config"] = {**extra.get("config", {}), "max_train_flops": options.budget_flops,
+                      "eval_every_flops": options.budget_flops / EVAL_POINTS, "eval_steps": None, "max_steps": -1,
+                      "num_train_epochs": TIME_EPOCHS, "max_train_seconds": None, "eval_every_seconds": None}
+    if method == "grpo":  # the A*-PO settings of the preset and --spec (N, beta1, ...) go to the A*-PO runs only
+        from a2po.runspec import METHOD_CONFIG_FIELDS, with_defaults
+
+        full = with_defaults(spec)
+        spec = {**full, "method": "grpo"}
+        spec["config"] = {k: v for k, v in full["config"].items() if k in METHOD_CONFIG_FIELDS["grpo"]}
         spec["config"]["num_generations"] = GENERATIONS
     return spec
 
 
-def plan(options: argparse.Namespace) -> list[Sweep]:
-    sweeps = []
-    for selection in options.selections:
-        spec = base_spec(options, f"{options.name}-a2po-{selection}", "a2po")
-        spec["config"].update(SELECTIONS[selection])
-        sweeps.append(Sweep(spec["name"], "a2po", selection, spec,
-                            {"per_device_train_batch_size": options.a2po_batch, "learning_rate": options.lrs}))
+def plan(options: argparse.Namespace) -> list[Study]:
+    studies = []
+    spec = base_spec(options, f"{options.name}-a2po", "a2po")
+    spec["config"]["filter_all_incorrect"] = False  # the selections are pass-rate bands: p > 0 is [1/N, 1]
+    studies.append(Study(spec["name"], "a2po", None, spec,
+                         {"per_device_train_batch_size": options.a2po_batch, "learning_rate": options.lrs,
+                          "pass_rate_band": [SELECTIONS[s] for s in options.selections]}))
     for recipe in options.recipes:
         spec = base_spec(options, f"{options.name}-grpo-{recipe}", "grpo")
         spec["recipe"] = recipe
-        sweeps.append(Sweep(spec["name"], "grpo", recipe, spec,
-                            {"per_device_train_batch_size": [GENERATIONS * p for p in options.grpo_batch],
-                             "learning_rate": options.lrs}))
-    return sweeps
+        studies.append(Study(spec["name"], "grpo", recipe, spec,
+                             {"per_device_train_batch_size": [GENERATIONS * p for p in options.grpo_batch],
+                              "learning_rate": options.lrs}))
+    return studies
 
 
-def dry_run(options: argparse.Namespace, sweeps: list[Sweep]) -> None:
-    """Print every run the search would launch (the studio's own sweep specs) and the training time, start nothing."""
+def dry_run(options: argparse.Namespace, studies: list[Study]) -> None:
+    """Print every rung-0 run the search would launch (the studio's own sweep specs) and the most runs each study
+    makes; start nothing."""
     from a2po.runspec import RunSpec, with_defaults
+    from a2po.sweep import Halving
     from app.studies.sweeps import sweep_specs
 
-    total = 0
-    for sweep in sweeps:
-        runs = sweep_specs(with_defaults(sweep.spec), sweep.grid, options.seeds)
-        print(f"study {sweep.name}: {len(runs)} runs", flush=True)
+    halving, most = Halving.parse(json.loads(options.halving)), 0
+    for study in studies:
+        runs = sweep_specs(with_defaults(study.spec), study.grid, options.seeds, halving=halving)
         for run in runs:
             RunSpec.from_dict(run)  # the library's checks of each run: a bad flag stops here, not in the studio
+        most += halving.max_runs(len(runs), len(options.seeds))
+        print(f"study {study.name}: {len(runs)} points at rung 0, at most "
+              f"{halving.max_runs(len(runs), len(options.seeds))} runs", flush=True)
+        for run in runs:
             print(f"  {run['name']}", flush=True)
-        total += len(runs)
-    minutes = options.minutes[0]
-    print(f"\nwould launch {total} runs in {len(sweeps)} studies, {minutes:g} min of training each: "
-          f"{total * minutes / 60:.1f} h of training one run after another, plus each run's model loading and its "
-          f"held-out evaluations ({EVAL_SIZE} prompts, 9 of them), which a finished run's wall time in the studio "
-          "shows.", flush=True)
-    budgets = [4.0, 8.0]
-    duels = len(options.seeds) * 2 * sum(budgets)
-    print(f"then --duel: {len(options.seeds)} seed(s) x 2 methods at {' and '.join(f'{m:g}' for m in budgets)} min: "
-          f"{duels / 60:.1f} h of training more.", flush=True)
+    shares = ", ".join(f"{halving.share(r):.3g}" for r in range(halving.rungs))
+    print(f"\nat most {most} runs in {len(studies)} studies, {options.budget_flops:.3g} FLOPs each at the last rung "
+          f"(rungs on {shares} of the budget's training part); then --duel: {len(options.seeds)} seed(s) x 2 "
+          "methods at the whole budget.", flush=True)
 
 
-def studies_named(store: Any, name: str) -> list[dict[str, Any]]:
+# ----------------------------------------------------------------------------------------------------------------
+# Running it
+
+
+def study_runs(store: Any, name: str) -> list[dict[str, Any]]:
     """The runs of the newest study named `name`, by id ([] if none)."""
     runs = [r for r in store.list_runs() if ((r.get("config") or {}).get("study") or {}).get("name") == name]
     if not runs:
@@ -142,248 +139,266 @@ def studies_named(store: Any, name: str) -> list[dict[str, Any]]:
     return sorted((r for r in runs if r["config"]["study"]["id"] == newest), key=lambda r: r["id"])
 
 
-def wait_finished(client: Any, run_ids: list[int]) -> None:
-    for run_id in run_ids:
-        while (status := client.predict(run_id=run_id, api_name="/status"))["status"] not in FINISHED:
-            time.sleep(5.0)
-        print(f"run {run_id} ({status['name']}): {status['status']}", flush=True)
+def done(runs: list[dict[str, Any]]) -> bool:
+    """Whether a halving study has ended: every run ended, and its top rung is its last."""
+    from app.studies.sweeps import ENDED, halving_of
+
+    if not runs or any(r["status"] not in ENDED for r in runs):
+        return False
+    halving, _ = halving_of(runs[0])
+    return max(halving_of(r)[1] for r in runs) == halving.rungs - 1
 
 
-def serve(options: argparse.Namespace, launch: Any) -> None:
-    """A studio on DATA_DIR, `launch(client, store)` returning the run ids to wait for, then waiting for them."""
+def serve(options: argparse.Namespace, launch: Any, names: list[str]) -> None:
+    """A studio on DATA_DIR; `launch(client, store)` starts what is missing, then every study of `names` is waited
+    for (the studio launches their later rungs), the results file rewritten whenever a run ends."""
     from gradio_client import Client
 
     from benchmarks.harness import studio
     from storage import Store
 
     args = ["--model-root", options.model_root] if options.model_root else []
+    store = Store(options.data_dir / "studio.db")
     with studio(options.data_dir, *args, port=options.port) as app:
-        client = Client(app.url, verbose=False)
-        wait_finished(client, launch(client, Store(options.data_dir / "studio.db")))
+        launch(Client(app.url, verbose=False), store)
+        seen: set[int] = set()
+        while True:
+            runs = {name: study_runs(store, name) for name in names}
+            ended = {r["id"] for rs in runs.values() for r in rs if r["status"] in ("finished", "failed", "stopped")}
+            if ended != seen:
+                for run in (r for rs in runs.values() for r in rs if r["id"] in ended - seen):
+                    print(f"run #{run['id']} {run['name']}: {run['status']}", flush=True)
+                seen = ended
+                write_results(options, store)
+            if all(done(rs) for rs in runs.values()):
+                return
+            time.sleep(10.0)
 
 
-def search(options: argparse.Namespace, sweeps: list[Sweep]) -> None:
-    def launch(client: Any, store: Any) -> list[int]:
-        ids = []
-        for sweep in sweeps:
-            if earlier := studies_named(store, sweep.name):
-                print(f"study {sweep.name}: in {options.data_dir} already ({len(earlier)} runs)", flush=True)
-                ids += [r["id"] for r in earlier]
+def search(options: argparse.Namespace, studies: list[Study]) -> None:
+    def launch(client: Any, store: Any) -> None:
+        for study in studies:
+            if earlier := study_runs(store, study.name):
+                print(f"study {study.name}: in {options.data_dir} already ({len(earlier)} runs)", flush=True)
                 continue
-            made = client.predict(spec=sweep.spec, grid=sweep.grid, seeds=options.seeds, api_name="/launch_study")
-            print(f"study {sweep.name} ({made['study']}): {len(made['runs'])} runs", flush=True)
-            ids += [r["run_id"] for r in made["runs"]]
-        return ids
+            made = client.predict(spec=study.spec, grid=study.grid, seeds=options.seeds,
+                                  halving=json.loads(options.halving), api_name="/launch_study")
+            print(f"study {study.name} ({made['study']}): {len(made['runs'])} runs at rung 0", flush=True)
 
-    serve(options, launch)
+    serve(options, launch, [s.name for s in studies])
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading the search back
 
 
-@dataclass
-class Seed:
-    run_id: int
-    status: str
-    final: float | None
-    seconds: float | None
-    tokens: int | None
-    peak_gb: float | None
-    nan_loss: bool
-    fell: bool  # the final held-out accuracy below the step-0 one
+def read(store: Any, studies: list[Study]) -> dict[str, Any]:
+    """Each study's rows (`app.studies.summary`) with the figures the table shows, and each method's best point."""
+    from app.studies import comparison, summary
 
-    @property
-    def diverged(self) -> bool:
-        return self.nan_loss or self.fell
-
-
-@dataclass
-class GridPoint:
-    method: str
-    label: str  # selection or recipe
-    prompts: int  # prompts per optimizer step
-    learning_rate: float
-    settings: dict[str, Any]  # the config settings that make the point (for the duel)
-    seeds: list[Seed]
-
-    def median(self, key: str) -> float | None:
-        values = [getattr(s, key) for s in self.seeds if s.status == "finished" and getattr(s, key) is not None]
-        return statistics.median(values) if values else None
-
-    @property
-    def eligible(self) -> bool:
-        return bool(self.seeds) and all(s.status == "finished" and s.final is not None and not s.nan_loss
-                                        for s in self.seeds)
+    found: dict[str, Any] = {"studies": {}, "best": {}}
+    for study in studies:
+        runs = study_runs(store, study.name)
+        if not runs:
+            continue
+        lines = [comparison.store_timeline(store, r) for r in runs]
+        read_back = summary.summarize(runs, lines)
+        by_id = {t.run_id: t for t in lines}
+        rows = []
+        for row in read_back.rows:
+            mine = [by_id[i] for i in row.run_ids]
+            peaks = [t.peak_memory_gb for t in mine if t.peak_memory_gb is not None]
+            rows.append({"point": row.point, "state": row.state, "runs": row.run_ids, "statuses": row.statuses,
+                         "final": row.final, "final_range": row.final_range, "compute_flops": row.flops,
+                         "training_seconds": row.training_seconds, "tokens": row.tokens,
+                         "peak_memory_gb": max(peaks) if peaks else None,
+                         "finals": [t.final_accuracy for t in mine]})
+        found["studies"][study.name] = {"method": study.method, "recipe": study.recipe, "rows": rows}
+        best = read_back.best
+        if best is not None:
+            mine = {"study": study.name, "recipe": study.recipe, "point": best.point, "final": best.final,
+                    "final_range": best.final_range, "runs": best.run_ids}
+            held = found["best"].get(study.method)
+            if held is None or mine["final"] > held["final"]:
+                found["best"][study.method] = mine
+    return found
 
 
-def read_seed(store: Any, run: dict[str, Any]) -> Seed:
-    from app.studies.comparison import store_timeline
-
-    line = store_timeline(store, run)
-    nan_loss = any(m["value"] is None for m in store.get_metrics(run["id"], names=["loss"]))
-    last = line.points[-1] if line.points else None
-    return Seed(run["id"], run["status"], line.final_accuracy, line.seconds_with_stage1,
-                None if last is None else last.tokens + line.stage1_tokens, line.peak_memory_gb, nan_loss,
-                bool(line.points) and line.points[-1].accuracy < line.points[0].accuracy)
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
-def read_points(store: Any, sweeps: list[Sweep]) -> list[GridPoint]:
-    points: list[GridPoint] = []
-    for sweep in sweeps:
-        by_point: dict[str, GridPoint] = {}
-        for run in studies_named(store, sweep.name):
-            point = run["config"]["study"]["point"]
-            batch = int(point["per_device_train_batch_size"])
-            found = by_point.setdefault(json.dumps(point, sort_keys=True), GridPoint(
-                sweep.method, sweep.label, batch // GENERATIONS if sweep.method == "grpo" else batch,
-                float(point["learning_rate"]), dict(point), []))
-            found.seeds.append(read_seed(store, run))
-        points += by_point.values()
-    return points
-
-
-def best(points: list[GridPoint], method: str) -> GridPoint | None:
-    """The method's point of highest median final accuracy over its seeds, among those whose every seed finished
-    without a NaN loss; never a single seed's pick when several ran."""
-    mine = [p for p in points if p.method == method and p.eligible]
-    return max(mine, key=lambda p: p.median("final"), default=None)
+def write_results(options: argparse.Namespace, store: Any) -> None:
+    if options.results is None:
+        return
+    found = read(store, plan(options))
+    found.update(task=options.task, budget_flops=options.budget_flops, halving=json.loads(options.halving),
+                 seeds=options.seeds, commit=commit(), written_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    options.results.parent.mkdir(parents=True, exist_ok=True)
+    tmp = options.results.with_suffix(".tmp")
+    tmp.write_text(json.dumps(found, indent=1, default=str))
+    tmp.replace(options.results)
 
 
 def pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
-def print_table(points: list[GridPoint]) -> None:
+def point_text(method: str, point: dict[str, Any]) -> tuple[str, str, str]:
+    """(selection, prompts per step, learning rate) of a grid point, as the table shows them."""
+    batch = int(point["per_device_train_batch_size"])
+    selection = SELECTION_LABELS.get(repr(point.get("pass_rate_band")), str(point.get("pass_rate_band")))
+    return (selection if method == "a2po" else "–", str(batch // GENERATIONS if method == "grpo" else batch),
+            f"{float(point['learning_rate']):g}")
+
+
+def print_table(found: dict[str, Any]) -> None:
+    from a2po.compute import format_flops
     from app.studies.comparison import format_duration
 
-    print("\n| method | selection / recipe | prompts per step | learning rate | seeds finished | final held-out "
-          "accuracy, median (range) | training time | completion tokens | peak memory GiB | diverged |")
+    print("\n| study | selection | prompts per step | learning rate | halving | final held-out accuracy, median "
+          "(range) | compute | training time | completion tokens | peak memory GiB |")
     print("| --- " * 10 + "|")
-    for p in points:
-        done = [s.final for s in p.seeds if s.status == "finished" and s.final is not None]
-        spread = f" ({pct(min(done))}–{pct(max(done))})" if done else ""
-        seconds, tokens, peak = p.median("seconds"), p.median("tokens"), p.median("peak_gb")
-        diverged = ", ".join(f"#{s.run_id} ({'NaN loss' if s.nan_loss else 'below its start'})"
-                             for s in p.seeds if s.diverged) or "no"
-        label = SELECTION_LABELS.get(p.label, p.label)
-        print(f"| {'A*-PO' if p.method == 'a2po' else 'GRPO'} | {label} | {p.prompts} | {p.learning_rate:g} "
-              f"| {len(done)} of {len(p.seeds)} | {pct(p.median('final'))}{spread} "
-              f"| {'–' if seconds is None else format_duration(seconds)} "
-              f"| {'–' if tokens is None else f'{round(tokens):,}'} | {'–' if peak is None else f'{peak:.2f}'} "
-              f"| {diverged} |")
+    for name, study in found["studies"].items():
+        for row in study["rows"]:
+            selection, batch, lr = point_text(study["method"], row["point"])
+            low_high = row["final_range"]
+            spread = f" ({pct(low_high[0])}–{pct(low_high[1])})" if low_high and len(row["runs"]) > 1 else ""
+            tokens = row["tokens"]
+            print(f"| {name} | {selection} | {batch} | {lr} | {row['state']} | {pct(row['final'])}{spread} | "
+                  f"{format_flops(row['compute_flops'])} | {format_duration(row['training_seconds'])} | "
+                  f"{'–' if tokens is None else f'{round(tokens):,}'} | "
+                  f"{'–' if row['peak_memory_gb'] is None else format(row['peak_memory_gb'], '.2f')} |")
+    for method, label in (("a2po", "A*-PO"), ("grpo", "GRPO")):
+        best = found["best"].get(method)
+        if best is None:
+            print(f"\n{label}: no point has finished its last rung yet.", flush=True)
+            continue
+        selection, batch, lr = point_text(method, best["point"])
+        print(f"\n{label}'s best point ({best['study']}): {selection if method == 'a2po' else best['recipe']}, "
+              f"{batch} prompts per step, learning rate {lr}: median final held-out accuracy {pct(best['final'])} "
+              f"over {len(best['runs'])} seeds ({pct(best['final_range'][0])}–{pct(best['final_range'][1])})",
+              flush=True)
 
 
-def report(options: argparse.Namespace, sweeps: list[Sweep], duels: bool = True) -> dict[str, GridPoint]:
-    """Print the search's table, each method's best point and (`duels`) the duels run at them; returns the best
-    points by method."""
+def report(options: argparse.Namespace, studies: list[Study]) -> dict[str, Any]:
     from storage import Store
 
     store = Store(options.data_dir / "studio.db")
-    points = read_points(store, sweeps)
-    if not points:
+    found = read(store, studies)
+    if not found["studies"]:
         raise SystemExit(f"No study of the search {options.name!r} in {options.data_dir}: run it first (without "
                          "--report), or give its --name.")
-    print_table(points)
-    chosen = {}
-    for method, label in (("a2po", "A*-PO"), ("grpo", "GRPO")):
-        found = best(points, method)
-        if found is None:
-            print(f"\n{label}: no grid point has every seed finished without a NaN loss yet.", flush=True)
-            continue
-        chosen[method] = found
-        warn = " (one seed: run --seeds 0 1 2 before taking this pick)" if len(found.seeds) < 2 else ""
-        print(f"\n{label}'s best point: {SELECTION_LABELS.get(found.label, found.label)}, {found.prompts} prompts per "
-              f"step, learning rate {found.learning_rate:g}: median final held-out accuracy "
-              f"{pct(found.median('final'))} over {len(found.seeds)} seeds{warn}", flush=True)
-    if duels:
-        print_duels(options, store)
-    return chosen
+    print_table(found)
+    write_results(options, store)
+    print_duels(options, store)
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The duel at each method's best point
 
 
-def duel_name(options: argparse.Namespace, minutes: float) -> str:
-    return f"{options.name}-duel-{minutes:g}min"
+def duel_name(options: argparse.Namespace) -> str:
+    budget = f"{options.minutes:g}min" if options.protocol == "time" else f"{options.budget_flops:.3g}flops"
+    return f"{options.name}-duel-{options.protocol}-{budget}"
 
 
-def duel_request(options: argparse.Namespace, a2po: GridPoint, grpo: GridPoint, minutes: float) -> dict[str, Any]:
-    """The `/launch_pair` arguments of the duel at `minutes`: A*-PO's spec at its best point, GRPO's recipe and its
-    own learning rate and batch (`grpo_settings`, equal time only)."""
-    spec = base_spec(options, duel_name(options, minutes), "a2po")
-    spec["config"] = {k: v for k, v in spec["config"].items() if k not in budget(1.0)}  # the protocol sets these
-    spec["config"].update(SELECTIONS[a2po.label], **a2po.settings)
-    if a2po.label == "solved":
-        # The protocols set filter_all_incorrect themselves (off under equal time); p > 0 is the band [1/N, 1].
-        n = int(spec["config"].get("num_value_samples") or GENERATIONS)
-        spec["config"].update(filter_all_incorrect=False, pass_rate_band=[1 / n, 1.0])
-    return {"spec": spec, "protocol": "time", "budget_minutes": minutes, "seeds": options.seeds,
-            "grpo_recipe": grpo.label, "grpo_settings": dict(grpo.settings)}
+def duel_request(options: argparse.Namespace, found: dict[str, Any]) -> dict[str, Any]:
+    """The `/launch_pair` arguments of the duel: A*-PO's spec at its best point, GRPO's recipe and its own learning
+    rate and batch (`grpo_settings`)."""
+    a2po, grpo = found["best"]["a2po"], found["best"]["grpo"]
+    spec = base_spec(options, duel_name(options), "a2po")
+    for key in ("max_train_flops", "eval_every_flops", "max_train_seconds", "eval_every_seconds", "eval_steps",
+                "max_steps", "num_train_epochs"):
+        spec["config"].pop(key, None)  # the protocol sets these
+    spec["config"].update(a2po["point"], filter_all_incorrect=False)
+    budget = ({"budget_minutes": options.minutes} if options.protocol == "time" else
+              {"budget_flops": options.budget_flops})
+    return {"spec": spec, "protocol": options.protocol, **budget, "seeds": options.seeds,
+            "grpo_recipe": grpo["recipe"], "grpo_settings": dict(grpo["point"])}
 
 
-def duel(options: argparse.Namespace, sweeps: list[Sweep]) -> None:
+def duel(options: argparse.Namespace, studies: list[Study]) -> None:
+    found = report(options, studies)
+    if set(found["best"]) != {"a2po", "grpo"}:
+        raise SystemExit("The duel needs each method's best point: let the search finish first (--report shows it).")
+    name = duel_name(options)
+
+    def launch(client: Any, store: Any) -> None:
+        if study_runs(store, name):
+            print(f"duel {name}: in {options.data_dir} already", flush=True)
+            return
+        made = client.predict(**duel_request(options, found), api_name="/launch_pair")
+        print(f"duel {name} ({made['study']}): " + ", ".join(f"{m} #{p[m]['run_id']}" for p in made["pairs"]
+                                                              for m in ("a2po", "grpo")), flush=True)
+
+    from app.studies.sweeps import ENDED
     from storage import Store
 
-    chosen = report(options, sweeps, duels=False)
-    if set(chosen) != {"a2po", "grpo"}:
-        raise SystemExit("The duel needs each method's best point: let the search finish first (--report shows it).")
+    store = Store(options.data_dir / "studio.db")
+    args = ["--model-root", options.model_root] if options.model_root else []
+    from gradio_client import Client
 
-    def launch(client: Any, store: Any) -> list[int]:
-        ids = []
-        for minutes in options.duel_minutes or [4.0, 8.0]:
-            name = duel_name(options, minutes)
-            if earlier := studies_named(store, name):
-                print(f"duel {name}: in {options.data_dir} already", flush=True)
-                ids += [r["id"] for r in earlier]
-                continue
-            made = client.predict(**duel_request(options, chosen["a2po"], chosen["grpo"], minutes),
-                                  api_name="/launch_pair")
-            print(f"duel {name} ({made['study']}): " + ", ".join(f"{m} #{p[m]['run_id']}" for p in made["pairs"]
-                                                                for m in ("a2po", "grpo")), flush=True)
-            ids += [p[m]["run_id"] for p in made["pairs"] for m in ("a2po", "grpo")]
-        return ids
+    from benchmarks.harness import studio
 
-    serve(options, launch)
-    print_duels(options, Store(options.data_dir / "studio.db"))
+    with studio(options.data_dir, *args, port=options.port) as app:
+        launch(Client(app.url, verbose=False), store)
+        while not all(r["status"] in ENDED for r in study_runs(store, name)):
+            time.sleep(10.0)
+    print_duels(options, store)
 
 
 def print_duels(options: argparse.Namespace, store: Any) -> None:
-    """Each duel in DATA_DIR as markdown: its settings, a row per method (median and range of the final held-out
-    accuracy, time with stage 1), and the verdict the Compare page gives."""
+    """Each duel of the search in DATA_DIR as markdown: its settings, a row per method (median and range of the final
+    held-out accuracy, compute and time with stage 1), and the verdict with its paired bootstrap interval."""
+    from a2po.compute import format_flops
     from app.studies import comparison
 
-    prefix = duel_name(options, 0.0).removesuffix("0min")
-    names = {((r.get("config") or {}).get("study") or {}).get("name") or "" for r in store.list_runs()}
-    for name in sorted((n for n in names if n.startswith(prefix)), key=lambda n: float(n[len(prefix):-3] or 0)):
-        runs, minutes = studies_named(store, name), float(name[len(prefix):-3] or 0)
+    prefix = f"{options.name}-duel-"
+    names = sorted({((r.get("config") or {}).get("study") or {}).get("name") or "" for r in store.list_runs()})
+    for name in (n for n in names if n.startswith(prefix)):
+        runs = study_runs(store, name)
         timelines = [comparison.store_timeline(store, r) for r in runs]
         tag = runs[0]["config"]["study"]
-        first = next(r for r in runs if r["config"].get("method", "a2po") == "a2po")["config"]
-        a2po, grpo = first["config"], tag.get("grpo_settings") or {}
-        seeds = [str(comparison.run_seed(r)) for r in runs if r["config"].get("method", "a2po") == "a2po"]
-        print(f"\n### A*-PO vs GRPO at {minutes:g} minutes each, each method at its best point ({options.task})\n")
+        a2po_spec = next(r for r in runs if r["config"].get("method", "a2po") == "a2po")["config"]
+        a2po, grpo = a2po_spec["config"], tag.get("grpo_settings") or {}
+        print(f"\n### A*-PO vs GRPO, {tag.get('protocol')} protocol, each method at its best point ({options.task}; "
+              f"{name})\n")
         print(f"A*-PO: {a2po['per_device_train_batch_size']} prompts per step, learning rate "
               f"{a2po['learning_rate']:g}, pass_rate_band {a2po.get('pass_rate_band')}; GRPO: recipe "
-              f"{tag.get('grpo_recipe') or 'none'}, "
-              + (f"{grpo['per_device_train_batch_size'] // GENERATIONS} prompts per step, learning rate "
-                 f"{grpo['learning_rate']:g}" if set(grpo) == {"per_device_train_batch_size", "learning_rate"}
-                 else "prompts per step and learning rate matched to A*-PO's")
-              + f"; seeds {', '.join(seeds)}; {first['dataset'].get('eval_size')} held-out prompts.\n")
-        print("| method | final held-out accuracy, median (range) | time with stage 1, median | runs |")
-        print("| --- | --- | --- | --- |")
+              f"{tag.get('grpo_recipe') or 'none'}, {int(grpo.get('per_device_train_batch_size', 0)) // GENERATIONS} "
+              f"prompts per step, learning rate {float(grpo.get('learning_rate', 0)):g}; seeds "
+              f"{', '.join(str(comparison.run_seed(r)) for r in runs if r['config'].get('method', 'a2po') == 'a2po')}"
+              f"; {a2po_spec['dataset'].get('eval_size')} held-out prompts.\n")
+        print("| method | final held-out accuracy, median (range) | compute with stage 1, median | time with stage 1, "
+              "median | runs |")
+        print("| --- | --- | --- | --- | --- |")
         for method, label in (("a2po", "A*-PO"), ("grpo", "GRPO")):
-            done = [t for t in comparison.finished(timelines) if t.method == method]
-            finals = [t.final_accuracy for t in done]
+            mine = [t for t in comparison.finished(timelines) if t.method == method]
+            finals = [t.final_accuracy for t in mine]
             spread = f" ({pct(min(finals))}–{pct(max(finals))})" if finals else ""
-            seconds = statistics.median(t.seconds_with_stage1 for t in done) if done else None
-            print(f"| {label} | {pct(statistics.median(finals)) if finals else '–'}{spread} "
-                  f"| {'–' if seconds is None else comparison.format_duration(seconds)} "
-                  f"| {', '.join(f'#{t.run_id} {t.status}' for t in timelines if t.method == method)} |")
+            flops = _median([t.flops_with_stage1 for t in mine if t.flops_with_stage1 is not None])
+            seconds = _median([t.seconds_with_stage1 for t in mine])
+            print(f"| {label} | {pct(_median(finals))}{spread} | {format_flops(flops)} | "
+                  f"{comparison.format_duration(seconds)} | "
+                  f"{', '.join(f'#{t.run_id} {t.status}' for t in timelines if t.method == method)} |")
+        difference = comparison.paired_difference(store, runs)
+        if difference is not None:
+            print(f"\n{difference.text()}", flush=True)
         pair = comparison.study_view(runs, timelines).pair()
         if pair:
-            print(f"\n{comparison.verdict(*pair, margin=MARGIN)}", flush=True)
+            print(f"\n{comparison.verdict(*pair)}", flush=True)
+
+
+def _median(values: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -391,10 +406,11 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--task", default="teaching-demo", choices=sorted(TASKS))
     parser.add_argument("--name", default="recipe-search", help="the studies' name prefix")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--minutes", type=float, nargs="+", default=None,
-                        help="training time per run, stage 1 counted: one value for the search (4 by default); "
-                             "with --duel, each duel's budget (4 8 by default)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the last rung's run seeds")
+    parser.add_argument("--budget-flops", type=float, default=4e13,
+                        help="each run's compute at the last rung, stage 1 included (FLOPs; docs/compute.md)")
+    parser.add_argument("--halving", default='{"reduction_factor": 3, "rungs": 3}',
+                        help="the studio's halving (JSON, `/launch_study`)")
     parser.add_argument("--a2po-batch", type=int, nargs="+", default=[8, 16, 32, 64], help="A*-PO's prompts per step")
     parser.add_argument("--grpo-batch", type=int, nargs="+", default=[4, 8, 16],
                         help=f"GRPO's prompts per step ({GENERATIONS} completions each)")
@@ -404,6 +420,9 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=["dapo", "dr-grpo"], help="GRPO's recipes (a2po.recipes)")
     parser.add_argument("--spec", default="{}", help="JSON merged into every run's spec (the teaching demo's); "
                         "its A*-PO-only settings go to the A*-PO runs")
+    parser.add_argument("--results", type=Path, default=None, help="write the table as JSON here as runs end")
+    parser.add_argument("--protocol", default="compute", choices=["compute", "time"], help="the duel's protocol")
+    parser.add_argument("--minutes", type=float, default=4.0, help="the equal-time duel's budget per run")
     parser.add_argument("--model-root", default="", help="a folder of local models the studio may load")
     parser.add_argument("--port", type=int, default=7874)
     mode = parser.add_mutually_exclusive_group()
@@ -413,31 +432,29 @@ def main() -> None:
     options = parser.parse_args()
 
     from a2po.recipes import RecipeError, canonical_name
+    from a2po.sweep import GridError, Halving
 
     try:
         options.recipes = [canonical_name(r) for r in options.recipes]
     except RecipeError as error:
         parser.error(f"--recipes: {error}")
-    if options.duel:
-        options.duel_minutes, options.minutes = options.minutes, [4.0]
-    else:
-        options.duel_minutes = None
-        if options.minutes is not None and len(options.minutes) != 1:
-            parser.error("--minutes: the search runs at one budget (e.g. --minutes 4); several are for --duel.")
-        options.minutes = options.minutes or [4.0]
-    if any(m <= 0 for m in options.minutes + (options.duel_minutes or [])):
-        parser.error("--minutes: give minutes > 0, e.g. --minutes 4.")
+    try:
+        Halving.parse(json.loads(options.halving))
+    except (GridError, ValueError) as error:
+        parser.error(f"--halving: {error}")
+    if options.budget_flops <= 0 or options.minutes <= 0:
+        parser.error("--budget-flops and --minutes take numbers > 0, e.g. --budget-flops 4e13.")
     if len(set(options.seeds)) != len(options.seeds):
         parser.error("--seeds: each seed once, e.g. --seeds 0 1 2.")
-    sweeps = plan(options)
+    studies = plan(options)
     if options.dry_run:
-        dry_run(options, sweeps)
+        dry_run(options, studies)
     elif options.duel:
-        duel(options, sweeps)
+        duel(options, studies)
     else:
         if not options.report:
-            search(options, sweeps)
-        report(options, sweeps)
+            search(options, studies)
+        report(options, studies)
 
 
 if __name__ == "__main__":

@@ -340,7 +340,7 @@ class Store:
     # ------------------------------------------------------------------ prompt values
 
     def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
-        """What sampling the set's stored prompts cost, per split: `seconds`, `tokens` and the `prompts` they
+        """What sampling the set's stored prompts cost, per split: `seconds`, `tokens`, `flops` and the `prompts` they
         sampled ({} when not known: see `storage.models.ValueSet.cost`)."""
         with self._read() as s:
             return s.scalar(select(ValueSet.cost).where(ValueSet.id == value_set_id)) or {}
@@ -540,8 +540,8 @@ class Store:
         return self._commit("apply", run_id, event, seconds=seconds, **fields)
 
     def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-                   seconds: float = 0.0, tokens: int = 0) -> int:
-        return self._commit("add_values", value_set_id, split, records, seconds, tokens)
+                   seconds: float = 0.0, tokens: int = 0, flops: float = 0.0) -> int:
+        return self._commit("add_values", value_set_id, split, records, seconds, tokens, flops)
 
     def set_run_values(self, run_id: int, split: str, rows: Iterable[Mapping[str, Any]],
                        replace: bool = False) -> int:

@@ -56,8 +56,9 @@ class RunWriter(Protocol):
         `seconds` is a chunk's duration (events that end a chunk). True if it happened. Committed durably."""
 
     def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-                   seconds: float = 0.0, tokens: int = 0) -> int:
-        """Store stage-1 records (as delivered by `on_values_batch`), which cost `seconds` and `tokens` to sample.
+                   seconds: float = 0.0, tokens: int = 0, flops: float = 0.0) -> int:
+        """Store stage-1 records (as delivered by `on_values_batch`), which cost `seconds`, `tokens` and `flops` to
+        sample.
 
         Re-adding a stored prompt_id keeps the stored row (unless its V* was missing), so nothing is duplicated.
         The set's `cost` of the split grows by the share of the new prompts. Returns how many prompts were new to
@@ -117,7 +118,7 @@ class WorkerStore(RunWriter, Protocol):
         """Stored prompt values of one split (all splits with `split=None`), in insertion order."""
 
     def value_set_cost(self, value_set_id: int) -> dict[str, dict[str, float]]:
-        """What sampling the set's stored prompts cost, per split: `seconds`, `tokens` and the `prompts` they
+        """What sampling the set's stored prompts cost, per split: `seconds`, `tokens`, `flops` and the `prompts` they
         sampled ({} when not known: see `storage.models.ValueSet.cost`)."""
 
     def latest_metrics(self, run_id: int) -> dict[str, dict[str, Any]]:
@@ -267,7 +268,7 @@ def update_value_set_summary(s: Session, value_set_id: int, summary: dict[str, A
 
 
 def add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-               seconds: float = 0.0, tokens: int = 0, *, at: float | None = None) -> int:
+               seconds: float = 0.0, tokens: int = 0, flops: float = 0.0, *, at: float | None = None) -> int:
     rows = []
     for r in records:
         if r.get("prompt_id") is None:
@@ -312,6 +313,7 @@ def add_values(s: Session, value_set_id: int, split: str, records: Iterable[Mapp
             fields["cost"] = {**(cost or {}), split: {
                 "seconds": float(paid.get("seconds") or 0.0) + float(seconds) * share,
                 "tokens": int(paid.get("tokens") or 0) + round(int(tokens) * share),
+                "flops": float(paid.get("flops") or 0.0) + float(flops) * share,
                 "prompts": int(paid.get("prompts") or 0) + added}}
         s.execute(update(models.ValueSet).where(models.ValueSet.id == value_set_id).values(**fields))
     return added

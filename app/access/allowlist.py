@@ -135,6 +135,10 @@ PARAMS: list[Param] = [
     Param("max_train_seconds", "Training-time budget in seconds, stage 1 included (0: none)", "float",
           advanced=True, info="Stops when the run's clock (stage 1 + training steps) reaches it."),
     Param("eval_every_seconds", "Evaluate every N seconds of training (0: off)", "float", advanced=True),
+    Param("max_train_flops", "Compute budget in FLOPs, stage 1 included (0: none)", "float", advanced=True,
+          info="Stops when the run's compute (FLOPs from the tokens it processed: the same on every machine) reaches "
+               "it, e.g. 2e15."),
+    Param("eval_every_flops", "Evaluate every N FLOPs of compute (0: off)", "float", advanced=True),
     Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
     Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True, methods=A2PO),
     Param("values_seed", "Stage-1 seed (empty: the run seed)", "int", advanced=True, methods=A2PO,
@@ -155,7 +159,7 @@ VLLM_ONLY = ("vllm_gpu_memory_utilization",)
 VLLM_OFF = "Turn use_vllm off (\"Sample with vLLM\" on the form): the native decoder samples."
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "max_train_seconds",
-                   "eval_every_seconds"}
+                   "eval_every_seconds", "max_train_flops", "eval_every_flops"}
 
 
 def method_params(method: str) -> list[Param]:

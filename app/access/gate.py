@@ -52,6 +52,10 @@ class Services:
     auth: Auth | None = None
 
     def __post_init__(self) -> None:
+        # `advance_studies`: the unfinished runs it last saw, and whether a rung it could not launch waits.
+        self._watched: frozenset[int] | None = None
+        self._retry_advance = False
+        self._waiting: dict[str, str] = {}
         self.data_dir = Path(self.data_dir)
         if self.policy is None:
             self.policy = Policy(self.data_dir)
@@ -148,10 +152,11 @@ class Services:
 
     def launch_pair(self, spec: Any, user: User | None, protocol: str = DEFAULT_PROTOCOL,
                     budget_seconds: float | None = None, seeds: Any = None,
-                    grpo_recipe: str | None = None, grpo_settings: Any = None) -> list[tuple[int, int]]:
+                    grpo_recipe: str | None = None, grpo_settings: Any = None,
+                    budget_flops: float | None = None) -> list[tuple[int, int]]:
         """"A*-PO vs GRPO": the A*-PO run `spec` describes and a GRPO run matched to it under `protocol`
         (`app.studies.protocols`; `grpo_recipe`: the GRPO side's named recipe, `a2po.recipes`; `grpo_settings`: its
-        own learning rate and batch under equal time), once per run seed,
+        own learning rate and batch under equal time or compute), once per run seed,
         as one study: every run checked (permission, allow-list, limits) before any is queued. Returns (A*-PO's id,
         GRPO's id) per seed."""
         from app.studies.protocols import StudyError, parse_seeds, require_a2po, study_specs
@@ -163,7 +168,7 @@ class Services:
             require_a2po(spec)  # before the allow-list, whose GRPO checks would name other fields first
             a2po, _ = self.checked(spec)
             specs = study_specs(a2po, parse_seeds(seeds), pair=True, protocol=protocol, budget_seconds=budget_seconds,
-                                grpo_recipe=grpo_recipe, grpo_settings=grpo_settings)
+                                grpo_recipe=grpo_recipe, grpo_settings=grpo_settings, budget_flops=budget_flops)
         except StudyError as error:
             raise Refused(str(error)) from None
         ids = self.launch_study(specs, user)
@@ -185,11 +190,13 @@ class Services:
             self.checked(spec)  # names the problem
         return self.launch_study(study_specs(dict(spec), chosen, pair=False), user)
 
-    def launch_sweep(self, spec: Any, user: User | None, grid: Any, seeds: Any = None) -> list[int]:
+    def launch_sweep(self, spec: Any, user: User | None, grid: Any, seeds: Any = None,
+                     halving: Any = None) -> list[int]:
         """A sweep (`app.studies.sweeps`): one run per grid point and run seed, as one study, every run checked
-        (permission, allow-list, limits) before any is queued. Returns their ids, point by point."""
+        (permission, allow-list, limits) before any is queued. Returns their ids, point by point. With `halving`
+        (`a2po.sweep.Halving`), the runs of its first rung; `advance_studies` launches the later ones."""
         from app.studies.protocols import StudyError, parse_seeds
-        from app.studies.sweeps import sweep_specs
+        from app.studies.sweeps import parse_halving, sweep_specs
 
         problem = self.auth.can_launch(user)
         if problem:
@@ -197,15 +204,75 @@ class Services:
         try:
             chosen = parse_seeds(seeds)
             base, _ = self.checked(spec)
-            specs = sweep_specs(base, grid, chosen)
+            specs = sweep_specs(base, grid, chosen, halving=parse_halving(halving))
         except StudyError as error:
             raise Refused(str(error)) from None
         ids = self.launch_study(specs, user)
-        label = specs[0]["study"]
         for run_id, one in zip(ids, specs, strict=True):
-            point = ", ".join(f"{k}={v}" for k, v in one["study"]["point"].items()) or "the base spec"
-            self.store.add_log(run_id, f"Sweep {label['name']!r} ({len(ids)} runs): this run is {point}, run seed "
-                                       f"{one['study']['seed']}.")
+            self._log_sweep_run(run_id, one, len(ids))
+        return ids
+
+    def _log_sweep_run(self, run_id: int, spec: dict[str, Any], count: int) -> None:
+        label = spec["study"]
+        point = ", ".join(f"{k}={v}" for k, v in label["point"].items()) or "the base spec"
+        rung = f", rung {label['rung']} of its halving" if "rung" in label else ""
+        self.store.add_log(run_id, f"Sweep {label['name']!r} ({count} runs{' at this rung' if rung else ''}): this "
+                                   f"run is {point}, run seed {label['seed']}{rung}.")
+
+    def advance_studies(self) -> list[int]:
+        """Launch the next rung of every halving sweep whose top rung has ended (`app.studies.sweeps.next_rung`), for
+        the sweep's owner, through the same checks and limits as a launch; a rung the limits refuse now is tried
+        again at a later pass. Derived from the stored runs alone, so a restarted studio neither launches a rung
+        twice nor brings back a pruned point. Returns the runs launched. The scheduler calls it after each pass
+        (`Scheduler.after_pass`); it reads the store only when a run has ended since it last looked."""
+        from app.studies.comparison import store_timeline
+        from app.studies.sweeps import halving_of, next_rung
+
+        unfinished = frozenset(r["id"] for r in self.store.list_runs(status=UNFINISHED))
+        if unfinished == self._watched and not self._retry_advance:
+            return []
+        self._watched, self._retry_advance = unfinished, False
+        studies: dict[str, list[dict[str, Any]]] = {}
+        for run in self.store.list_runs():
+            if halving_of(run) is not None:
+                studies.setdefault(run["config"]["study"]["id"], []).append(run)
+        launched: list[int] = []
+        for runs in studies.values():
+            finals = {}
+            for run in runs:
+                if run["status"] == "finished":
+                    line = store_timeline(self.store, run)
+                    finals[run["id"]] = (line.final_accuracy, [p.accuracy for p in line.points[1:]] or
+                                         [p.accuracy for p in line.points])
+            specs = next_rung(runs, finals)
+            if specs:
+                launched += self._launch_rung(runs, specs)
+        return launched
+
+    def _launch_rung(self, runs: list[dict[str, Any]], specs: list[dict[str, Any]]) -> list[int]:
+        """Queue a halving sweep's next rung for its owner (all or nothing, as `launch_study`)."""
+        owner = runs[0].get("owner")
+        limits = self.policy.limits
+        admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
+        ids: list[int] = []
+        try:
+            self.store.check_admission(admission, owner, len(specs))
+            for spec in specs:
+                clean, _ = self.checked(_unlabelled(spec))
+                clean["study"] = spec["study"]
+                ids.append(self.scheduler.submit(clean, owner=owner, admission=admission))
+        except (Refused, LimitReached, ValueError) as refused:
+            for run_id in ids:
+                self.scheduler.delete(run_id)
+            self._retry_advance = True
+            tag = specs[0]["study"]
+            message = f"Sweep {tag['name']!r}: rung {tag['rung']} waits to be launched: {refused}"
+            if self._waiting.get(tag["id"]) != message:  # said once, not at every pass it waits
+                self._waiting[tag["id"]] = message
+                self.store.add_log(max(r["id"] for r in runs), message, level="WARNING")
+            return []
+        for run_id, spec in zip(ids, specs, strict=True):
+            self._log_sweep_run(run_id, spec, len(ids))
         return ids
 
     def _keep_upload(self, dataset: dict[str, Any]) -> dict[str, Any]:

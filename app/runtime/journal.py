@@ -197,10 +197,10 @@ class ChunkLedger:
         return True
 
     def add_values(self, value_set_id: int, split: str, records: Iterable[Mapping[str, Any]],
-                   seconds: float = 0.0, tokens: int = 0) -> int:
+                   seconds: float = 0.0, tokens: int = 0, flops: float = 0.0) -> int:
         records = [dict(r) for r in records]
         self._write("add_values", value_set_id=value_set_id, split=split, records=records, seconds=float(seconds),
-                    tokens=int(tokens))
+                    tokens=int(tokens), flops=float(flops))
         added = 0
         with self._lock:
             rows = self._values.setdefault(split, {})

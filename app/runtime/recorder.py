@@ -149,16 +149,20 @@ class StoreRecorder(A2POCallback):
 
     def on_values_batch(self, args, state, control, *, split: str, records: list[dict[str, Any]], done: int,
                         total: int, seconds: float | None = None, completion_tokens: int | None = None,
-                        batch_seconds: float = 0.0, batch_tokens: int = 0, **kwargs):
+                        batch_seconds: float = 0.0, batch_tokens: int = 0, flops: float | None = None,
+                        batch_flops: float = 0.0, **kwargs):
         if self.value_set_id is not None:
-            # The batch's cost goes with the shared rows: a run that reuses them is charged it (equal time).
-            self.store.add_values(self.value_set_id, split, records, seconds=batch_seconds, tokens=batch_tokens)
+            # The batch's cost goes with the shared rows: a run that reuses them is charged it (equal time and
+            # compute).
+            self.store.add_values(self.value_set_id, split, records, seconds=batch_seconds, tokens=batch_tokens,
+                                  flops=batch_flops)
             self.store.set_run_values(self.run_id, split, run_value_rows(records))
         if seconds is not None and records:
             # The split's stage-1 cost so far, after each batch: a stop or kill in stage 1 keeps what was spent,
             # and the next start continues from it (`app.runtime.worker`).
             self.store.add_metrics(self.run_id, 0, {f"values/{split}/runtime": seconds,
-                                                    f"values/{split}/completion_tokens": completion_tokens or 0})
+                                                    f"values/{split}/completion_tokens": completion_tokens or 0,
+                                                    f"values/{split}/flops": flops or 0.0})
         self._write_progress(done / total if total else 1.0, real=True)
         self._maybe_stop(control, save=False)
 

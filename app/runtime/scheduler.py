@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,9 @@ class Scheduler(Supervision):
         self._left_interrupted: set[int] = set()  # lost runs past `MAX_AUTO_RESUMES`, said once, left for a Resume
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
+        # Called after each pass that holds the lock (the studio sets `Services.advance_studies`: a halving sweep's
+        # next rung); this room knows nothing of studies.
+        self.after_pass: Callable[[], Any] | None = None
 
     @property
     def lock_problem(self) -> str | None:
@@ -227,7 +230,13 @@ class Scheduler(Supervision):
             self._follow()
             self._supervise()
             self._resume_lost()
-            return self._admit()
+            started = self._admit()
+            if self.after_pass is not None:
+                try:
+                    self.after_pass()
+                except Exception:  # noqa: BLE001 - a study's bookkeeping must not stop the scheduling of runs
+                    logger.exception("The scheduler's after-pass hook failed; it runs again at the next pass")
+            return started
 
     def _admit(self) -> list[int]:
         """Start queued runs in order while their devices are free; the head waits, nothing overtakes it."""

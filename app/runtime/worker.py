@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from a2po._faults import fault_point
+from a2po.compute import format_flops
+from a2po.sweep import rung_share
 from app.runtime.checkpoints import remove_checkpoints, resume_checkpoint
 from app.runtime.credentials import drop_secrets, with_store_password
 from app.runtime.data_folder import DataFolder, folder_problem
@@ -234,16 +236,16 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
         trainer.set_optimal_values(rows, name)
     # The run's stage-1 clock continues from what its earlier starts spent (stored after every batch).
     spent = _from_main(trainer, stage_one_spent(store, run["id"]) if main else None)
-    for name, (seconds, tokens) in spent.items():
-        trainer.run_counters.restore_values(name, seconds, tokens)
+    for name, cost in spent.items():
+        trainer.run_counters.restore_values(name, *cost)
     # Stage 1 for every split the action needs (the eval sets too, so a reused value set covers them).
     needed = [s for s in splits if spec.action != "evaluate" or s != "train"]
     if getattr(spec, "method", "a2po") != "a2po":
         needed = ["train"]  # GRPO's stage 1 only selects its training prompts
     charged = _from_main(trainer, charge_reused_values(store, run, value_set_id, splits, {
         name: known[name] for name in needed if name not in spent}) if main else None)
-    for name, (seconds, tokens) in charged.items():
-        trainer.run_counters.restore_values(name, seconds, tokens)
+    for name, cost in charged.items():
+        trainer.run_counters.restore_values(name, *cost)
     if main:
         _record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.value_rules())
     check_stop()
@@ -257,16 +259,16 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
 
 
 def charge_reused_values(store: Store, run: dict[str, Any], value_set_id: int, splits: dict[str, Any],
-                         known: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, int]]:
+                         known: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, int, float]]:
     """What the run is charged for the stored V* rows of its value set that it reuses, per split: (seconds, completion
-    tokens), their share of what sampling the set cost (`Store.value_set_cost`), recorded as its stage-1 cost
+    tokens, FLOPs), their share of what sampling the set cost (`Store.value_set_cost`), recorded as its stage-1 cost
     (the `values/<split>/...` metrics, which its clock and a time budget count, as a run that sampled them counts
     them). `known`: the stored rows of the splits whose stage 1 this run has not started before (a later start
     reads its charge back with what it sampled, `stage_one_spent`)."""
     from a2po.values import prompt_id_for
 
     cost = store.value_set_cost(value_set_id) if known else {}
-    charges: dict[str, tuple[float, int]] = {}
+    charges: dict[str, tuple[float, int, float]] = {}
     for name, rows in known.items():
         stored = {row["prompt_id"] for row in rows}
         reused = len(stored & {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}) \
@@ -282,27 +284,33 @@ def charge_reused_values(store: Store, run: dict[str, Any], value_set_id: int, s
                                      "have it sampled again on the clock.", level="WARNING")
             continue
         charges[name] = (float(paid.get("seconds") or 0.0) * reused / prompts,
-                         round(int(paid.get("tokens") or 0) * reused / prompts))
+                         round(int(paid.get("tokens") or 0) * reused / prompts),
+                         float(paid.get("flops") or 0.0) * reused / prompts)
         store.add_log(run["id"], f"Stage 1 ({name}): {reused} prompts reused from V* set {value_set_id}, sampled "
-                                 f"earlier: their share of its sampling cost, {charges[name][0]:.2f} s and "
-                                 f"{charges[name][1]} tokens, counts on this run's clock.")
+                                 f"earlier: their share of its sampling cost, {charges[name][0]:.2f} s, "
+                                 f"{charges[name][1]} tokens and {format_flops(charges[name][2])}, counts on this "
+                                 "run's clock and compute.")
     if charges:
         # Also kept apart as `reused_*`, so a study can tell the run that sampled the set from those charged for it.
         store.add_metrics(run["id"], 0, {f"values/{name}/{prefix}{key}": value
-                                         for name, (seconds, tokens) in charges.items() for prefix in ("", "reused_")
-                                         for key, value in (("runtime", seconds), ("completion_tokens", tokens))})
+                                         for name, (seconds, tokens, flops) in charges.items()
+                                         for prefix in ("", "reused_")
+                                         for key, value in (("runtime", seconds), ("completion_tokens", tokens),
+                                                            ("flops", flops))})
     return charges
 
 
-def stage_one_spent(store: Store, run_id: int) -> dict[str, tuple[float, int]]:
-    """What a run's stage 1 has cost so far, per split: (seconds, completion tokens), from its stored metrics."""
+def stage_one_spent(store: Store, run_id: int) -> dict[str, tuple[float, int, float]]:
+    """What a run's stage 1 has cost so far, per split: (seconds, completion tokens, FLOPs), from its stored
+    metrics."""
     latest = store.latest_metrics(run_id)
     spent: dict[str, tuple[float, int]] = {}
     for name, row in latest.items():
         parts = name.split("/")
         if len(parts) == 3 and parts[0] == "values" and parts[2] == "runtime" and row["value"] is not None:
             tokens = (latest.get(f"values/{parts[1]}/completion_tokens") or {}).get("value") or 0
-            spent[parts[1]] = (float(row["value"]), int(tokens))
+            flops = (latest.get(f"values/{parts[1]}/flops") or {}).get("value") or 0.0
+            spent[parts[1]] = (float(row["value"]), int(tokens), float(flops))
     return spent
 
 
@@ -347,6 +355,10 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     # values never reached the database (e.g. a worker killed between the two writes).
     stage_one = {"save_values": False} if uses_values(spec) else {}  # GRPO has no V* cache to turn off
     trainer = spec.build_trainer(output_dir=str(output_dir), callbacks=[stopper], **stage_one)
+    trainer.run_counters.budget_share = rung_share(run["config"].get("study"))
+    if main and trainer.run_counters.budget_share < 1:
+        logger.info("Run %s: rung %s of a halving sweep: it trains on %.3g of its budget's training part.", run_id,
+                    run["config"]["study"].get("rung"), trainer.run_counters.budget_share)
     if recorder is not None:
         recorder.touch()  # loading the model counts as progress for the watchdog
     if main:
@@ -404,18 +416,14 @@ def _checkpoint_step(checkpoint: str) -> int:
 
 
 def trained_to_the_end(trainer, checkpoint: str) -> bool:
-    """Whether the checkpoint holds the run's last step (`max_steps`), or a step where the run's clock had spent its
-    time budget (`max_train_seconds`, counted on the clock the checkpoint keeps): a chunk that stopped there, its
-    final evaluation left for the next chunk, ended the run's training, not just the chunk."""
-    from a2po.callbacks import RunCounters
-
+    """Whether the checkpoint holds the run's last step (`max_steps`), or a step where the run had spent its budget
+    of time or compute (`max_train_seconds`, `max_train_flops`, or its share of one: counted on the counters the
+    checkpoint keeps): a chunk that stopped there, its final evaluation left for the next chunk, ended the run's
+    training, not just the chunk."""
     if trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps:
         return True
-    budget = getattr(trainer.args, "max_train_seconds", None)
-    if not budget:
-        return False
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    return RunCounters.saved_clock(RunCounters.saved(state.get("stateful_callbacks") or {})) >= budget
+    return trainer.run_counters.restored(state.get("stateful_callbacks") or {}).budget_reached(trainer.args)
 
 
 def restore_final(trainer, checkpoint: str) -> None:

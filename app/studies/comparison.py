@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from a2po.batches import spec_batch_figures
+from a2po.compute import format_flops
 
 METHOD_LABELS = {"a2po": "A*-PO", "grpo": "GRPO"}
 TOLERANCE = 1e-9  # accuracies are ratios of small counts: "reached" means >= up to float noise
@@ -46,6 +47,7 @@ class Point:
     tokens: int  # completion tokens sampled in training up to this step
     accuracy: float
     spread: tuple[float, float] | None = None  # a median's lowest and highest accuracy over the seeds
+    flops: float | None = None  # training compute at this evaluation (`a2po.compute`), stage 1 not included
 
 
 @dataclass
@@ -59,13 +61,14 @@ class Timeline:
     points: list[Point] = field(default_factory=list)
     stage1_seconds: float = 0.0
     stage1_tokens: int = 0
+    stage1_flops: float = 0.0
     peak_memory_gb: float | None = None
     prompts: int | None = None  # A*-PO: the train prompts stage 1 scored, and of them those it kept
     prompts_kept: int | None = None
     zero_std_share: float | None = None  # GRPO: the mean share of groups whose G rewards were all equal
     has_eval: bool = True  # whether its spec holds prompts out for evaluation
     stage: str | None = None  # the stage a running run is in ("values": A*-PO's stage 1)
-    eval_every: tuple[str, float] | None = None  # the evaluation grid its spec asks for: ("steps", k), ("seconds", t)
+    eval_every: tuple[str, float] | None = None  # its spec's grid: ("steps", k), ("seconds", t), ("flops", c)
     seeds: int = 1  # a study's median: how many runs it is the median of
     label_text: str | None = None
     left_out: list[str] = field(default_factory=list)  # a study's median: its runs that had not finished ("#5 failed")
@@ -87,6 +90,12 @@ class Timeline:
     def seconds_with_stage1(self) -> float | None:
         return self.points[-1].seconds + self.stage1_seconds if self.points else None
 
+    @property
+    def flops_with_stage1(self) -> float | None:
+        """The run's compute at its last evaluation, stage 1 included; None for rows stored before FLOPs were."""
+        last = self.points[-1] if self.points else None
+        return None if last is None or last.flops is None else last.flops + self.stage1_flops
+
     def first_reaching(self, accuracy: float) -> Point | None:
         return next((p for p in self.points if p.accuracy >= accuracy - TOLERANCE), None)
 
@@ -107,7 +116,9 @@ def run_method(run: Mapping[str, Any]) -> str:
 
 def _eval_grid(spec: Mapping[str, Any]) -> tuple[str, float] | None:
     config = spec.get("config") or {}
-    seconds, steps = config.get("eval_every_seconds"), config.get("eval_steps")
+    seconds, steps, flops = config.get("eval_every_seconds"), config.get("eval_steps"), config.get("eval_every_flops")
+    if isinstance(flops, (int, float)) and flops > 0:
+        return ("flops", float(flops))
     if isinstance(seconds, (int, float)) and seconds > 0:
         return ("seconds", float(seconds))
     if isinstance(steps, (int, float)) and steps >= 1:
@@ -119,7 +130,7 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
              metrics: Sequence[Mapping[str, Any]]) -> Timeline:
     """A run's timeline from its evaluations (`Store.get_evaluations`) and metric rows (`Store.get_metrics`)."""
     tokens_at: dict[int, int] = {}
-    stage1_seconds = stage1_tokens = reused_seconds = reused_tokens = 0.0
+    stage1_seconds = stage1_tokens = stage1_flops = reused_seconds = reused_tokens = 0.0
     peak = None
     train_prompts = train_filtered = None
     zero_std: list[float] = []
@@ -141,6 +152,8 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
             stage1_seconds = max(stage1_seconds, float(value))
         elif name == "values/train/completion_tokens":
             stage1_tokens = max(stage1_tokens, float(value))
+        elif name == "values/train/flops":
+            stage1_flops = max(stage1_flops, float(value))
         elif name == "values/train/reused_runtime":
             reused_seconds = max(reused_seconds, float(value))
         elif name == "values/train/reused_completion_tokens":
@@ -167,13 +180,14 @@ def timeline(run: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]],
         else:
             before = [s for s in steps if s <= step]
             tokens = tokens_at[before[-1]] if before else 0
-        points.append(Point(step, seconds, tokens, float(m["eval_accuracy"])))
+        flops = float(m["train_flops"]) if isinstance(m.get("train_flops"), (int, float)) else None
+        points.append(Point(step, seconds, tokens, float(m["eval_accuracy"]), flops=flops))
     spec = run.get("config") or {}
     dataset = spec.get("dataset") or {}
     eval_size = dataset.get("eval_size", DEFAULT_EVAL_SIZE)
     kept = None if train_prompts is None else train_prompts - (train_filtered or 0)
     return Timeline(int(run["id"]), str(run.get("name") or ""), run_method(run), str(run.get("status") or ""),
-                    points, stage1_seconds, int(stage1_tokens), peak, train_prompts, kept,
+                    points, stage1_seconds, int(stage1_tokens), stage1_flops, peak, train_prompts, kept,
                     sum(zero_std) / len(zero_std) if zero_std else None,
                     has_eval=bool(points) or not isinstance(eval_size, (int, float)) or eval_size > 0,
                     stage=run.get("stage"), eval_every=_eval_grid(spec), stage1_reused_seconds=reused_seconds,
@@ -195,21 +209,24 @@ def finished(timelines: Sequence[Timeline]) -> list[Timeline]:
 
 
 def _at(t: Timeline, axis: str, x: float) -> Point:
-    """`t` at `x` on `axis` ("step" or "seconds"): the accuracy of its latest evaluation at or before `x` (none is
-    made up between two evaluations), its step, clock and tokens interpolated towards the next one."""
+    """`t` at `x` on `axis` ("step", "seconds" or "flops"): the accuracy of its latest evaluation at or before `x`
+    (none is made up between two evaluations), its step, clock, tokens and compute interpolated towards the next
+    one."""
     xs = [getattr(p, axis) for p in t.points]
     i = bisect.bisect_right(xs, x) - 1
     p, q = t.points[i], t.points[min(i + 1, len(xs) - 1)]
     share = (x - xs[i]) / (xs[i + 1] - xs[i]) if i + 1 < len(xs) and xs[i + 1] > xs[i] else 0.0
+    flops = None if p.flops is None or q.flops is None else p.flops + share * (q.flops - p.flops)
     return Point(p.step + share * (q.step - p.step), p.seconds + share * (q.seconds - p.seconds),
-                 p.tokens + share * (q.tokens - p.tokens), p.accuracy)
+                 p.tokens + share * (q.tokens - p.tokens), p.accuracy, flops=flops)
 
 
 def _median_point(at: Sequence[Point]) -> Point:
     accuracy = [p.accuracy for p in at]
+    flops = [p.flops for p in at if p.flops is not None]
     return Point(round(statistics.median(p.step for p in at)), statistics.median(p.seconds for p in at),
                  round(statistics.median(p.tokens for p in at)), statistics.median(accuracy),
-                 (min(accuracy), max(accuracy)))
+                 (min(accuracy), max(accuracy)), statistics.median(flops) if len(flops) == len(at) else None)
 
 
 def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | None:
@@ -222,7 +239,8 @@ def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | Non
     done = finished(timelines)
     if not done:
         return None
-    axis = "seconds" if all((t.grid() or ("",))[0] == "seconds" for t in done) else "step"
+    grids = {(t.grid() or ("",))[0] for t in done}
+    axis = grids.pop() if len(grids) == 1 and grids <= {"seconds", "flops"} else "step"
     start = max(getattr(t.points[0], axis) for t in done)
     end = min(getattr(t.points[-1], axis) for t in done)
     xs = sorted({getattr(p, axis) for t in done for p in t.points if start <= getattr(p, axis) < end})
@@ -234,7 +252,8 @@ def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | Non
                 for t in timelines if all(t is not d for d in done)]
     return Timeline(first.run_id, first.name, first.method, "finished", points,
                     statistics.median(t.stage1_seconds for t in done),
-                    int(statistics.median(t.stage1_tokens for t in done)), max(peaks) if peaks else None,
+                    int(statistics.median(t.stage1_tokens for t in done)),
+                    statistics.median(t.stage1_flops for t in done), max(peaks) if peaks else None,
                     first.prompts, first.prompts_kept, first.zero_std_share,
                     has_eval=all(t.has_eval for t in done), eval_every=first.eval_every, seeds=len(done),
                     label_text=label, left_out=left_out, batch=first.batch)
@@ -292,7 +311,8 @@ def _grids(a2po: Timeline, grpo: Timeline) -> str:
         grid = t.grid()
         if grid is None:
             return f"{len(t.points)} points"
-        every = f"every {grid[1]:g} steps" if grid[0] == "steps" else f"every {format_duration(grid[1])} of training"
+        every = {"steps": f"every {grid[1]:g} steps", "flops": f"every {format_flops(grid[1])} of compute"}.get(
+            grid[0], f"every {format_duration(grid[1])} of training")
         return f"{every}, {len(t.points)} points"
     if a2po.left_out or grpo.left_out:
         seeds = f" Medians of the finished seeds: A\\*-PO {seeds_text(a2po)}; GRPO {seeds_text(grpo)}."
@@ -478,3 +498,75 @@ def study_view(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline])
     protocols = {((r.get("config") or {}).get("study") or {}).get("protocol") for r in runs}
     protocol = protocols.pop() if len(protocols) == 1 else None
     return StudyView(list(timelines), medians, rows, protocol)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# How sure a verdict is: a paired bootstrap over seeds and held-out prompts
+
+BOOTSTRAP_RESAMPLES = 2000
+TARGET_POINTS = 3.0  # the lead the studio aims for A*-PO to hold over GRPO's best (docs/benchmarks.md)
+
+
+@dataclass
+class PairedDifference:
+    """A*-PO's final held-out accuracy minus GRPO's, in points: the mean over seeds of each seed's pair (the same
+    held-out prompts for both), and its 95% paired bootstrap interval (seeds and prompts resampled together, each
+    prompt's A*-PO and GRPO answers kept paired)."""
+
+    points: float
+    low: float
+    high: float
+    seeds: int
+    prompts: int
+
+    @property
+    def within_noise(self) -> bool:
+        return self.low <= 0.0 <= self.high
+
+    def text(self) -> str:
+        where = ("the interval holds 0: the difference is within the noise of these seeds and prompts"
+                 if self.within_noise else
+                 f"{'A*-PO' if self.points > 0 else 'GRPO'} ahead beyond this noise")
+        target = (f"; the target (A*-PO ahead by {TARGET_POINTS:g} points or more) is "
+                  + ("met" if self.low >= TARGET_POINTS else "not shown" if self.high >= TARGET_POINTS else "missed"))
+        return (f"**A\\*-PO − GRPO: {self.points:+.1f} points** of final held-out accuracy (mean over {self.seeds} "
+                f"seed pair(s) of {self.prompts} held-out prompts; 95% paired bootstrap interval "
+                f"[{self.low:+.1f}, {self.high:+.1f}]): {where}{target}.")
+
+
+def final_answers(store: Any, run: Mapping[str, Any]) -> dict[str, float]:
+    """A finished run's held-out answers at its last evaluation: {prompt id: 1.0 right, 0.0 wrong} (an unscored
+    answer left out)."""
+    rows = [e for e in store.get_evaluations(run["id"]) if e.get("split", "eval") == "eval"]
+    if not rows:
+        return {}
+    step = max(int(e["step"]) for e in rows)
+    return {s["prompt_id"]: float(s["reward"] >= 1.0 - TOLERANCE)
+            for s in store.step_samples(run["id"], step, split="eval", limit=None) if s.get("reward") is not None}
+
+
+def paired_difference(store: Any, runs: Sequence[Mapping[str, Any]], resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = 0) -> PairedDifference | None:
+    """`PairedDifference` of a study's finished A*-PO and GRPO runs paired by run seed, over the held-out prompts
+    both answered; None without a finished pair."""
+    import random
+
+    by_seed: dict[Any, dict[str, dict[str, float]]] = {}
+    for run in runs:
+        if run.get("status") == "finished":
+            by_seed.setdefault(run_seed(run), {})[run_method(run)] = final_answers(store, run)
+    pairs = [(mine["a2po"], mine["grpo"]) for mine in by_seed.values() if mine.get("a2po") and mine.get("grpo")]
+    prompts = sorted(set.intersection(*(set(a) & set(g) for a, g in pairs))) if pairs else []
+    if not prompts:
+        return None
+    diffs = [[a[p] - g[p] for p in prompts] for a, g in pairs]  # seed x prompt
+    mean = 100 * statistics.fmean(x for row in diffs for x in row)
+    draw = random.Random(seed)
+    estimates = []
+    for _ in range(resamples):
+        seeds = [diffs[draw.randrange(len(diffs))] for _ in diffs]
+        picked = [draw.randrange(len(prompts)) for _ in prompts]
+        estimates.append(100 * statistics.fmean(row[i] for row in seeds for i in picked))
+    estimates.sort()
+    return PairedDifference(mean, estimates[int(0.025 * resamples)], estimates[int(0.975 * resamples) - 1],
+                            len(pairs), len(prompts))

@@ -11,6 +11,9 @@ Protocols of "A*-PO vs GRPO" (`pair_specs`), each stated on the Launch and Compa
             its budget; `max_train_seconds`), with epochs enough to fill it. A*-PO's V* set reused from an earlier
             run (a second duel, a shared `values_seed`, a sweep) is charged what sampling it cost
             (`app.runtime.worker.charge_reused_values`): stage 1 is never free.
+    compute Equal compute: as equal time, with a budget of FLOPs counted from the tokens each run processes
+            (`max_train_flops`, `a2po.compute`, docs/compute.md) instead of seconds: the same on every machine and
+            whatever else the machine runs, so a seeded pair gives the same answer anywhere.
 
 Both runs of a pair are evaluated on one absolute grid: every k optimizer steps (k from the steps planned over
 every prompt, `EVAL_POINTS` points), or every t seconds of training under equal time, so "reached X at step k" has
@@ -37,9 +40,14 @@ PROTOCOLS = {
     "time": "Equal time: both runs train until the same training-time budget is spent (A*-PO's stage 1 counted "
             "inside its budget, also when its V* set was sampled by an earlier run: that run's sampling time is "
             "charged), the same prompts per step, held-out accuracy every 1/8 of the budget.",
+    "compute": "Equal compute: both runs train until the same budget of FLOPs is spent, counted from the tokens each "
+               "processes (2 x parameters per token sampled or scored, 6 x parameters per token trained; A*-PO's "
+               "stage 1 inside its budget, a reused V* set charged its share), so the answer is the same on any "
+               "machine; held-out accuracy every 1/8 of the budget.",
 }
 PROTOCOL_LABELS = {"paper": "The paper's (same steps, every prompt)", "trl": "TRL's defaults (filter on)",
-                   "time": "Equal time (a budget)"}
+                   "time": "Equal time (a budget)", "compute": "Equal compute (a FLOPs budget, any machine)"}
+BUDGETED = ("time", "compute")  # the protocols that give each run a budget rather than steps
 DEFAULT_PROTOCOL = "paper"
 EVAL_POINTS = 8  # held-out evaluations after the step-0 one, when the spec asks for no other grid
 TIME_EPOCHS = 20.0  # equal time: passes enough for the budget to end the runs, not their epochs
@@ -53,7 +61,7 @@ SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight
                    "num_train_epochs", "max_completion_length", "max_prompt_length", "temperature", "top_p", "top_k",
                    "seed", "per_device_eval_batch_size", "logging_steps", "eval_steps", "save_steps",
                    "save_every_seconds", "gradient_accumulation_steps", "gradient_checkpointing", "use_cpu",
-                   "max_train_seconds", "eval_every_seconds")
+                   "max_train_seconds", "eval_every_seconds", "max_train_flops", "eval_every_flops")
 
 
 class StudyError(ValueError):
@@ -93,6 +101,19 @@ def budget_seconds(minutes: Any) -> float | None:
         raise StudyError(f"budget_minutes: give each run's training time as a number of minutes > 0, e.g. 10 "
                          f"(got {shown(minutes)}).")
     return number * 60
+
+
+def budget_flops(flops: Any) -> float | None:
+    """The equal-compute budget `budget_flops` in FLOPs; None when none is given (None, "" or 0)."""
+    if flops is None or flops == "" or (flops == 0 and not isinstance(flops, bool)):
+        return None
+    from a2po.config import real_number
+
+    number = real_number(flops)
+    if number is None or number <= 0:
+        raise StudyError(f"budget_flops: give each run's compute as a number of FLOPs > 0, e.g. 2e15 (got "
+                         f"{shown(flops)}).")
+    return number
 
 
 def shown(value: Any) -> str:
@@ -144,7 +165,8 @@ def require_a2po(spec: Any) -> None:
 
 def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_seconds: float | None = None,
                eval_points: int = EVAL_POINTS, grpo_recipe: str | None = None,
-               grpo_settings: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               grpo_settings: dict[str, Any] | None = None, budget_flops: float | None = None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """An A*-PO spec (checked, every setting stated) and the GRPO spec matched to it under `protocol`.
 
     Matched in every protocol: the same model, dataset (prompts and held-out set), rewards, LoRA, processes and every
@@ -152,9 +174,9 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     sampling, seed); GRPO's G = A*-PO's N; the same prompts per optimizer step: GRPO's per_device_train_batch_size,
     which counts completions, is G x A*-PO's (which counts prompts). GRPO's own settings (beta, loss_type, epsilon,
     ...) keep TRL's defaults, or are those of `grpo_recipe` (`a2po.recipes`: settings only GRPO has, so the match
-    holds). Under equal time, `grpo_settings` may give the GRPO side its own `GRPO_OWN_SETTINGS` (each method at its
-    best point: the budget, not the steps, is what the pair shares). See the module docstring for what each protocol
-    changes."""
+    holds). Under equal time or compute (`budget_seconds`, `budget_flops`), `grpo_settings` may give the GRPO side its
+    own `GRPO_OWN_SETTINGS` (each method at its best point: the budget, not the steps, is what the pair shares). See
+    the module docstring for what each protocol changes."""
     if protocol not in PROTOCOLS:
         raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
     _check_grpo_settings(grpo_settings, protocol)
@@ -170,15 +192,20 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     if not (a2po.get("dataset") or {}).get("eval_size", 64):
         raise StudyError("A*-PO vs GRPO compares held-out accuracy: set the dataset's eval_size (held-out prompts) "
                          "above 0.")
-    if protocol == "time":
-        if not isinstance(budget_seconds, (int, float)) or budget_seconds <= 0:
+    unbudgeted = dict(max_train_seconds=None, eval_every_seconds=None, max_train_flops=None, eval_every_flops=None)
+    if protocol in BUDGETED:
+        given = budget_seconds if protocol == "time" else budget_flops
+        if not isinstance(given, (int, float)) or given <= 0:
             raise StudyError("The equal-time protocol needs a budget: budget_minutes > 0 (each run's training time, "
-                             "A*-PO's stage 1 included).")
-        config.update(max_train_seconds=float(budget_seconds), eval_every_seconds=float(budget_seconds) / eval_points,
-                      eval_steps=None, max_steps=-1,
-                      num_train_epochs=max(float(config.get("num_train_epochs") or 0), TIME_EPOCHS))
+                             "A*-PO's stage 1 included)." if protocol == "time" else
+                             "The equal-compute protocol needs a budget: budget_flops > 0 (each run's compute in "
+                             "FLOPs, A*-PO's stage 1 included), e.g. 2e15.")
+        unit = "seconds" if protocol == "time" else "flops"
+        config.update(unbudgeted, eval_steps=None, max_steps=-1,
+                      num_train_epochs=max(float(config.get("num_train_epochs") or 0), TIME_EPOCHS),
+                      **{f"max_train_{unit}": float(given), f"eval_every_{unit}": float(given) / eval_points})
     else:
-        config.update(eval_steps=_step_grid(a2po, eval_points), max_train_seconds=None, eval_every_seconds=None)
+        config.update(unbudgeted, eval_steps=_step_grid(a2po, eval_points))
     config["filter_all_incorrect"] = protocol == "trl"
     base = str(a2po.get("name") or "pair")[:80]
     a2po["name"] = f"{base}-a2po"
@@ -199,9 +226,10 @@ def _check_grpo_settings(settings: Any, protocol: str) -> None:
         return
     if not isinstance(settings, dict):
         raise StudyError(f"grpo_settings: give a mapping, e.g. {{\"learning_rate\": 3e-5}} (got {shown(settings)}).")
-    if protocol != "time":
+    if protocol not in BUDGETED:
         raise StudyError(f"grpo_settings: the {protocol} protocol matches GRPO's learning rate and prompts per step to "
-                         "A*-PO's; give GRPO its own only under the equal-time protocol (protocol \"time\").")
+                         "A*-PO's; give GRPO its own only under equal time or compute (protocol \"time\" or "
+                         "\"compute\").")
     if other := [k for k in settings if k not in GRPO_OWN_SETTINGS]:
         raise StudyError(f"grpo_settings: {shown(other[0])} is matched to the A*-PO run; the GRPO side may set only "
                          f"{', '.join(GRPO_OWN_SETTINGS)}.")
@@ -218,7 +246,8 @@ def recipe_name(name: str) -> str:
 def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol: str = DEFAULT_PROTOCOL,
                 budget_seconds: float | None = None, eval_points: int = EVAL_POINTS,
                 study_id: str | None = None, grpo_recipe: str | None = None,
-                grpo_settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                grpo_settings: dict[str, Any] | None = None, budget_flops: float | None = None
+                ) -> list[dict[str, Any]]:
     """Every run of a study, tagged with it: the pair (`pair`, its GRPO side under `grpo_recipe` and
     `grpo_settings`) or the spec alone, once per seed (none given: the spec's own seed). A pair's runs come A*-PO
     first, then GRPO, seed by seed."""
@@ -230,8 +259,8 @@ def study_specs(spec: dict[str, Any], seeds: list[int], *, pair: bool, protocol:
     for seed in seeds:
         one = copy.deepcopy(spec)
         one.setdefault("config", {})["seed"] = seed
-        made = list(pair_specs(one, protocol, budget_seconds, eval_points, grpo_recipe, grpo_settings)) if pair \
-            else [one]
+        made = list(pair_specs(one, protocol, budget_seconds, eval_points, grpo_recipe, grpo_settings,
+                               budget_flops)) if pair else [one]
         for run in made:
             if len(seeds) > 1:
                 run["name"] = f"{run.get('name') or base}-s{seed}"

@@ -9,8 +9,12 @@ failed or unfinished run's latest point not being its end):
     curve            the median curve (`comparison.median_timeline`: aligned by step or clock, never by index)
     training time    the median of each run's clock: stage 1 (where the run sampled it) plus its training steps
     tokens           the median completion tokens sampled, stage 1 included where the run sampled it
+    compute          the median of each run's compute in FLOPs (`a2po.compute`), stage 1 or its charge included
 The best point has the highest median final accuracy among the points whose runs all finished (ties: the one
 that got there in less training time).
+
+A halving sweep (`app.studies.sweeps`) reads each point at the highest rung it reached: a point left out of the next
+rung is "pruned" there (never "failed": it ran as asked), and only points of the last rung can be the best.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from a2po.compute import format_flops
 from a2po.sweep import point_label
 from app.studies.comparison import METHOD_LABELS, Timeline, finished, format_duration, median_timeline, run_seed
 
@@ -43,7 +48,11 @@ class PointRow:
     best_step: float | None = None
     training_seconds: float | None = None
     tokens: float | None = None
+    flops: float | None = None
     curve: Timeline | None = None  # the median over seeds, for the curves figure
+    rung: int | None = None  # a halving sweep: the highest rung the point reached (of `rungs`)
+    rungs: int | None = None
+    pruned: bool = False  # a halving sweep: the point was left out of the rung after `rung`
 
     @property
     def label(self) -> str:
@@ -51,17 +60,31 @@ class PointRow:
 
     @property
     def finished(self) -> bool:
-        return all(s == "finished" for s in self.statuses)
+        """Every run of the point finished (in a halving sweep: at its last rung)."""
+        last = self.rung is None or self.rung == (self.rungs or 0) - 1
+        return last and all(s == "finished" for s in self.statuses)
+
+    @property
+    def state(self) -> str:
+        """Where a halving sweep's point stands: "pruned at rung 1 of 3", "rung 2 of 3"; "" for any other sweep."""
+        if self.rung is None:
+            return ""
+        ended = next((s for s in self.statuses if s in ("failed", "stopped", "interrupted")), None)
+        where = f"rung {self.rung} of {self.rungs}"
+        return f"pruned at {where}" if self.pruned else f"{ended} at {where}" if ended else where
 
     def table_row(self, best: bool) -> dict[str, Any]:
         spread = "" if self.final_range is None else f" ({percent(self.final_range[0])}–{percent(self.final_range[1])})"
         done = sum(s == "finished" for s in self.statuses)
-        return {"": "★" if best else "", "grid point": self.label,
-                "method": METHOD_LABELS.get(self.method, self.method),
-                "seeds finished": f"{done} of {len(self.statuses)}",
+        row = {"": "★" if best else "", "grid point": self.label,
+               "method": METHOD_LABELS.get(self.method, self.method)}
+        if self.rung is not None:
+            row["halving"] = self.state
+        return {**row, "seeds finished": f"{done} of {len(self.statuses)}",
                 "final accuracy (median, range)": "–" if self.final is None else percent(self.final) + spread,
                 "best accuracy (step)": "–" if self.best is None else f"{percent(self.best)} ({self.best_step:g})",
                 "training time": format_duration(self.training_seconds),
+                "compute": format_flops(self.flops),
                 "tokens": "–" if self.tokens is None else f"{self.tokens:,.0f}",
                 "runs": ", ".join(f"#{i}" for i in self.run_ids)}
 
@@ -109,8 +132,11 @@ def summarize(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) 
     for run, line in zip(runs, timelines, strict=True):
         point = _point_of(run)
         groups.setdefault((repr(sorted(point.items())), line.method), []).append((run, line))
+    top_rung = max((_rung_of(run)[0] for run in runs), default=-1)
     rows = []
     for members in groups.values():
+        rung, rungs = max(_rung_of(run) for run, _ in members)
+        members = [(run, line) for run, line in members if _rung_of(run)[0] == rung]  # its highest rung's runs
         members.sort(key=lambda rt: (run_seed(rt[0]) or 0, rt[1].run_id))
         lines = [t for _, t in members]
         done = finished(lines)
@@ -118,6 +144,10 @@ def summarize(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) 
         bests = [max(t.points, key=lambda p: (p.accuracy, -p.step)) for t in done]
         row = PointRow(_point_of(members[0][0]), lines[0].method, [t.run_id for t in lines],
                        [t.status for t in lines])
+        if rungs is not None:
+            # Left out of the next rung having run as asked: pruned. (A failed run is left out too, and says so.)
+            row.rung, row.rungs = rung, rungs
+            row.pruned = rung < top_rung and all(t.status == "finished" for t in lines)
         if done:
             row.final = _median(finals)
             row.final_range = (min(finals), max(finals))
@@ -125,6 +155,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) 
             row.best_step = _median([p.step for p in bests])
             row.training_seconds = _median([t.seconds_with_stage1 for t in done])
             row.tokens = _median([t.points[-1].tokens + t.stage1_tokens for t in done])
+            row.flops = _median([t.flops_with_stage1 for t in done])
             row.curve = median_timeline(lines, f"{row.label} ({METHOD_LABELS.get(row.method, row.method)})")
         rows.append(row)
     candidates = [r for r in rows if r.finished and r.final is not None]
@@ -134,6 +165,13 @@ def summarize(runs: Sequence[Mapping[str, Any]], timelines: Sequence[Timeline]) 
     grid = dict(tag.get("grid") or {})
     return StudySummary(rows, best, grid, int(tag.get("seeds") or 1), heatmap(rows, grid),
                         stage_one_savings(runs, timelines), by_method if len(by_method) > 1 else {})
+
+
+def _rung_of(run: Mapping[str, Any]) -> tuple[int, int | None]:
+    """(its rung, the sweep's rungs) for a run of a halving sweep, else (0, None)."""
+    tag = (run.get("config") or {}).get("study") or {}
+    halving = tag.get("halving")
+    return (int(tag.get("rung") or 0), int(halving.get("rungs") or 0)) if isinstance(halving, dict) else (0, None)
 
 
 def _best(rows: Sequence[PointRow]) -> PointRow | None:

@@ -32,6 +32,7 @@ import gradio as gr
 from app.access import allowlist
 from app.access.gate import Refused, Services, store_upload
 from app.studies.protocols import StudyError, budget_seconds
+from app.studies.protocols import budget_flops as budget_flops_of
 from app.web import forms, live
 from app.web.remaining import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 from storage.lifecycle import UNFINISHED
@@ -128,7 +129,7 @@ def launch(services: Services, spec: dict, seeds: list | str | None = None, requ
 
 def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_minutes: float = 0.0,
                 seeds: list | str | None = None, grpo_recipe: str = "", grpo_settings: dict | None = None,
-                request: gr.Request = None) -> dict:
+                budget_flops: float = 0.0, request: gr.Request = None) -> dict:
     """"A*-PO vs GRPO": queue the A*-PO run `spec` describes and a GRPO run matched to it (same model, prompts,
     held-out set, learning rate, schedule and completion length; G = N >= 2; GRPO's batch = G x A*-PO's, so the
     same prompts per step). Every run passes the same checks and limits, or none is queued. Read the answer with
@@ -136,12 +137,16 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
 
     Args:
         spec: the A*-PO run, as `launch` reads it, e.g. {"preset": "quick-look", "config": {"max_steps": 20}}.
-        protocol: "paper" (both over every prompt, same steps), "trl" (A*-PO's filter on) or "time" (equal time).
+        protocol: "paper" (both over every prompt, same steps), "trl" (A*-PO's filter on), "time" (equal time) or
+            "compute" (equal compute: FLOPs counted from tokens, the same on any machine).
         budget_minutes: protocol "time" only: the training time of each run in minutes, A*-PO's stage 1 included.
+        budget_flops: protocol "compute" only: the compute of each run in FLOPs, A*-PO's stage 1 included, e.g.
+            2e15 (docs/compute.md).
         seeds: run seeds, e.g. [0, 1, 2]: one pair per seed, all in one study.
         grpo_recipe: the GRPO side's named recipe ("dapo", "dr-grpo", "gspo", ...; see `limits`); "" for plain GRPO.
-        grpo_settings: protocol "time" only: the GRPO side's own learning_rate and per_device_train_batch_size
-            (completions per step), e.g. {"learning_rate": 3e-5}; none: matched to the A*-PO run.
+        grpo_settings: protocols "time" and "compute" only: the GRPO side's own learning_rate and
+            per_device_train_batch_size (completions per step), e.g. {"learning_rate": 3e-5}; none: matched to the
+            A*-PO run.
 
     Returns:
         {"a2po": {"run_id", "name"}, "grpo": {"run_id", "name"}}: the first seed's pair
@@ -151,7 +156,8 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
     with _refusals_as_errors():
         budget = budget_seconds(budget_minutes)
         pairs = services.launch_pair(spec, user, protocol=protocol, budget_seconds=budget, seeds=seeds,
-                                     grpo_recipe=grpo_recipe or None, grpo_settings=grpo_settings or None)
+                                     grpo_recipe=grpo_recipe or None, grpo_settings=grpo_settings or None,
+                                     budget_flops=budget_flops_of(budget_flops))
     described = [{method: {"run_id": run_id, "name": store.get_run(run_id)["name"]}
                   for method, run_id in zip(("a2po", "grpo"), pair, strict=True)} for pair in pairs]
     study = store.get_run(pairs[0][0])["config"]["study"]
@@ -159,7 +165,7 @@ def launch_pair(services: Services, spec: dict, protocol: str = "paper", budget_
 
 
 def launch_study(services: Services, spec: dict, grid: dict | None = None, seeds: list | str | None = None,
-                 request: gr.Request = None) -> dict:
+                 halving: dict | bool | None = None, request: gr.Request = None) -> dict:
     """A sweep: the run `spec` describes at every point of `grid`, once per run seed, as one study; every run passes
     the checks and limits, or none is queued. A*-PO runs whose stage-1 settings match share one V* set, sampled
     once. Read the best point with `study` once the runs have finished.
@@ -168,6 +174,11 @@ def launch_study(services: Services, spec: dict, grid: dict | None = None, seeds
         spec: the base run, as `launch` reads it.
         grid: config settings to lists of values, e.g. {"beta2": [0.001, 0.01]}; "method": ["a2po", "grpo"] adds GRPO.
         seeds: run seeds, e.g. [0, 1, 2]: every grid point once per seed.
+        halving: stop weak points early (successive halving), e.g. {"reduction_factor": 3, "rungs": 3}, or true for
+            those; {"search": "random", "trials": 12} trains 12 points drawn from the grid. The spec needs a budget
+            (max_train_flops or max_train_seconds); rung 0 trains every point with the first seed on 1/9 of the
+            budget's training part, the best third go on, the last rung runs every seed. Only rung 0 is launched
+            now; the studio launches each later rung when the one before has ended.
 
     Returns:
         {"study", "runs": [{"run_id", "name", "point", "seed", "method"}]}
@@ -176,7 +187,7 @@ def launch_study(services: Services, spec: dict, grid: dict | None = None, seeds
     from app.studies.sweeps import shared_stage_one
 
     with _refusals_as_errors():
-        ids = services.launch_sweep(spec, services.auth.identify(request=request), grid, seeds)
+        ids = services.launch_sweep(spec, services.auth.identify(request=request), grid, seeds, halving=halving)
     runs = [services.store.get_run(i) for i in ids]
     return {"study": runs[0]["config"]["study"]["id"],
             "runs": [{"run_id": r["id"], "name": r["name"], "point": r["config"]["study"]["point"],

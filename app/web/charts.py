@@ -43,7 +43,7 @@ TRAINING_METRICS: list[tuple[str, str]] = [
 OWN_METRICS = {"loss", "grad_norm", "learning_rate", "epoch", "reward", "reward_std", "accuracy", "completion_length",
                "completion_clipped_frac", "v_star", "advantage", "implicit_reward", "log_ratio", "kl", "entropy",
                "frac_nonfinite_loss", "frac_reward_zero_std", "completion_tokens", "eval_seconds", "step_seconds",
-               "peak_memory_gb", "total_flos", "cispo_clip_ratio"}
+               "peak_memory_gb", "total_flos", "compute_flops", "cispo_clip_ratio"}
 OWN_METRIC_PREFIXES = ("eval_", "values/", "rewards/", "clip_ratio/", "sampling/", "vespo/", "train_")
 # A schedule, evaluations (a few exact points each on the same prompts) and a failure count: drawn as they are.
 UNSMOOTHED = {"learning_rate", "eval_accuracy", "frac_nonfinite_loss"}
@@ -197,9 +197,21 @@ def time_axis(series: Mapping[str, Series], step_times: Sequence[tuple[int, floa
     ((step, unix time) pairs, see `Store.step_times`) and interpolated between them."""
     if not step_times:
         return dict(series)
-    known_steps = np.asarray([s for s, _ in step_times], dtype=float)
-    minutes = (np.asarray([t for _, t in step_times], dtype=float) - step_times[0][1]) / 60.0
-    return {name: (np.interp(np.asarray(steps, dtype=float), known_steps, minutes).round(3).tolist(), list(values))
+    return _step_axis(series, [(s, (t - step_times[0][1]) / 60.0) for s, t in step_times], 3)
+
+
+def compute_axis(series: Mapping[str, Series], step_compute: Sequence[tuple[int, float]]) -> dict[str, Series]:
+    """`series` with each step replaced by the run's compute in TFLOP (stage 1 included), read off `step_compute`
+    ((step, FLOPs) pairs: its `compute_flops` metric) and interpolated between them."""
+    if not step_compute:
+        return dict(series)
+    return _step_axis(series, [(s, flops / 1e12) for s, flops in step_compute], 4)
+
+
+def _step_axis(series: Mapping[str, Series], known: Sequence[tuple[int, float]], digits: int) -> dict[str, Series]:
+    known_steps = np.asarray([s for s, _ in known], dtype=float)
+    at = np.asarray([v for _, v in known], dtype=float)
+    return {name: (np.interp(np.asarray(steps, dtype=float), known_steps, at).round(digits).tolist(), list(values))
             for name, (steps, values) in series.items()}
 
 
@@ -387,17 +399,19 @@ def compare_figure(runs: Mapping[str, Mapping[str, Series]], metrics: Sequence[s
     return fig
 
 
-def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
+def accuracy_figures(timelines: Sequence, medians: Sequence = ()
+                     ) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure, go.Figure]:
     """For `app.studies.comparison.Timeline`s: held-out accuracy against training minutes, against completion
-    tokens, each run's peak memory, and accuracy against optimizer steps. An A*-PO run is drawn twice on the time
-    and token figures: with its stage 1 (solid, shifted by the stage's time or tokens) and without it (dotted).
-    `medians` (a study's median per method, `median_timeline`) are drawn bold over a band from the lowest to the
-    highest seed, and the runs themselves thin beneath them."""
+    tokens, each run's peak memory, accuracy against optimizer steps, and against compute (TFLOP, `a2po.compute`).
+    An A*-PO run is drawn twice on the time, token and compute figures: with its stage 1 (solid, shifted by the
+    stage's time, tokens or FLOPs) and without it (dotted). `medians` (a study's median per method,
+    `median_timeline`) are drawn bold over a band from the lowest to the highest seed, and the runs themselves thin
+    beneath them. A run stored before its compute was counted has no curve against compute."""
     if not any(t.points for t in timelines):
         empty = empty_figure("Pick runs with a held-out set (eval_size > 0) to compare their accuracy")
         return (empty, empty_figure("No held-out accuracy yet"), empty_figure("No peak memory yet"),
-                empty_figure("No held-out accuracy yet"))
-    by_time, by_tokens, by_steps = go.Figure(), go.Figure(), go.Figure()
+                empty_figure("No held-out accuracy yet"), empty_figure("No held-out accuracy yet"))
+    by_time, by_tokens, by_steps, by_compute = go.Figure(), go.Figure(), go.Figure(), go.Figure()
     method_color = {"a2po": PALETTE[0], "grpo": PALETTE[1]}
     drawn = [(t, False) for t in timelines] + [(m, True) for m in medians]
     for i, (t, is_median) in enumerate(drawn):
@@ -407,10 +421,11 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Fi
         width, opacity = (3.5, 1.0) if is_median else ((1.2, 0.45) if medians else (2.0, 1.0))
         accuracy = [p.accuracy for p in t.points]
         steps = [p.step for p in t.points]
-        variants = [("", t.stage1_seconds, t.stage1_tokens, "solid")]
+        variants = [("", t.stage1_seconds, t.stage1_tokens, t.stage1_flops, "solid")]
         if t.method == "a2po":
-            variants.append((" without stage 1", 0.0, 0, "dot"))
-        for suffix, seconds, tokens, dash in variants:
+            variants.append((" without stage 1", 0.0, 0, 0.0, "dot"))
+        counted = all(p.flops is not None for p in t.points)
+        for suffix, seconds, tokens, flops, dash in variants:
             name = t.label + (" with stage 1" if suffix == "" and t.method == "a2po" else suffix)
             common = {"mode": "lines+markers", "name": name, "opacity": opacity,
                       "line": {"color": color, "dash": dash, "width": width},
@@ -419,9 +434,14 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Fi
                                                                           "median": is_median}}
             minutes = [round((p.seconds + seconds) / 60.0, 4) for p in t.points]
             counts = [p.tokens + tokens for p in t.points]
+            tflop = [round(((p.flops or 0.0) + flops) / 1e12, 4) for p in t.points]
             if is_median and suffix == "":
-                for fig, x in ((by_time, minutes), (by_tokens, counts)):
+                for fig, x in ((by_time, minutes), (by_tokens, counts), *([(by_compute, tflop)] if counted else [])):
                     _add_band(fig, x, t, color)
+            if counted:
+                by_compute.add_trace(go.Scatter(x=tflop, y=accuracy,
+                                                hovertemplate="%{y:.0%} at %{x:,.4g} TFLOP (step %{customdata})",
+                                                **common))
             by_time.add_trace(go.Scatter(x=minutes, y=accuracy,
                                          hovertemplate="%{y:.0%} at %{x:.2f} min (step %{customdata})", **common))
             by_tokens.add_trace(go.Scatter(x=counts, y=accuracy,
@@ -437,7 +457,9 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Fi
                                  "minutes of training (the run's clock: evaluations, loading and pauses left out)"),
                                 (by_tokens, "Held-out accuracy against completion tokens generated",
                                  "completion tokens sampled"),
-                                (by_steps, "Held-out accuracy against optimizer steps", "optimizer step")):
+                                (by_steps, "Held-out accuracy against optimizer steps", "optimizer step"),
+                                (by_compute, "Held-out accuracy against compute",
+                                 "compute, TFLOP (FLOPs from the tokens processed: the same on any machine)")):
         # The legend goes below the x axis's title, and the figure grows with it (a study has many curves).
         entries = sum(1 for t in fig.data if t.showlegend is not False)
         legend_px = 22 * math.ceil(entries / 2)
@@ -453,7 +475,7 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()) -> tuple[go.Fi
     memory.update_layout(template="plotly_white", height=280, title="Peak memory (RSS on a CPU, CUDA peak on a GPU)",
                          margin={"l": 50, "r": 20, "t": 50, "b": 40})
     memory.update_yaxes(title_text="GB")
-    return by_time, by_tokens, memory, by_steps
+    return by_time, by_tokens, memory, by_steps, by_compute
 
 
 def _add_band(fig: go.Figure, x: Sequence[float], median: Any, color: str) -> None:
@@ -516,20 +538,29 @@ def study_bars(rows: Sequence[Any], best: Any = None) -> go.Figure:
 
 
 def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
-    """Each grid point's median held-out accuracy against optimizer steps (`PointRow.curve`), the best one bold."""
+    """Each grid point's median held-out accuracy (`PointRow.curve`), the best one bold; against compute (TFLOP,
+    stage 1 included) where every curve counted it, since points of other batch sizes compare at equal compute and
+    not at equal steps, else against optimizer steps. A pruned point (halving) is dashed, where it stopped."""
     fig = go.Figure()
-    for i, row in enumerate(r for r in rows if r.curve is not None and r.curve.points):
+    drawn = [r for r in rows if r.curve is not None and r.curve.points]
+    by_compute = bool(drawn) and all(p.flops is not None for r in drawn for p in r.curve.points)
+    hover = "%{y:.0%} at %{x:,.4g} TFLOP" if by_compute else "%{y:.0%} at step %{x}"
+    for i, row in enumerate(drawn):
         points = row.curve.points
-        fig.add_trace(go.Scatter(x=[p.step for p in points], y=[p.accuracy for p in points], mode="lines+markers",
-                                 name=("★ " if row is best else "") + row.label + f" ({row.method})",
-                                 line={"color": PALETTE[i % len(PALETTE)], "width": 4 if row is best else 1.8},
-                                 hovertemplate="%{y:.0%} at step %{x}"))
+        x = ([round((p.flops + row.curve.stage1_flops) / 1e12, 4) for p in points] if by_compute
+             else [p.step for p in points])
+        fig.add_trace(go.Scatter(x=x, y=[p.accuracy for p in points], mode="lines+markers",
+                                 name=("★ " if row is best else "") + row.label + f" ({row.method})"
+                                 + (f" — pruned at rung {row.rung}" if getattr(row, "pruned", False) else ""),
+                                 line={"color": PALETTE[i % len(PALETTE)], "width": 4 if row is best else 1.8,
+                                       "dash": "dash" if getattr(row, "pruned", False) else "solid"},
+                                 hovertemplate=hover))
     if not fig.data:
         return empty_figure("No held-out accuracy yet")
     legend_px = 22 * math.ceil(len(fig.data) / 2)
     fig.update_layout(template="plotly_white", height=320 + legend_px, title="Median held-out accuracy per grid point",
                       margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0})
-    fig.update_xaxes(title_text="optimizer step")
+    fig.update_xaxes(title_text="compute, TFLOP (stage 1 included)" if by_compute else "optimizer step")
     fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     return fig

@@ -210,15 +210,17 @@ def test_a_chunk_input_carries_the_clock(tmp_path):
     """A chunk never opens the database: the stage-1 clock reaches it in its input, and what it logs is read back."""
     store = Store(tmp_path / "studio.db")
     run_id = store.create_run("r", "train", {"name": "r"})
-    store.add_metrics(run_id, 0, {"values/train/runtime": 3.5, "values/train/completion_tokens": 120})
+    store.add_metrics(run_id, 0, {"values/train/runtime": 3.5, "values/train/completion_tokens": 120,
+                                  "values/train/flops": 2e9})
     chunks.journal.write_input(store, tmp_path, store.get_run(run_id))
     ledger = chunks.journal.ChunkLedger(tmp_path, run_id)
     try:
         from app.runtime.worker import stage_one_spent
 
-        assert stage_one_spent(ledger, run_id) == {"train": (3.5, 120)}
-        ledger.add_metrics(run_id, 0, {"values/train/runtime": 4.0, "values/train/completion_tokens": 160})
-        assert stage_one_spent(ledger, run_id) == {"train": (4.0, 160)}
+        assert stage_one_spent(ledger, run_id) == {"train": (3.5, 120, 2e9)}
+        ledger.add_metrics(run_id, 0, {"values/train/runtime": 4.0, "values/train/completion_tokens": 160,
+                                       "values/train/flops": 3e9})
+        assert stage_one_spent(ledger, run_id) == {"train": (4.0, 160, 3e9)}
     finally:
         ledger.close()
 
@@ -264,17 +266,18 @@ def test_a_chunk_reads_and_adds_to_the_cost_of_its_v_star_set(tmp_path):
     store = Store(tmp_path / "studio.db")
     value_set = store.get_or_create_value_set("fp", {})
     rows = [{"prompt_id": f"p{i}", "v_star": 0.5, "rewards": [0.0, 1.0]} for i in range(5)]
-    assert store.add_values(value_set, "train", rows[:4], seconds=2.0, tokens=80) == 4
-    assert store.add_values(value_set, "train", rows[:2], seconds=9.0, tokens=90) == 0  # stored: paid already
+    assert store.add_values(value_set, "train", rows[:4], seconds=2.0, tokens=80, flops=4e9) == 4
+    assert store.add_values(value_set, "train", rows[:2], seconds=9.0, tokens=90, flops=9e9) == 0  # paid already
     run_id = store.create_run("r", "train", {"name": "r"})
     store.update_run(run_id, value_set_id=value_set)
     chunks.journal.write_input(store, tmp_path, store.get_run(run_id))
     ledger = chunks.journal.ChunkLedger(tmp_path, run_id)
     try:
-        assert ledger.value_set_cost(value_set) == {"train": {"seconds": 2.0, "tokens": 80, "prompts": 4}}
+        assert ledger.value_set_cost(value_set) == {"train": {"seconds": 2.0, "tokens": 80, "flops": 4e9,
+                                                              "prompts": 4}}
         # One new prompt of two: half the batch's cost is the set's.
-        ledger.add_values(value_set, "train", rows[3:], seconds=1.0, tokens=30)
+        ledger.add_values(value_set, "train", rows[3:], seconds=1.0, tokens=30, flops=2e9)
     finally:
         ledger.close()
     chunks.ingest(store, tmp_path, run_id)
-    assert store.value_set_cost(value_set) == {"train": {"seconds": 2.5, "tokens": 95, "prompts": 5}}
+    assert store.value_set_cost(value_set) == {"train": {"seconds": 2.5, "tokens": 95, "flops": 5e9, "prompts": 5}}

@@ -121,7 +121,7 @@ def test_the_verdict_reads_grpos_final_less_a_margin():
 def test_accuracy_figures_draw_a2po_with_and_without_stage_1_and_against_steps():
     a2po = rows("a2po", [(0, 0, 0.1), (2, 60, 0.3)], stage1=30.0, run_id=1)
     grpo = rows("grpo", [(0, 0, 0.1), (2, 120, 0.2)], run_id=2)
-    by_time, by_tokens, memory, by_steps = charts.accuracy_figures([a2po, grpo])
+    by_time, by_tokens, memory, by_steps, _ = charts.accuracy_figures([a2po, grpo])
     traces = {t.name: t for t in by_time.data}
     assert list(traces["#1 a2po (A*-PO) with stage 1"].x) == [0.5, 1.5]  # + 30 s of stage 1, in minutes
     assert list(traces["#1 a2po (A*-PO) without stage 1"].x) == [0.0, 1.0]
@@ -368,7 +368,7 @@ def test_under_equal_time_the_grpo_side_may_take_its_own_learning_rate_and_batch
     runs = study_specs(SPEC, [0, 1], pair=True, protocol="time", budget_seconds=240,
                        grpo_settings={"learning_rate": 3e-5})
     assert runs[0]["study"]["grpo_settings"] == {"learning_rate": 3e-5}
-    with pytest.raises(StudyError, match="only under the equal-time protocol"):
+    with pytest.raises(StudyError, match="only under equal time or compute"):
         pair_specs(SPEC, "paper", grpo_settings={"learning_rate": 3e-5})
     with pytest.raises(StudyError, match="'num_generations' is matched to the A\\*-PO run; the GRPO side may set "
                                          "only learning_rate, per_device_train_batch_size"):

@@ -82,18 +82,19 @@ def test_compare_methods_refuses_an_unknown_grpo_recipe_before_starting_a_studio
     assert not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize("flags, runs", [
-    # A*-PO: 4 batches x 2 learning rates x 3 selections; GRPO: 2 recipes x 2 learning rates x 3 batches; 3 seeds.
-    ((), (4 * 2 * 3 + 2 * 2 * 3) * 3),
-    (("--a2po-batch", "8", "32", "--lrs", "1e-5", "--minutes", "4", "--seeds", "0"), 2 * 3 + 2 * 3),
+@pytest.mark.parametrize("flags, rung_zero, most", [
+    # A*-PO: 4 batches x 2 learning rates x 3 selections; GRPO: 2 recipes x 2 learning rates x 3 batches. Halved by 3
+    # over 3 rungs: 24 -> 8 -> 2 points (the last with 3 seeds), 6 -> 2 -> 1 for each recipe.
+    ((), 24 + 2 * 6, (24 + 8 + 2 * 3) + 2 * (6 + 2 + 3)),
+    (("--a2po-batch", "8", "32", "--lrs", "1e-5", "--seeds", "0", "--recipes", "dapo"), 6 + 3, (6 + 2 + 1) + (3 + 1 + 1)),
 ])
-def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path, flags, runs):
+def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path, flags, rung_zero, most):
     data_dir = tmp_path / "data"
     result = run(sys.executable, str(ROOT / "scripts" / "recipe_search.py"), str(data_dir), "--dry-run", *flags)
     assert result.returncode == 0, result.stderr[-3000:]
     listed = [line for line in result.stdout.splitlines() if line.startswith("  recipe-search-")]
-    assert len(listed) == len(set(listed)) == runs
-    assert f"would launch {runs} runs in 5 studies, 4 min of training each" in result.stdout
+    assert len(listed) == len(set(listed)) == rung_zero and all(line.endswith("-r0") for line in listed)
+    assert f"at most {most} runs in" in result.stdout and "4e+13 FLOPs each at the last rung" in result.stdout
     assert not data_dir.exists()
 
 

@@ -108,12 +108,15 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         by_tokens = gr.Plot(label="Accuracy against completion tokens", elem_id="compare-tokens")
     with gr.Row():
         by_steps = gr.Plot(label="Accuracy against optimizer steps", elem_id="compare-steps")
-        memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
+        by_compute = gr.Plot(label="Accuracy against compute", elem_id="compare-compute")
+    memory = gr.Plot(label="Peak memory", elem_id="compare-memory")
     gr.Markdown("Times are each run's training time on its own clock (kept by the trainer and saved with its "
                 "checkpoints): stage 1's sampling and scoring plus the training steps. Loading the model, queueing, "
-                "evaluations, a pause between Stop and Resume and a chunk's restart are not in it. A*-PO's stage 1 is "
-                "added to its solid curve (dotted: without it). With several seeds, the bold curve is their median "
-                "and the band their range.", elem_id="compare-time-note")
+                "evaluations, a pause between Stop and Resume and a chunk's restart are not in it. Compute is counted "
+                "in FLOPs from the tokens each run processed (2 x parameters per token sampled or scored, 6 x per "
+                "token trained): the same on any machine. A*-PO's stage 1 is added to its solid curve (dotted: "
+                "without it). With several seeds, the bold curve is their median and the band their range.",
+                elem_id="compare-time-note")
     seeds_table = gr.Dataframe(interactive=False, label="Each run's figures (medians over seeds where there are "
                                "several)", elem_id="compare-seeds", wrap=True)
     plot = gr.Plot(label="Overlaid curves", elem_id="compare-plot")
@@ -123,7 +126,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         runs = [r for r in (services.store.get_run(i) for i in run_ids or []) if r is not None]
         if not runs:
             empty = charts.empty_figure("Pick runs to compare")
-            return (empty, None, empty, empty, empty, empty, None, "",
+            return (empty, None, empty, empty, empty, empty, empty, None, "",
                     "Pick an A*-PO run and a GRPO run for the verdict.")
         series = {f"#{r['id']} {r['name']}": charts.series_from_rows(services.store.get_metrics(r["id"]))
                   for r in runs}
@@ -138,7 +141,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         return (charts.compare_figure(series, names or DEFAULT_METRICS, smoothing=smooth), config_diff(runs),
                 *figures, table, stated, f"**Verdict:** {line}")
 
-    outputs = [plot, diff, by_time, by_tokens, memory, by_steps, seeds_table, protocol, verdict]
+    outputs = [plot, diff, by_time, by_tokens, memory, by_steps, by_compute, seeds_table, protocol, verdict]
     for trigger in (picker.change, metrics.change, smoothing.release, refresh.click):
         trigger(draw, [picker, metrics, smoothing], outputs, api_visibility="private")
 

@@ -25,6 +25,7 @@ import pandas as pd
 from gradio.components import Component
 
 from a2po.batches import spec_batch_figures
+from a2po.compute import format_flops
 from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
 from app.access import allowlist
@@ -35,6 +36,7 @@ from app.studies.protocols import (
     PROTOCOL_LABELS,
     PROTOCOLS,
     StudyError,
+    budget_flops,
     budget_seconds,
     parse_seeds,
     planned_steps,
@@ -90,13 +92,15 @@ def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
 
 
 def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minutes: float | None,
-                   history: list[tuple[dict[str, Any], dict[str, float]]], grpo_recipe: str | None = None) -> str:
+                   history: list[tuple[dict[str, Any], dict[str, float]]], grpo_recipe: str | None = None,
+                   flops: float | None = None) -> str:
     """What "A*-PO vs GRPO" would start from the A*-PO `spec`: its runs, their optimizer steps and evaluations, and
     each method's training time estimated from finished runs (`history`, as `finished_history` gives it); the GRPO
     side's recipe (`grpo_recipe`) first, when it has one."""
     try:
         specs = study_specs(spec, parse_seeds(seeds), pair=True, protocol=protocol,
-                            budget_seconds=budget_seconds(budget_minutes), grpo_recipe=grpo_recipe)
+                            budget_seconds=budget_seconds(budget_minutes), grpo_recipe=grpo_recipe,
+                            budget_flops=budget_flops(flops))
     except StudyError as exc:
         return f"⚠ {exc}"
     per_step = pair_batch_text(specs[0], specs[1])
@@ -124,6 +128,10 @@ def _pair_runs_text(specs: list[dict[str, Any]], protocol: str,
         budget = a2po["config"]["max_train_seconds"]
         return (f"{runs}, each stopped after {format_duration(budget)} of training (A*-PO's stage 1 included): about "
                 f"{format_duration(budget * len(specs))} in all, plus evaluations and loading.")
+    if protocol == "compute":
+        return (f"{runs}, each stopped once it has computed {format_flops(a2po['config']['max_train_flops'])} "
+                "(A*-PO's stage 1 included; FLOPs counted from the tokens each run processes, docs/compute.md), "
+                "whatever the machine or its load.")
     steps = planned_steps(a2po)
     if steps is None:
         return f"{runs}; their length is known once the dataset is loaded (a whole file), so no estimate yet."
@@ -231,6 +239,7 @@ class LaunchForm:
     seeds: Any = None
     protocol: Any = None
     budget: Any = None
+    flops_budget: Any = None
     protocol_text: Any = None
     pair_recipe: Any = None  # the GRPO side's recipe in "A*-PO vs GRPO"
     recipe_box: Any = None  # the GRPO recipe's choice and note, shown for GRPO runs
@@ -368,7 +377,8 @@ def start_pair(form: LaunchForm, data: dict[Any, Any], request: gr.Request | Non
     try:
         pairs = form.services.launch_pair(result.spec, _user(form, data, request), protocol=protocol,
                                           budget_seconds=budget_seconds(data[form.budget]), seeds=data[form.seeds],
-                                          grpo_recipe=pair_recipe(form, data))
+                                          grpo_recipe=pair_recipe(form, data),
+                                          budget_flops=budget_flops(data[form.flops_budget]))
     except (Refused, StudyError) as exc:
         return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,
                 form.pair: None}
@@ -386,7 +396,8 @@ def plan_pair(form: LaunchForm, data: dict[Any, Any]) -> str:
     if not result.ok:
         return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
     return pair_plan_text(result.spec, data[form.protocol], data[form.seeds], data[form.budget],
-                          finished_history(form.services), grpo_recipe=pair_recipe(form, data))
+                          finished_history(form.services), grpo_recipe=pair_recipe(form, data),
+                          flops=data[form.flops_budget])
 
 
 def batch_text(spec: dict[str, Any]) -> str:
@@ -410,8 +421,9 @@ def pair_recipe(form: LaunchForm, data: dict[Any, Any]) -> str | None:
 
 
 def show_protocol(form: LaunchForm, protocol: str) -> dict[Any, Any]:
-    """The protocol's note; the time budget only for the equal-time protocol."""
-    return {form.budget: gr.update(visible=protocol == "time"), form.protocol_text: protocol_note(protocol)}
+    """The protocol's note; the time budget only for equal time, the FLOPs budget only for equal compute."""
+    return {form.budget: gr.update(visible=protocol == "time"),
+            form.flops_budget: gr.update(visible=protocol == "compute"), form.protocol_text: protocol_note(protocol)}
 
 
 def plan_sweep(form: LaunchForm, data: dict[Any, Any]) -> str:
@@ -796,6 +808,8 @@ def _actions_section(form: LaunchForm) -> None:
                              label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
     form.budget = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)", minimum=0.1,
                             visible=False, elem_id="pair-budget")
+    form.flops_budget = gr.Number(value=1e15, label="Compute budget per run (FLOPs, stage 1 included; e.g. 1e15)",
+                                  minimum=0, visible=False, elem_id="pair-flops-budget")
     form.pair_recipe = gr.Dropdown(forms.recipe_choices(), value=forms.NO_RECIPE, label="A*-PO vs GRPO: GRPO's recipe",
                                    elem_id="pair-recipe", info="GRPO's side runs TRL's defaults, or a named variant "
                                                                "(settings only GRPO has: the match holds).")
@@ -875,7 +889,8 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
                                     [*errors, form.status, form.launched], concurrency_limit=1, **PRIVATE)
               for action in ACTIONS]
     pair_event = buttons["pair"].click(_with_request(start_pair, form),
-                                       {form.token, form.seeds, form.protocol, form.budget, form.pair_recipe,
+                                       {form.token, form.seeds, form.protocol, form.budget, form.flops_budget,
+                                        form.pair_recipe,
                                         *form.fields},
                                        [*errors, form.status, form.launched, form.pair], concurrency_limit=1,
                                        **PRIVATE)
@@ -891,7 +906,8 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
 
 def plan_pair_on(form: LaunchForm, triggers: list[Any]) -> None:
     """Refresh the pair's plan (runs, steps, time per method) on these events."""
-    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, form.pair_recipe, *form.fields},
+    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, form.flops_budget,
+                                             form.pair_recipe, *form.fields},
           form.pair_plan, trigger_mode="always_last", **PRIVATE)
 
 
@@ -899,8 +915,10 @@ def _wire_form(form: LaunchForm) -> None:
     """What changes with the form's fields: the protocol's note, the plans of a pair and a sweep, the method's
     settings, the dataset's boxes and rewards, a preset."""
     bind, inputs = _bind, form.inputs
-    form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.protocol_text], **PRIVATE)
-    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change, form.pair_recipe.change,
+    form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.flops_budget,
+                                                                     form.protocol_text], **PRIVATE)
+    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change, form.flops_budget.change,
+                        form.pair_recipe.change,
                         *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
     gr.on([inputs[k].change for k in BATCH_FIELDS if k in inputs], bind(show_batch, form), set(form.fields),
           form.batch_text, trigger_mode="always_last", **PRIVATE)

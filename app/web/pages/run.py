@@ -50,6 +50,7 @@ LIVE_REDRAW_SECONDS = 5.0
 SHOW_RUN_TAB = "() => { document.getElementById('page-run-button')?.click(); return []; }"
 MAX_LOG_LINES = 300
 MAX_POINTS = charts.MAX_POINTS
+X_AXES = ("step", "time", "compute")  # the Training tab's x axes
 
 
 
@@ -63,7 +64,7 @@ class RunPage:
 
 @dataclass(frozen=True)
 class ChartOptions:
-    """How the Training tab draws its curves: EMA smoothing, x by "step" or "time", log-scale y."""
+    """How the Training tab draws its curves: EMA smoothing, x by "step", "time" or "compute", log-scale y."""
 
     smoothing: float = 0.6
     x_axis: str = "step"
@@ -71,7 +72,7 @@ class ChartOptions:
 
     @classmethod
     def of(cls, smoothing: float | None, x_axis: str | None, log_y: bool | None) -> ChartOptions:
-        return cls(float(smoothing if smoothing is not None else 0.6), "time" if x_axis == "time" else "step",
+        return cls(float(smoothing if smoothing is not None else 0.6), x_axis if x_axis in X_AXES else "step",
                    bool(log_y))
 
 
@@ -324,6 +325,11 @@ def _training_view(store: Store, run_id: int, ids: dict[str, int], chart: ChartO
         x_title = "step"
         if chart.x_axis == "time":
             series, x_title = charts.time_axis(series, store.step_times(run_id)), "minutes since the first step"
+        elif chart.x_axis == "compute":
+            logged = store.metric_series(run_id, ["compute_flops"], max_points=MAX_POINTS).get("compute_flops")
+            pairs = list(zip(logged["step"], logged["value"])) if logged else []
+            series = charts.compute_axis(series, [(s, v) for s, v in pairs if v is not None])
+            x_title = "compute (TFLOP, stage 1 included)" if pairs else "step (this run logged no compute)"
         panels = [*charts.TRAINING_METRICS, *charts.reward_metric_panels(series)]
         return _plot(charts.training_figure_spec(series, smoothing=chart.smoothing, ceilings=ceilings, metrics=panels,
                                                  buckets=buckets, x_title=x_title, log_y=chart.log_y))

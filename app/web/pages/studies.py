@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from a2po.compute import format_flops
 from app.access.gate import Refused, Services
 from app.studies import comparison, summary
 from app.web import charts, saved_presets
@@ -39,7 +40,29 @@ def describe(tag: Mapping[str, Any], runs: list[dict[str, Any]]) -> str:
                      + f", each over {tag.get('seeds', 1)} run seed(s).")
     if tag.get("protocol"):
         lines.append(f"Protocol: {tag['protocol']}.")
+    if isinstance(tag.get("halving"), dict):
+        lines.append(halving_line(tag, runs))
     return "  \n".join(lines)
+
+
+def halving_line(tag: Mapping[str, Any], runs: list[dict[str, Any]]) -> str:
+    """A halving sweep's rule and where it stands: each rung's share of the budget and its points."""
+    from a2po.sweep import Halving
+
+    halving = Halving(**tag["halving"])
+    per_rung: dict[int, set[str]] = {}
+    for run in runs:
+        label = (run["config"].get("study") or {})
+        per_rung.setdefault(int(label.get("rung") or 0), set()).add(repr(sorted((label.get("point") or {}).items())))
+    config = runs[0]["config"].get("config") or {}
+    budget = (format_flops(config["max_train_flops"]) if config.get("max_train_flops") else
+              comparison.format_duration(config.get("max_train_seconds")))
+    rungs = "; ".join(f"rung {r}: {len(per_rung.get(r, ()))} point(s) on {halving.share(r):.3g} of it"
+                      + (f", {len(tag.get('seed_list') or [1])} seed(s) each" if r == halving.rungs - 1 else "")
+                      for r in range(halving.rungs) if r in per_rung)
+    return (f"Successive halving ({halving.search}): the best 1/{halving.reduction_factor} of the points go on at each "
+            f"rung, by median final held-out accuracy; a budget of {budget} per run, each rung on its share of what "
+            f"stage 1 leaves of it. {rungs}.")
 
 
 def best_line(found: summary.StudySummary) -> str:

@@ -30,7 +30,8 @@ def build_training_tab() -> TrainingTab:
         with gr.Row():
             smoothing = gr.Slider(0, 0.99, value=0.6, step=0.01, scale=3,
                                   label="Smoothing (EMA); the raw line is drawn faint", elem_id="smoothing")
-            x_axis = gr.Radio(["step", "time"], value="step", label="x axis", scale=1, elem_id="chart-x-axis")
+            x_axis = gr.Radio(["step", "time", "compute"], value="step", label="x axis", scale=1,
+                              elem_id="chart-x-axis", info="compute: FLOPs, stage 1 included (docs/compute.md)")
             log_y = gr.Checkbox(False, label="log scale (y)", scale=1, elem_id="chart-log-y")
         plot = gr.Plot(label="Training curves", elem_id="training-plot")
         gr.Markdown("Eval accuracy is held-out greedy accuracy, measured before training (step 0), during and at "
