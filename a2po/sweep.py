@@ -150,7 +150,7 @@ SEARCHES = ("grid", "random")
 
 @dataclass(frozen=True)
 class Halving:
-    """Successive halving over a sweep's points (docs/studies.md, "Sweeps that stop early").
+    """Successive halving over a sweep's points (docs/studies.md, "Sweeps that stop weak points early").
 
     Every point trains to rung 0 with the first run seed; at each rung the best 1/`reduction_factor` of the points
     (by held-out accuracy at the rung's end, the median over the seeds run so far) go on to the next, the others are

@@ -387,7 +387,7 @@ def print_duels(options: argparse.Namespace, store: Any) -> None:
             print(f"| {label} | {pct(_median(finals))}{spread} | {format_flops(flops)} | "
                   f"{comparison.format_duration(seconds)} | "
                   f"{', '.join(f'#{t.run_id} {t.status}' for t in timelines if t.method == method)} |")
-        difference = comparison.paired_difference(store, runs)
+        difference = comparison.method_difference(store, runs)
         if difference is not None:
             print(f"\n{difference.text()}", flush=True)
         pair = comparison.study_view(runs, timelines).pair()

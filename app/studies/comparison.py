@@ -509,29 +509,33 @@ TARGET_POINTS = 3.0  # the lead the studio aims for A*-PO to hold over GRPO's be
 
 @dataclass
 class PairedDifference:
-    """A*-PO's final held-out accuracy minus GRPO's, in points: the mean over seeds of each seed's pair (the same
-    held-out prompts for both), and its 95% paired bootstrap interval (seeds and prompts resampled together, each
-    prompt's A*-PO and GRPO answers kept paired)."""
+    """One group of runs' final held-out accuracy minus another's, in points (A*-PO's minus GRPO's in a duel): the
+    mean over the seeds both ran of each seed's difference on the held-out prompts both answered, and its 95% paired
+    bootstrap interval (seeds and prompts resampled together, each prompt's two answers kept paired)."""
 
     points: float
     low: float
     high: float
     seeds: int
     prompts: int
+    first: str = "A\\*-PO"
+    second: str = "GRPO"
 
     @property
     def within_noise(self) -> bool:
         return self.low <= 0.0 <= self.high
 
-    def text(self) -> str:
+    def text(self, target: float | None = TARGET_POINTS) -> str:
+        """Markdown: the difference, its interval, whether it is within the noise, and (`target`) whether the first
+        leads by that many points beyond it."""
         where = ("the interval holds 0: the difference is within the noise of these seeds and prompts"
-                 if self.within_noise else
-                 f"{'A*-PO' if self.points > 0 else 'GRPO'} ahead beyond this noise")
-        target = (f"; the target (A*-PO ahead by {TARGET_POINTS:g} points or more) is "
-                  + ("met" if self.low >= TARGET_POINTS else "not shown" if self.high >= TARGET_POINTS else "missed"))
-        return (f"**A\\*-PO − GRPO: {self.points:+.1f} points** of final held-out accuracy (mean over {self.seeds} "
-                f"seed pair(s) of {self.prompts} held-out prompts; 95% paired bootstrap interval "
-                f"[{self.low:+.1f}, {self.high:+.1f}]): {where}{target}.")
+                 if self.within_noise else f"{self.first if self.points > 0 else self.second} ahead beyond this noise")
+        aim = "" if target is None else (
+            f"; the aim ({self.first} ahead by {target:g} points or more) is "
+            + ("met" if self.low >= target else "not ruled out" if self.high >= target else "missed"))
+        return (f"**{self.first} − {self.second}: {self.points:+.1f} points** of final held-out accuracy (mean over "
+                f"{self.seeds} seed pair(s) of {self.prompts} held-out prompts; 95% paired bootstrap interval "
+                f"[{self.low:+.1f}, {self.high:+.1f}]): {where}{aim}.")
 
 
 def final_answers(store: Any, run: Mapping[str, Any]) -> dict[str, float]:
@@ -545,28 +549,35 @@ def final_answers(store: Any, run: Mapping[str, Any]) -> dict[str, float]:
             for s in store.step_samples(run["id"], step, split="eval", limit=None) if s.get("reward") is not None}
 
 
-def paired_difference(store: Any, runs: Sequence[Mapping[str, Any]], resamples: int = BOOTSTRAP_RESAMPLES,
+def paired_difference(store: Any, first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
+                      labels: tuple[str, str] = ("A\\*-PO", "GRPO"), resamples: int = BOOTSTRAP_RESAMPLES,
                       seed: int = 0) -> PairedDifference | None:
-    """`PairedDifference` of a study's finished A*-PO and GRPO runs paired by run seed, over the held-out prompts
-    both answered; None without a finished pair."""
+    """`PairedDifference` of the finished runs `first` against `second`, paired by run seed, over the held-out
+    prompts every pair answered; None without a finished pair."""
     import random
 
-    by_seed: dict[Any, dict[str, dict[str, float]]] = {}
-    for run in runs:
-        if run.get("status") == "finished":
-            by_seed.setdefault(run_seed(run), {})[run_method(run)] = final_answers(store, run)
-    pairs = [(mine["a2po"], mine["grpo"]) for mine in by_seed.values() if mine.get("a2po") and mine.get("grpo")]
-    prompts = sorted(set.intersection(*(set(a) & set(g) for a, g in pairs))) if pairs else []
+    def answers(runs: Sequence[Mapping[str, Any]]) -> dict[Any, dict[str, float]]:
+        return {run_seed(r): final_answers(store, r) for r in runs if r.get("status") == "finished"}
+
+    mine, theirs = answers(first), answers(second)
+    pairs = [(mine[s], theirs[s]) for s in mine if s in theirs and mine[s] and theirs[s]]
+    prompts = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs))) if pairs else []
     if not prompts:
         return None
-    diffs = [[a[p] - g[p] for p in prompts] for a, g in pairs]  # seed x prompt
-    mean = 100 * statistics.fmean(x for row in diffs for x in row)
+    diffs = [[a[p] - b[p] for p in prompts] for a, b in pairs]  # seed x prompt
     draw = random.Random(seed)
     estimates = []
     for _ in range(resamples):
-        seeds = [diffs[draw.randrange(len(diffs))] for _ in diffs]
+        rows = [diffs[draw.randrange(len(diffs))] for _ in diffs]
         picked = [draw.randrange(len(prompts)) for _ in prompts]
-        estimates.append(100 * statistics.fmean(row[i] for row in seeds for i in picked))
+        estimates.append(100 * statistics.fmean(row[i] for row in rows for i in picked))
     estimates.sort()
-    return PairedDifference(mean, estimates[int(0.025 * resamples)], estimates[int(0.975 * resamples) - 1],
-                            len(pairs), len(prompts))
+    return PairedDifference(100 * statistics.fmean(x for row in diffs for x in row),
+                            estimates[int(0.025 * resamples)], estimates[int(0.975 * resamples) - 1], len(pairs),
+                            len(prompts), *labels)
+
+
+def method_difference(store: Any, runs: Sequence[Mapping[str, Any]]) -> PairedDifference | None:
+    """A*-PO's runs against GRPO's among `runs` (a duel's seeds): `paired_difference`."""
+    return paired_difference(store, [r for r in runs if run_method(r) == "a2po"],
+                             [r for r in runs if run_method(r) == "grpo"])

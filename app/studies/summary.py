@@ -114,6 +114,15 @@ class StudySummary:
     def table(self) -> list[dict[str, Any]]:
         return [row.table_row(row is self.best) for row in self.rows]
 
+    @property
+    def runner_up(self) -> PointRow | None:
+        """The best point's closest rival: the next of its method among the points whose runs all finished."""
+        if self.best is None:
+            return None
+        rivals = [r for r in self.rows if r is not self.best and r.method == self.best.method and r.finished
+                  and r.final is not None]
+        return _best(rivals)
+
 
 def _median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]

@@ -335,8 +335,13 @@ def _verdict(services: Services, runs: list[dict[str, Any]], timelines: list[Any
     view = comparison.study_view(runs, timelines)
     pair = view.pair()
     verdict = comparison.verdict(*pair) if pair else "Give an A*-PO run and a GRPO run for the verdict."
+    difference = comparison.method_difference(services.store, runs) if pair else None
+    found = {"points": round(difference.points, 2), "interval": [round(difference.low, 2), round(difference.high, 2)],
+             "seeds": difference.seeds, "prompts": difference.prompts,
+             "within_noise": difference.within_noise} if difference else None
     return {"verdict": _plain(verdict + versions_note(services.store, runs)), "protocol": view.protocol,
-            "figures": view.rows, "active": [r["id"] for r in runs if r["status"] in UNFINISHED]}
+            "figures": view.rows, "active": [r["id"] for r in runs if r["status"] in UNFINISHED],
+            "difference": found, "difference_text": _plain(difference.text()) if difference else None}
 
 
 def compare(services: Services, run_ids: list[int]) -> dict:

@@ -373,3 +373,40 @@ def test_under_equal_time_the_grpo_side_may_take_its_own_learning_rate_and_batch
     with pytest.raises(StudyError, match="'num_generations' is matched to the A\\*-PO run; the GRPO side may set "
                                          "only learning_rate, per_device_train_batch_size"):
         pair_specs(SPEC, "time", budget_seconds=240, grpo_settings={"num_generations": 4})
+
+
+class AnswersStore:
+    """What `paired_difference` reads of a store: each run's last evaluation and its held-out answers."""
+
+    def __init__(self, answers: dict[int, list[float]]):
+        self.answers = answers
+
+    def get_evaluations(self, run_id):
+        return [{"step": 1, "split": "eval"}, {"step": 9, "split": "eval"}]
+
+    def step_samples(self, run_id, step, split="train", limit=None):
+        assert (step, split) == (9, "eval")  # the run's last evaluation
+        return [{"prompt_id": f"p{i}", "reward": r} for i, r in enumerate(self.answers[run_id])]
+
+
+def duel_run(run_id: int, method: str, seed: int, status: str = "finished") -> dict:
+    return {"id": run_id, "status": status, "config": {"method": method, "study": {"seed": seed}}}
+
+
+def test_a_verdict_states_its_paired_bootstrap_interval_and_whether_it_is_noise():
+    runs = [duel_run(1, "a2po", 0), duel_run(2, "grpo", 0), duel_run(3, "a2po", 1), duel_run(4, "grpo", 1)]
+    clear = comparison.method_difference(AnswersStore({1: [1.0] * 40, 2: [0.0] * 40, 3: [1.0] * 40,
+                                                       4: [0.0] * 40}), runs)
+    assert (clear.points, clear.low, clear.high, clear.seeds, clear.prompts) == (100.0, 100.0, 100.0, 2, 40)
+    assert not clear.within_noise and "the aim (A\\*-PO ahead by 3 points or more) is met" in clear.text()
+    # The same answers but one: +1.25 points, and an interval that holds 0.
+    close = comparison.method_difference(AnswersStore({1: [1.0] * 40, 2: [1.0] * 39 + [0.0], 3: [0.0] * 40,
+                                                       4: [0.0] * 40}), runs)
+    assert close.points == pytest.approx(1.25) and close.low <= 0 <= close.high and close.within_noise
+    assert "within the noise" in close.text() and "not ruled out" in close.text()
+    # A seed without its pair, or an unfinished run, is left out; no pair at all: no answer.
+    assert comparison.method_difference(AnswersStore({1: [1.0], 2: [0.0]}), runs[:1] + [duel_run(2, "grpo", 5)]) \
+        is None
+    half = comparison.method_difference(AnswersStore({1: [1.0, 1.0], 2: [0.0, 1.0], 3: [1.0, 0.0], 4: [1.0, 1.0]}),
+                                        runs[:3] + [duel_run(4, "grpo", 1, "failed")])
+    assert (half.seeds, half.points) == (1, 50.0)

@@ -100,7 +100,8 @@ def test_a_sweep_that_cannot_be_halved_is_refused(tiny_model_dir, spec_change, g
 
 
 def _stored(specs: list[dict], first_id: int, status: str = "finished") -> list[dict]:
-    return [{"id": first_id + i, "status": status, "config": spec, "name": spec["name"]} for i, spec in enumerate(specs)]
+    return [{"id": first_id + i, "status": status, "config": spec, "name": spec["name"]}
+            for i, spec in enumerate(specs)]
 
 
 def test_the_next_rung_is_made_once_its_rung_ended_from_the_best_points_with_every_seed(tiny_model_dir):

@@ -86,7 +86,8 @@ def test_compare_methods_refuses_an_unknown_grpo_recipe_before_starting_a_studio
     # A*-PO: 4 batches x 2 learning rates x 3 selections; GRPO: 2 recipes x 2 learning rates x 3 batches. Halved by 3
     # over 3 rungs: 24 -> 8 -> 2 points (the last with 3 seeds), 6 -> 2 -> 1 for each recipe.
     ((), 24 + 2 * 6, (24 + 8 + 2 * 3) + 2 * (6 + 2 + 3)),
-    (("--a2po-batch", "8", "32", "--lrs", "1e-5", "--seeds", "0", "--recipes", "dapo"), 6 + 3, (6 + 2 + 1) + (3 + 1 + 1)),
+    (("--a2po-batch", "8", "32", "--lrs", "1e-5", "--seeds", "0", "--recipes", "dapo"), 6 + 3,
+     (6 + 2 + 1) + (3 + 1 + 1)),
 ])
 def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path, flags, rung_zero, most):
     data_dir = tmp_path / "data"

@@ -134,6 +134,9 @@ def build_compare_page(services: Services) -> gr.Dropdown:
         pair = view.pair()
         line = (comparison.verdict(*pair) if pair else
                 "Pick an A*-PO run and a GRPO run among these for the verdict.")
+        difference = comparison.method_difference(services.store, runs) if pair else None
+        if difference is not None:  # how sure: a paired bootstrap over the seeds and held-out prompts
+            line = f"{difference.text()}\n\n{line}"
         line += versions_note(services.store, runs)  # runs scored by different versions of a reward's file
         figures = charts.accuracy_figures(view.timelines, list(view.medians.values()))
         stated = f"**Protocol:** {PROTOCOLS[view.protocol]}" if view.protocol in PROTOCOLS else ""

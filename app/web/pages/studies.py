@@ -65,7 +65,9 @@ def halving_line(tag: Mapping[str, Any], runs: list[dict[str, Any]]) -> str:
             f"stage 1 leaves of it. {rungs}.")
 
 
-def best_line(found: summary.StudySummary) -> str:
+def best_line(found: summary.StudySummary, store: Any = None) -> str:
+    """The best point (and each method's, with both in the grid), and with `store` how sure: its paired bootstrap
+    difference from the runner-up over their seeds and held-out prompts."""
     best = found.best
     if best is None:
         return "The best point is marked when every run of a point has finished."
@@ -77,6 +79,13 @@ def best_line(found: summary.StudySummary) -> str:
                 f"{comparison.format_duration(row.training_seconds)}")
 
     text = f"**Best point:** {one(best)}."
+    rival = found.runner_up
+    if store is not None and rival is not None:
+        difference = comparison.paired_difference(
+            store, [store.get_run(i) for i in best.run_ids], [store.get_run(i) for i in rival.run_ids],
+            labels=(comparison.escape_markdown(best.label), comparison.escape_markdown(rival.label)))
+        if difference is not None:
+            text += f"  \n**Against the runner-up:** {difference.text(target=None)}"
     if found.best_by_method:  # a grid over both methods: each at its own best setting
         text += "  \n**Each method at its own best:** " + "; ".join(one(r) for r in found.best_by_method.values())
     return text
@@ -125,7 +134,7 @@ def build_studies_page(services: Services, token: gr.BrowserState | None = None)
                 else charts.study_bars(found.rows, found.best))
         pick = found.best.run_ids[0] if found.best else None
         return (describe(tag, runs), pd.DataFrame(found.table()), plot, charts.study_curves(found.rows, found.best),
-                best_line(found), summary.savings_line(found), pick)
+                best_line(found, store), summary.savings_line(found), pick)
 
     outputs = [header, table, grid_plot, curves, best, saved, best_run]
     picker.change(draw, picker, outputs, api_visibility="private")
