@@ -49,6 +49,7 @@ from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
 from a2po.rewards import as_given, call_rewards, tasks_of
 from a2po.rollout import per_token_logprobs, sample_completions
+from a2po.shown import shown
 from a2po.values import prompt_id_for
 
 if TYPE_CHECKING:
@@ -289,7 +290,8 @@ class BaseTrainer(Trainer):
             return prompt
         if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
             return self.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        raise TypeError(f"A prompt must be a string or a list of {{'role', 'content'}} messages, got {prompt!r:.80}.")
+        raise TypeError(f"A prompt must be a string or a list of {{'role', 'content'}} messages, got "
+                        f"{shown(prompt, 80)}.")
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """Left-padded prompt ids; prompts longer than `max_prompt_length` keep their last tokens, so the generation
@@ -375,7 +377,7 @@ class BaseTrainer(Trainer):
         first = index[0]
         what = (f"All reward functions ({', '.join(self.reward_names)}) returned None (or NaN) for {len(index)} of "
                 f"{len(rows)} completions{tasks_of(columns, index)} (e.g. prompt "
-                f"{prompt_question(rows[first]['prompt'])!r:.120}, completion {completions[first]!r:.120})")
+                f"{shown(prompt_question(rows[first]['prompt']), 120)}, completion {shown(completions[first], 120)})")
         if self._unscored_error is not None:
             raise ValueError(f"{what}: {self._unscored_error} Give each task a reward function that scores it, or "
                              "return 0.0 where no check applies.")

@@ -26,6 +26,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 from transformers import HfArgumentParser
@@ -35,6 +36,7 @@ from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
 from a2po.recipes import RECIPES
 from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec, with_defaults
+from a2po.shown import shown
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
 
@@ -195,8 +197,10 @@ def parse(argv: list[str]) -> tuple[str, ScriptArguments, A2POConfig | GRPOConfi
         rest += ["--reward_module", *modules]
     if "--config" in rest:
         i = rest.index("--config")
-        with open(rest[i + 1]) as f:
-            from_file = yaml.safe_load(f) or {}
+        try:
+            from_file = read_config_file(rest[i + 1]) or {}
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
         rest = rest[:i] + rest[i + 2:]
     config_class = CONFIG_CLASSES[_method_of(rest, from_file)]
     parser = HfArgumentParser((ScriptArguments, config_class))
@@ -339,21 +343,71 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+MAX_CONFIG_BYTES = 64_000  # a config file is a few dozen flags
+MAX_CONFIG_NODES = 4_000
+MAX_CONFIG_DEPTH = 8
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` for config files: no aliases (a few lines of them describe billions of values, which PyYAML
+    keeps as shared references until something walks them), at most `MAX_CONFIG_NODES` values, `MAX_CONFIG_DEPTH`
+    levels deep."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = self._depth = 0
+
+    def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
+        where = f"line {mark.line + 1}"
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError(f"{where}: aliases (*name, <<: *name) are not accepted in a config file; write "
+                                 "the value out")
+        self._nodes += 1
+        if self._nodes > MAX_CONFIG_NODES:
+            raise yaml.YAMLError(f"{where}: more than {MAX_CONFIG_NODES} values; a config file is a mapping of flags")
+        self._depth += 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                raise yaml.YAMLError(f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def read_config_file(path: str | os.PathLike[str]) -> Any:
+    """A `--config` YAML file's content, read within bounds (`_ConfigLoader`, `MAX_CONFIG_BYTES`): ValueError naming
+    the problem for a file too large, not UTF-8, not YAML, with aliases, too many values or too deep."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"Not a readable file: {error.strerror or error}.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"The config file is larger than {MAX_CONFIG_BYTES // 1000} kB: a config file is a mapping of "
+                         "flags, e.g. `learning_rate: 2.0e-5`.")
+    try:
+        return yaml.load(raw.decode("utf-8"), Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader, bounded
+    except UnicodeDecodeError:
+        raise ValueError("The config file is not UTF-8 text.") from None
+    except ValueError:  # Python's limit on the digits of an integer read from text
+        raise ValueError("The config file holds a number too long to read; write numbers such as 2.0e-5.") from None
+    except (yaml.YAMLError, RecursionError) as error:
+        raise ValueError(f"Not a readable YAML config file: {str(error)[:300]}") from None
+
+
 def spec_from_config_file(path: str, command: str = "train") -> RunSpec:
     """The run a `--config` YAML file describes (as `python -m a2po <command> --config FILE` would run it): for the
     dashboard's "Load YAML". Bad files raise ValueError naming the problem."""
-    try:
-        with open(path) as f:
-            loaded = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as error:
-        raise ValueError(f"Not a readable YAML file: {error}") from None
+    loaded = read_config_file(path)
     if not isinstance(loaded, dict):
         raise ValueError("A config file is a YAML mapping of flags, e.g. `learning_rate: 2.0e-5`.")
     config_class = CONFIG_CLASSES.get(loaded.get("method", "a2po"), A2POConfig)
     known = {f.name for f in fields(ScriptArguments)} | set(config_class.__dataclass_fields__) | {"run_name"}
-    unknown = sorted(set(loaded) - known)
+    unknown = sorted((str(k) for k in set(loaded) - known), key=len)
     if unknown:
-        raise ValueError(f"Unknown settings in the config file: {', '.join(map(str, unknown))}.")
+        raise ValueError(f"Unknown settings in the config file: {', '.join(shown(k)[1:-1] for k in unknown[:5])}"
+                         f"{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''}.")
     try:
         command, script, _, config_fields = parse([command, "--config", path])
         return spec_from_args(command, script, config_fields)

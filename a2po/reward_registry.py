@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2po.shown import shown
+
 ENTRY_POINT_GROUP = "a2po.rewards"
 MODULES_ENV = "A2PO_REWARD_MODULES"
 FILE = "file"
@@ -381,7 +383,7 @@ def unknown_message(name: Any, registry: Registry | None = None) -> str:
 
     registry = read_registry() if registry is None else registry
     registered = ", ".join(registry.names()) or f"none ({REGISTER_HINT})"
-    text = f"unknown reward {name!r:.60}; known: {', '.join(REWARD_FUNCTIONS)}; registered: {registered}"
+    text = f"unknown reward {shown(name, 60)}; known: {', '.join(REWARD_FUNCTIONS)}; registered: {registered}"
     if registry.problems:
         text += f" (not registered: {' '.join(registry.problems)[:600]})"
     return text
@@ -527,7 +529,7 @@ class RegisteredRewardFunction:
         try:
             values = list(values)
         except TypeError:
-            raise RewardFunctionError(f"it returned {type(values).__name__} {values!r:.40} (in {where}); return a "
+            raise RewardFunctionError(f"it returned {type(values).__name__} {shown(values)} (in {where}); return a "
                                       "list with one float per completion") from None
         if expected is not None and len(values) != expected:
             raise RewardFunctionError(f"it returned {len(values)} values for {expected} completions (in {where}); "
@@ -538,7 +540,7 @@ class RegisteredRewardFunction:
             try:
                 float(value)
             except (TypeError, ValueError):
-                raise RewardFunctionError(f"it returned {value!r:.40}, not a number (in {where})") from None
+                raise RewardFunctionError(f"it returned {shown(value)}, not a number (in {where})") from None
         return values
 
 

@@ -24,6 +24,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from a2po.answers import clean_answer, completion_text, extract_final_answer, last_boxed
+from a2po.shown import shown
 
 # math_verify's timeouts use signal.alarm, which only works in the main thread.
 _TIMEOUT_S = 5
@@ -180,7 +181,7 @@ def _checked(name: str, values: Any, expected: int, columns: dict[str, list]) ->
         try:
             out.append(None if value is None else float(value))
         except (TypeError, ValueError):
-            raise ValueError(f"Reward function '{name}' returned {value!r:.40}, not a number; return one float per "
+            raise ValueError(f"Reward function '{name}' returned {shown(value)}, not a number; return one float per "
                              "completion (None for a completion it does not apply to).") from None
     return out
 

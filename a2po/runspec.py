@@ -33,6 +33,7 @@ from typing import Any
 from a2po.config import MAX_SEED, A2POConfig, ConfigError, GRPOConfig, real_number, whole_number
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
+from a2po.shown import shown
 
 CONFIG_CLASSES = {"a2po": A2POConfig, "grpo": GRPOConfig}  # one config class per method, as in TRL
 METHODS = tuple(CONFIG_CLASSES)
@@ -148,25 +149,25 @@ class RunSpec:
         """Validate a spec (the library's rules, for the CLI and the studio alike); every problem is reported at
         once (`SpecError`), keyed by the field's path. The run it returns has its numbers converted (8.0 -> 8)."""
         if not isinstance(spec, dict):
-            raise SpecError({"spec": f"a run spec is an object of {', '.join(_spec_keys())} (got {spec!r:.40})"})
+            raise SpecError({"spec": f"a run spec is an object of {', '.join(_spec_keys())} (got {shown(spec)})"})
         if "num_devices" in spec:  # specs stored before the field was renamed
             spec = {**{k: v for k, v in spec.items() if k != "num_devices"},
                     "num_processes": spec.get("num_processes", spec["num_devices"])}
         problems = {str(k): f"unknown spec key; use {', '.join(_spec_keys())}" for k in spec if k not in _spec_keys()}
         run = cls(**{k: copy.deepcopy(v) for k, v in spec.items() if k in _spec_keys()})
         if not isinstance(run.name, str) or not run.name.strip() or any(ord(c) < 32 for c in run.name):
-            problems["name"] = f"name must be text on one line, not empty (got {run.name!r:.40})"
+            problems["name"] = f"name must be text on one line, not empty (got {shown(run.name)})"
         if run.method not in METHODS:
-            problems["method"] = f"method must be one of {', '.join(METHODS)} (got {run.method!r:.40})"
+            problems["method"] = f"method must be one of {', '.join(METHODS)} (got {shown(run.method)})"
             run.method = "a2po"  # check the rest against A*-PO's fields
         if run.action not in ACTIONS:
-            problems["action"] = f"action must be one of {', '.join(ACTIONS)} (got {run.action!r:.40})"
+            problems["action"] = f"action must be one of {', '.join(ACTIONS)} (got {shown(run.action)})"
         elif run.action == "values" and run.method != "a2po":
             problems["action"] = ("action 'values' is A*-PO's stage 1 (V* estimation), and GRPO has no stage 1: use "
                                   "'train' or 'evaluate'")
         if not isinstance(run.model, str) or not run.model.strip():
             problems["model"] = (f"model is empty: give a hub id (org/name), a model folder or 'SmolLM2-135M-Instruct' "
-                                 f"(got {run.model!r:.40})")
+                                 f"(got {shown(run.model)})")
         problems.update(run._dataset_problems())
         source = run.dataset.get("source") if isinstance(run.dataset, dict) else None
         from a2po.tasks import TASK_REWARD, TASK_SOURCE
@@ -177,15 +178,15 @@ class RunSpec:
         problems.update(run._peft_problems())
         processes = whole_number(run.num_processes)
         if processes is None or processes < 1:
-            problems["num_processes"] = f"num_processes must be a whole number >= 1 (got {run.num_processes!r:.40})"
+            problems["num_processes"] = f"num_processes must be a whole number >= 1 (got {shown(run.num_processes)})"
         else:
             run.num_processes = processes
         if run.fsdp is not None and run.fsdp not in FSDP_STRATEGIES:
-            problems["fsdp"] = f"fsdp must be None (DDP) or one of {', '.join(FSDP_STRATEGIES)} (got {run.fsdp!r:.40})"
+            problems["fsdp"] = f"fsdp must be None (DDP) or one of {', '.join(FSDP_STRATEGIES)} (got {shown(run.fsdp)})"
         elif run.fsdp is not None and processes is not None and processes < 2:
             problems["fsdp"] = "fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)"
         if run.runner not in RUNNERS:
-            problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {run.runner!r:.40})"
+            problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {shown(run.runner)})"
         elif run.runner == "chunked" and processes not in (None, 1):
             problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
         problems.update(run._recipe_problems())
@@ -206,7 +207,7 @@ class RunSpec:
         if self.recipe is None:
             return {}
         if self.method != "grpo":
-            return {"recipe": f"recipe names a GRPO variant (got {self.recipe!r:.40}) and this run's method is "
+            return {"recipe": f"recipe names a GRPO variant (got {shown(self.recipe)}) and this run's method is "
                               f"{self.method!r}: set \"method\": \"grpo\", or remove the recipe"}
         try:
             self.recipe = canonical_name(self.recipe)
@@ -222,7 +223,7 @@ class RunSpec:
         from a2po.tasks import TASK_SOURCE, validate_task_spec
 
         if not isinstance(self.dataset, dict):
-            return {"dataset": f"dataset must be an object such as {DATASET_DEFAULTS} (got {self.dataset!r:.40})"}
+            return {"dataset": f"dataset must be an object such as {DATASET_DEFAULTS} (got {shown(self.dataset)})"}
         if self.dataset.get("source", "arithmetic") == "arithmetic":
             self.dataset = {**DATASET_DEFAULTS, **self.dataset}
         d, problems = self.dataset, {}
@@ -235,7 +236,7 @@ class RunSpec:
             return problems
         if source not in DATASET_KEYS:
             return {"dataset.source": f"dataset.source must be one of {', '.join([*DATASET_KEYS, TASK_SOURCE])} "
-                                      f"(got {source!r:.40})"}
+                                      f"(got {shown(source)})"}
         unknown = set(d) - DATASET_KEYS[source]
         if unknown:
             problems["dataset"] = f"dataset has keys {sorted(unknown)} that a {source} source does not use; use " \
@@ -246,7 +247,7 @@ class RunSpec:
             operations = d.get("operations")
             if not isinstance(operations, str) or not operations or set(operations) - set(OPERATIONS):
                 problems["dataset.operations"] = (f"dataset.operations must be some of {''.join(OPERATIONS)}, e.g. "
-                                                  f"'+-' (got {operations!r:.40})")
+                                                  f"'+-' (got {shown(operations)})")
         optional = {"eval_size"} if source == "arithmetic" else {"eval_size", "num_prompts"}
         for key, (low, high) in wholes.items():
             if d.get(key) is None and key in optional:
@@ -254,7 +255,7 @@ class RunSpec:
             number = whole_number(d.get(key))
             if number is None or number < low or (high is not None and number > high):
                 bounds = f"from {low} to {high}" if high is not None else f">= {low}"
-                problems[f"dataset.{key}"] = f"dataset.{key} must be a whole number {bounds} (got {d.get(key)!r:.40})"
+                problems[f"dataset.{key}"] = f"dataset.{key} must be a whole number {bounds} (got {shown(d.get(key))})"
             else:
                 d[key] = number
         required = {"file": "path", "hub": "name"}.get(source)
@@ -264,7 +265,7 @@ class RunSpec:
             problems[f"dataset.{required}"] = f"dataset.{required} is empty: give {what}"
         for key in ("prompt_column", "answer_column", "split", "config_name"):
             if d.get(key) is not None and not isinstance(d[key], str):
-                problems[f"dataset.{key}"] = f"dataset.{key} must be text or null (got {d[key]!r:.40})"
+                problems[f"dataset.{key}"] = f"dataset.{key} must be text or null (got {shown(d[key])})"
         if not isinstance(d.get("system_prompt", ""), (str, type(None))):
             problems["dataset.system_prompt"] = ("dataset.system_prompt must be a string (\"\" for an empty system "
                                                  "message) or null")
@@ -287,11 +288,11 @@ class RunSpec:
             name = reward.get("name") if isinstance(reward, dict) else None
             weight = real_number(reward.get("weight", 1.0)) if isinstance(reward, dict) else None
             if not isinstance(reward, dict) or set(reward) - {"name", "weight", "source"}:
-                problems.append(f"each reward is {{\"name\": ..., \"weight\": ...}} (got {reward!r:.60})")
+                problems.append(f"each reward is {{\"name\": ..., \"weight\": ...}} (got {shown(reward, 60)})")
             elif name not in REWARD_FUNCTIONS and name not in registry.rewards:
                 problems.append(unknown_message(name, registry))
             elif weight is None or weight <= 0:
-                problems.append(f"the weight of {name} must be a number > 0 (got {reward.get('weight')!r:.40})")
+                problems.append(f"the weight of {name} must be a number > 0 (got {shown(reward.get('weight'))})")
             elif name in seen:
                 problems.append(f"reward {name} is listed twice")
             elif not isinstance(reward.get("source"), (dict, type(None))):
@@ -310,21 +311,21 @@ class RunSpec:
             return {}
         if not isinstance(self.peft, dict) or set(self.peft) - set(PEFT_KEYS):
             return {"peft": f"peft must be null (no LoRA), or an object with r, lora_alpha and optionally lora_dropout "
-                            f"(got {self.peft!r:.60})"}
+                            f"(got {shown(self.peft, 60)})"}
         problems = {}
         rank = whole_number(self.peft.get("r", 16))
         if rank is None or rank < 1:
-            problems["peft.r"] = f"peft.r (the LoRA rank) must be a whole number >= 1 (got {self.peft.get('r')!r:.40})"
+            problems["peft.r"] = f"peft.r (the LoRA rank) must be a whole number >= 1 (got {shown(self.peft.get('r'))})"
         elif "r" in self.peft:
             self.peft["r"] = rank
         alpha = real_number(self.peft.get("lora_alpha", 32))
         if alpha is None or alpha <= 0:
             problems["peft.lora_alpha"] = (f"peft.lora_alpha must be a number > 0 (got "
-                                           f"{self.peft.get('lora_alpha')!r:.40})")
+                                           f"{shown(self.peft.get('lora_alpha'))})")
         dropout = real_number(self.peft.get("lora_dropout", 0.0))
         if dropout is None or not 0 <= dropout < 1:
             problems["peft.lora_dropout"] = (f"peft.lora_dropout must be in [0, 1) (got "
-                                             f"{self.peft.get('lora_dropout')!r:.40})")
+                                             f"{shown(self.peft.get('lora_dropout'))})")
         return problems
 
     def _config_problems(self, valid: bool) -> dict[str, str]:
@@ -334,7 +335,7 @@ class RunSpec:
 
         name = self.config_class.__name__
         if not isinstance(self.config, dict):
-            return {"config": f"config must be an object of {name} fields (got {self.config!r:.40})"}
+            return {"config": f"config must be an object of {name} fields (got {shown(self.config)})"}
         fields = method_config_fields(self.method, self.config)
         problems = {f"config.{k}": f"{k} is not a {name} field" + (
             " without pass_rate_band (GRPO samples stage 1 only to select prompts by pass rate): set "

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from a2po.shown import shown
+
 MAX_VALUES = 12  # values of one grid field
 NOT_SWEPT = {"seed": "give run seeds (--seeds / seeds) instead of a grid over seed",
              "output_dir": "each run gets its own folder", "run_name": "the sweep names its runs"}
@@ -68,7 +70,7 @@ def coerce(name: str, value: Any) -> Any:
     text = value.strip()
     if kind is bool or text.lower() in ("true", "false"):
         if text.lower() not in ("true", "false", "on", "off", "1", "0"):
-            raise GridError(f"grid: {name} takes true or false (got {value!r:.30}).")
+            raise GridError(f"grid: {name} takes true or false (got {shown(value, 30)}).")
         return text.lower() in ("true", "on", "1")
     if kind is str:
         return text
@@ -76,7 +78,7 @@ def coerce(name: str, value: Any) -> Any:
         number = float(text)
     except ValueError:
         if kind in (int, float):
-            raise GridError(f"grid: {name} takes numbers, e.g. 1e-5, 2e-5 (got {value!r:.30}).") from None
+            raise GridError(f"grid: {name} takes numbers, e.g. 1e-5, 2e-5 (got {shown(value, 30)}).") from None
         return text
     return int(number) if kind is int and number == int(number) else number
 
@@ -95,7 +97,7 @@ def parse_grid(grid: Any, allow_method: bool = True) -> dict[str, list[Any]]:
     for name, values in grid.items():
         name = str(name).strip()
         if name in parsed:
-            raise GridError(f"grid: {name!r:.40} is given twice; put all its values under one name.")
+            raise GridError(f"grid: {shown(name)} is given twice; put all its values under one name.")
         if name in NOT_SWEPT:
             raise GridError(f"grid: {name} cannot be swept: {NOT_SWEPT[name]}.")
         if name == "method" and not allow_method:
@@ -104,15 +106,15 @@ def parse_grid(grid: Any, allow_method: bool = True) -> dict[str, list[Any]]:
         if name != "method" and name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise GridError(f"grid: {name!r:.40} is not a setting of A*-PO's or GRPO's config.{hint}")
+            raise GridError(f"grid: {shown(name)} is not a setting of A*-PO's or GRPO's config.{hint}")
         items = values.replace(",", " ").split() if isinstance(values, str) else values
         if not isinstance(items, (list, tuple)) or not items:
-            raise GridError(f"grid: give {name} a list of one or more values (got {values!r:.40}).")
+            raise GridError(f"grid: give {name} a list of one or more values (got {shown(values)}).")
         if len(items) > MAX_VALUES:
             raise GridError(f"grid: at most {MAX_VALUES} values of {name} (got {len(items)}).")
         coerced = [coerce(name, v) for v in items]
         if name == "method" and (bad := [m for m in coerced if m not in methods]):
-            raise GridError(f"grid: method takes {', '.join(methods)} (got {bad[0]!r:.20}).")
+            raise GridError(f"grid: method takes {', '.join(methods)} (got {shown(bad[0], 20)}).")
         if len({repr(v) for v in coerced}) != len(coerced):
             raise GridError(f"grid: each value of {name} once (got {', '.join(map(str, coerced))}).")
         parsed[name] = coerced

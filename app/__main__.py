@@ -165,6 +165,8 @@ def prepare_environment(data_dir: Path) -> None:
     cache = DataFolder(data_dir).cache
     os.environ.setdefault("GRADIO_TEMP_DIR", str(cache / "gradio"))
     os.environ.setdefault("A2PO_CACHE_DIR", str(cache / "models"))
+    # `datasets`' Arrow files of loaded data (the workers' and this process's): inside the folder the quota counts.
+    os.environ.setdefault("HF_DATASETS_CACHE", str(cache / "datasets"))
     for name in PATH_VARIABLES:
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]).expanduser().resolve())
@@ -376,8 +378,9 @@ def main(argv: list[str] | None = None) -> None:
         from app.web.api import json_tool_results
 
         json_tool_results()
-    # A bounded queue: a flood of requests is refused instead of piling up in memory.
-    demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256)
+    # A bounded queue: a flood of requests is refused instead of piling up in memory. Every event goes through it:
+    # Gradio's REST routes (/gradio_api/run/...) would skip it, and its bound and each event's concurrency limit.
+    demo.queue(default_concurrency_limit=4, max_size=64 if args.public else 256, api_open=False)
     calm_queue(demo)  # its idle loop is costly with no page open (see app.web.live)
     devices = scheduler.devices.describe()
     if scheduler.backend.name == "zerogpu":
@@ -393,7 +396,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{who}.", flush=True)
     upload = f"{policy.limits.upload_mb:g}mb" if policy.limits.upload_mb is not None else None
     try:
-        demo.launch(server_name=args.host, server_port=args.port, share=False, show_error=True,
+        # An unexpected error's own text (a driver's, naming the database server or the SQL) is shown only to the one
+        # person of a local studio; others read Gradio's plain "Error" on a page, and the API's boundary
+        # (`app.web.api.public_error`) answers them a sentence. Every error the studio means to show is a gr.Error.
+        demo.launch(server_name=args.host, server_port=args.port, share=False,
+                    show_error=not (args.public or auth.required),
                     allowed_paths=[str(services.exports_dir)], run_history=False, mcp_server=mcp,
                     enable_monitoring=False, footer_links=["api", "settings"], max_file_size=upload,
                     **launch_options())

@@ -64,6 +64,7 @@ from storage.secrets import scrub_secrets
 from storage.writes import RUN_OWN, json_safe
 
 BUSY_TIMEOUT_MS = 30_000
+MAX_ID = 2**63  # ids and steps are 64-bit integers in both dialects
 RUN_CHILD_TABLES = (RunValue, Metric, LatestMetric, Sample, Evaluation, Checkpoint, LogLine)
 
 
@@ -283,6 +284,12 @@ class Store:
             admission.check(s, owner, count)
 
     def get_run(self, run_id: int) -> dict[str, Any] | None:
+        try:
+            run_id = int(run_id)
+        except (TypeError, ValueError):
+            return None
+        if not 0 <= run_id < MAX_ID:
+            return None  # not an id a row can have (the driver would fail to bind it)
         with self._read() as s:
             rows = self._rows(s, select(Run.__table__).where(Run.id == run_id))
         return rows[0] if rows else None
@@ -896,8 +903,14 @@ def _filter_samples(stmt: Any, correct: bool | None, text: str | None) -> Any:
     return stmt
 
 
+MAX_SEARCH_CHARS = 500  # a search box's text: SQLite refuses LIKE patterns past 50,000 bytes, and nobody types more
+
+
 def _like_pattern(text: str) -> str:
-    """A LIKE pattern matching `text` anywhere, with LIKE's wildcards in `text` taken literally."""
+    """A LIKE pattern matching `text` anywhere, with LIKE's wildcards in `text` taken literally; ValueError naming
+    the limit for a text longer than `MAX_SEARCH_CHARS`."""
+    if len(text) > MAX_SEARCH_CHARS:
+        raise ValueError(f"The search text has {len(text):,} characters; search for at most {MAX_SEARCH_CHARS}.")
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 

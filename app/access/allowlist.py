@@ -21,6 +21,7 @@ everything here is a pure function.
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -28,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from a2po.reward_registry import stamp_sources
+from a2po.shown import shown
 from app.access.policy import Limits, Policy
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+MAX_CONFIG_KEYS = 200  # settings one spec may name (A2POConfig and TrainingArguments have about 150)
+MAX_LISTED = 20  # problems one refusal lists
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 HUB_DATASET = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[\w.-]{1,96}$")  # "gsm8k" or "openai/gsm8k"
 SAFE_NAME = re.compile(r"^[\w.-]{1,64}$")  # a hub config or split name
@@ -181,8 +185,11 @@ class SpecResult:
         return not self.errors
 
     def message(self) -> str:
-        """Every problem in one line, for an API error."""
-        return "Invalid run spec: " + " ".join(f"{path}: {message}" for path, message in self.errors.items())
+        """Every problem in one line, for an API error (the first `MAX_LISTED` of them, and how many more)."""
+        listed = list(self.errors.items())[:MAX_LISTED]
+        more = len(self.errors) - len(listed)
+        return ("Invalid run spec: " + " ".join(f"{path}: {message}" for path, message in listed)
+                + (f" And {more} more problem(s)." if more else ""))
 
 
 # ---------------------------------------------------------------------------------------------------------- values
@@ -191,6 +198,8 @@ def _number(value: Any) -> float | None:
     """A number to hold against a limit (None: not a number, which the library reports)."""
     from a2po.config import real_number
 
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1e300:
+        return math.inf if value > 0 else -math.inf  # past float's range: still held against its limit
     return real_number(value)
 
 
@@ -212,7 +221,7 @@ def check_param(param: Param, value: Any, limits: Limits) -> tuple[Any, str | No
     (off) for the `ZERO_MEANS_NONE` settings. Returns (value, problem or None); whether the value is valid at all
     is the library's to say."""
     if param.kind == "choice" and value not in param.choices:
-        return value, f"{param.label}: one of {', '.join(param.choices)} on this studio (got {value!r:.40})."
+        return value, f"{param.label}: one of {', '.join(param.choices)} on this studio (got {shown(value)})."
     number = _number(value) if param.kind in ("int", "float") else None
     high = getattr(limits, param.limit) if param.limit else None
     if number is not None and high is not None and number > high:
@@ -430,6 +439,10 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: s
 
     if not isinstance(config, Mapping):
         return config
+    if len(config) > MAX_CONFIG_KEYS:
+        errors["config"] = (f"config has {len(config):,} settings; a spec sets at most {MAX_CONFIG_KEYS} (the form has "
+                            f"{len(PARAMS)}).")
+        return {}
     out: dict[str, Any] = {}
     allowed_outside = policy.allowed_operator_fields()
     for key, value in config.items():

@@ -30,6 +30,7 @@ import uuid
 from typing import Any
 
 from a2po.recipes import RecipeError, canonical_name, recipe_settings
+from a2po.shown import shown
 
 PROTOCOLS = {
     "paper": "The paper's protocol: both methods over every prompt (A*-PO with filter_all_incorrect off, as the "
@@ -116,13 +117,6 @@ def budget_flops(flops: Any) -> float | None:
     return number
 
 
-def shown(value: Any) -> str:
-    """A refused value, short, for a message: a whole number too long to print as its power of ten."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
-        return f"about 10**{int(math.log10(abs(value)))}"
-    return f"{value!r:.40}"
-
-
 def planned_steps(spec: dict[str, Any]) -> int | None:
     """Optimizer steps of a run over every train prompt of its dataset (None when the dataset's size is unknown
     before loading it, e.g. a whole file)."""
@@ -178,7 +172,7 @@ def pair_specs(spec: dict[str, Any], protocol: str = DEFAULT_PROTOCOL, budget_se
     own `GRPO_OWN_SETTINGS` (each method at its best point: the budget, not the steps, is what the pair shares). See
     the module docstring for what each protocol changes."""
     if protocol not in PROTOCOLS:
-        raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r:.40}).")
+        raise StudyError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {shown(protocol)}).")
     _check_grpo_settings(grpo_settings, protocol)
     require_a2po(spec)
     if spec.get("action", "train") != "train":

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from a2po import sweep
+from a2po.shown import shown
 from app.studies.protocols import EVAL_POINTS, SHARED_SETTINGS, StudyError, pair_specs, planned_steps
 
 ENDED = ("stopped", "interrupted", "finished", "failed")  # `storage.lifecycle.ENDED`: no process, nothing waits
@@ -55,7 +56,7 @@ def parse_grid(grid: Any) -> dict[str, list[Any]]:
         for name, values in grid.items():
             key = str(name).strip()
             if key in names:
-                raise StudyError(f"grid: {key!r:.40} is given twice; put all its values under one name.")
+                raise StudyError(f"grid: {shown(key)} is given twice; put all its values under one name.")
             names[key] = values
         grid = names
     try:

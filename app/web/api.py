@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from typing import Any
 
 import gradio as gr
 
+from a2po.shown import shown
 from app.access import allowlist
 from app.access.gate import Refused, Services, store_upload
 from app.studies.protocols import StudyError, budget_seconds
@@ -37,6 +39,8 @@ from app.web import forms, live
 from app.web.remaining import clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 from storage.lifecycle import UNFINISHED
 from storage.secrets import scrub_text
+
+logger = logging.getLogger("app.web.api")
 
 RUN_KEYS = ("id", "name", "action", "status", "stage", "progress", "model", "dataset", "created_at", "started_at",
             "finished_at", "heartbeat_at", "error", "best_eval_accuracy", "value_set_id", "output_dir", "owner",
@@ -83,8 +87,22 @@ def runs_go_to(services: Services, user: Any) -> dict[str, Any]:
     return services.scheduler.where(address=admin)
 
 
+MAX_WHOLE = 2**63 - 1  # ids, steps and row ids are 64-bit integers in the store
+
+
+def whole(name: str, value: Any, low: int = 0, high: int = MAX_WHOLE) -> int:
+    """An integer argument, or the error a client reads naming it (a bool, text or a number past the store's
+    integers is not one)."""
+    number = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None or not low <= number <= high:
+        raise gr.Error(f"{name} must be a whole number from {low} to {high:,} (got {shown(value)}).")
+    return number
+
+
 def _run(services: Services, run_id: int) -> dict[str, Any]:
-    run = services.store.get_run(int(run_id))
+    run = services.store.get_run(whole("run_id", run_id))
     if run is None:
         raise gr.Error(f"No run #{run_id}.")
     return run
@@ -293,9 +311,10 @@ def metrics(services: Services, run_id: int, after_id: int = 0) -> list:
     Returns:
         A list of {"id", "step", "name", "value"}; "eval_accuracy" at step 0 is the accuracy before training.
     """
+    after_id = whole("after_id", after_id)
     _run(services, run_id)
     return [{k: r[k] for k in ("id", "step", "name", "value")}
-            for r in services.store.get_metrics(int(run_id), after_id=int(after_id))]
+            for r in services.store.get_metrics(int(run_id), after_id=after_id)]
 
 
 def limits(services: Services, request: gr.Request = None) -> dict:
@@ -426,12 +445,13 @@ def completions(services: Services, run_id: int, step: int | None = None, limit:
         rows: {"step", "split", "prompt_id", "sample_index", "prompt_text", "completion", "reward", "v_star"}
         and "advantage", "completion_length", "extra" (each reward's value, the rewards' log_extra columns).
     """
+    limit = whole("limit", limit, 1, 200)
+    step = None if step is None else whole("step", step)
+    if not isinstance(text, str):
+        raise gr.Error(f"text must be text (got {shown(text)}).")
     _run(services, run_id)
-    limit = int(limit)
-    if not 1 <= limit <= 200:
-        raise gr.Error(f"limit must be from 1 to 200 (got {limit}).")
-    rows = services.store.get_samples(int(run_id), step=None if step is None else int(step), correct=correct,
-                                      text=text or None, limit=limit, newest_first=True)
+    rows = services.store.get_samples(int(run_id), step=step, correct=correct, text=text or None, limit=limit,
+                                      newest_first=True)
     return {"run_id": int(run_id), "steps": services.store.sample_steps(int(run_id)),
             "rows": [{k: r.get(k) for k in COMPLETION_KEYS} for r in rows]}
 
@@ -528,15 +548,37 @@ ENDPOINTS: tuple[tuple[Callable[..., Any], dict[str, Any]], ...] = (
 
 
 def with_services(endpoint: Callable[..., Any], services: Services) -> Callable[..., Any]:
-    """`endpoint` with its first argument given: what Gradio calls. It keeps the endpoint's name, docstring and
-    typed parameters (less `services`), from which Gradio documents the API."""
+    """`endpoint` with its first argument given and its errors answered as a visitor may read them
+    (`public_error`): what Gradio calls, for the API and the MCP tools alike. It keeps the endpoint's name,
+    docstring and typed parameters (less `services`), from which Gradio documents the API."""
     @functools.wraps(endpoint)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return endpoint(services, *args, **kwargs)
+        try:
+            return endpoint(services, *args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 - the one boundary between the studio's errors and a caller
+            raise public_error(endpoint.__name__, error) from None
 
     signature = inspect.signature(endpoint)
     call.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
     return call
+
+
+def public_error(endpoint: str, error: Exception) -> gr.Error:
+    """What a caller reads of an error inside endpoint `endpoint`: a refusal's or a bad argument's own sentence (our
+    `Refused`, `StudyError` and `ValueError`s name the argument and the fix); for anything else (a database that
+    does not answer, a bug) a plain sentence, the driver's text and the traceback going to the studio's log for its
+    operator only: they can name the database server, its socket or the SQL."""
+    if isinstance(error, (Refused, StudyError, ValueError)) and type(error).__module__.split(".")[0] in (
+            "app", "a2po", "storage", "builtins"):
+        return gr.Error(str(error)[:2000])
+    logger.error("/%s failed (the caller read a plain message)", endpoint, exc_info=error)
+    if type(error).__module__.split(".")[0] in ("sqlalchemy", "psycopg", "sqlite3"):
+        return gr.Error(f"/{endpoint}: the studio's database did not answer (it may be restarting); try again in a "
+                        "moment.")
+    return gr.Error(f"/{endpoint} could not answer: an error inside the studio, written to its log for the "
+                    "operator.")
 
 
 def register_api(services: Services) -> None:

@@ -91,3 +91,16 @@ CSS = """
 .stage-label small { color: #6b7280; margin-left: 6px; }
 #run-error textarea { color: #dc2626; font-family: monospace; }
 """
+
+
+def code_block(text: str | None, info: str = "text") -> str:
+    """`text` as a Markdown code block that it cannot close: its fence is longer than any run of backticks in it
+    (CommonMark closes a fence only with one as long), so a prompt or completion never becomes markup (an image, a
+    form, an overlay) on a page that shows it. A line of backticks in `text` stays text."""
+    text = text or ""
+    longest, run = 0, 0
+    for char in text:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}"

@@ -18,6 +18,10 @@ APP_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS":
 STEPS = {"a2po": (4, 8, 12, 16, 20), "grpo": (5, 10, 15, 20)}
 G = 4
 QUESTIONS = [f"What is {10 + i} + {20 + i}?" for i in range(4)]
+# A dataset's prompt that tries to close the code block a page shows it in (issue 45): its markup must stay text.
+INJECTION = ("\n```\n~~~\n<img class='injected' src='http://127.0.0.1:9/pixel.png'>"
+             "<form class='injected' action='http://127.0.0.1:9/'><input type='password'></form>\n````")
+INJECTED = ".injected, img, form, input[type=password]"
 
 
 def fill(data_dir) -> dict[str, int]:
@@ -36,7 +40,7 @@ def fill(data_dir) -> dict[str, int]:
                 for j in range(G if method == "grpo" else 1):
                     right = (step + i + j) % 3 != 0
                     rows.append({"step": step, "split": "train", "prompt_id": f"q{i}", "sample_index": j,
-                                 "prompt_text": question, "reward": float(right),
+                                 "prompt_text": question + (INJECTION if i in (0, 2) else ""), "reward": float(right),
                                  "completion": f"{method} step {step} #{j}: {answer if right else answer + 1}",
                                  "v_star": 0.25 * i if method == "a2po" else None,
                                  "advantage": float(right) - 0.5, "completion_length": 6 + j,
@@ -101,6 +105,8 @@ def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side
         expect(page.locator("#samples-prompt")).to_contain_text(QUESTIONS[2])
         for step in STEPS["a2po"]:
             expect(history).to_contain_text(f"a2po step {step}")
+        expect(page.locator("#samples-prompt")).to_contain_text("<img class='injected'")  # shown as text
+        assert page.locator(f"#samples-prompt :is({INJECTED})").count() == 0
         shoot(page, "completions-table")
 
         open_tab(page, "Compare")
@@ -121,5 +127,7 @@ def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side
         for j in range(G):
             expect(page.locator("#compare-right-table")).to_contain_text(f"grpo step 10 #{j}")
         expect(page.locator("#compare-prompt-text")).to_contain_text(QUESTIONS[0])
+        expect(page.locator("#compare-prompt-text")).to_contain_text("<form class='injected'")  # shown as text
+        assert page.locator(f"#compare-prompt-text :is({INJECTED})").count() == 0
         page.locator("#compare-left-table").scroll_into_view_if_needed()
         shoot(page, "compare-completions")

@@ -204,6 +204,11 @@ def test_samples_filters_and_idempotence(store):
     assert len(store.get_samples(run_id, step=1)) == 2
     assert len(store.get_samples(run_id, after_id=rows[1]["id"])) == 1
     assert store.get_samples(run_id, limit=1, newest_first=True)[0]["step"] == 2
+    # A search text past the store's bound is refused naming it, before any SQL (SQLite refuses LIKE patterns past
+    # 50,000 bytes with the whole statement in its message); an id no row can have finds nothing.
+    with pytest.raises(ValueError, match="search for at most 500"):
+        store.get_samples(run_id, text="a" * 60_000)
+    assert store.get_run(10**30) is None and store.get_run(-1) is None and store.get_run("x") is None
 
 
 def test_evaluations_checkpoints_logs(store):

@@ -147,3 +147,12 @@ def test_the_runs_list_and_pickers_name_each_runs_method(tmp_path):
     runs = sorted(store.list_runs(), key=lambda r: r["id"])
     assert list(runs_frame(runs)["action"]) == ["train · A*-PO", "train · GRPO"]
     assert [run_label(r) for r in runs] == ["#1 a (queued)", "#2 g (GRPO, queued)"]
+
+
+def test_a_code_block_cannot_be_closed_by_the_text_it_shows():
+    from app.web.common import code_block
+
+    assert code_block("a + b") == "```text\na + b\n```"
+    fenced = code_block("x\n```\n<img src=x>\n`````\ny")
+    assert fenced.startswith("``````text\n") and fenced.endswith("\n``````")  # longer than the text's longest run
+    assert code_block("~~~\n<b>", "") == "```\n~~~\n<b>\n```"  # tildes cannot close a fence of backticks

@@ -16,7 +16,7 @@ from app.runtime.reward_versions import versions_note
 from app.studies import comparison
 from app.studies.protocols import PROTOCOL_LABELS, PROTOCOLS
 from app.web import charts
-from app.web.common import run_choices, run_label
+from app.web.common import code_block, run_choices, run_label
 from app.web.pages import completions
 
 DEFAULT_METRICS = ["loss", "reward", "eval_accuracy", "log_ratio"]
@@ -185,7 +185,7 @@ def _build_side_by_side(services: Services, picker: gr.Dropdown) -> None:
         if shown["step"] is None:
             sides[0] = ("These runs logged no completions yet." if left_id or right_id else
                         "Pick runs above: two of them are set side by side here.", sides[0][1])
-        text = f"```text\n{shown['text']}\n```" if shown["text"] else ""
+        text = code_block(shown["text"]) if shown["text"] else ""
         return [completions.step_slider(shown["steps"], shown["step"]),
                 gr.Dropdown(choices=shown["choices"], value=shown["prompt"]), text,
                 sides[0][0], sides[0][1], sides[1][0], sides[1][1]]

@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.web.common import method_label, short
+from app.web.common import code_block, method_label, short
 from storage import Store
 
 CORRECT_FILTERS = ["all", "correct", "incorrect"]
@@ -136,7 +136,7 @@ def prompt_heading(samples: list[dict[str, Any]], prompt_id: str) -> str:
     steps = sorted({s["step"] for s in samples})
     return (f"**Prompt {_markdown_text(prompt_id)}** · sampled at {len(steps)} step(s), "
             f"{steps[0]} to {steps[-1]} · {len(samples)} completions\n\n"
-            f"```text\n{samples[0]['prompt_text']}\n```")
+            f"{code_block(samples[0]['prompt_text'])}")
 
 
 def _scores(s: dict[str, Any]) -> dict[str, Any]:

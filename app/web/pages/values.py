@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from app.web import charts
-from app.web.common import short
+from app.web.common import code_block, short
 
 VALUE_COLUMNS = ["prompt_id", "question", "V*", "correct", "N", "filtered"]
 FILTERED_COLUMNS = ["prompt_id", "question", "reason"]
@@ -89,7 +89,7 @@ def prompt_detail(row: dict[str, Any] | None, prompt_id: str) -> tuple[str, Any]
     v_star = "–" if row["v_star"] is None else f"{row['v_star']:.4f}"
     text = (f"**Prompt {html.escape(prompt_id)}** · V* = {v_star} · {row['num_correct']} of "
             f"{len(row['rewards'])} correct{' · filtered' if row['filtered'] else ''}\n\n"
-            f"The prompt as the model saw it (chat template applied):\n\n```\n{row['prompt_text']}\n```")
+            f"The prompt as the model saw it (chat template applied):\n\n{code_block(row['prompt_text'], '')}")
     return text, completions_frame(row)
 
 
