@@ -300,8 +300,9 @@ class _BaseConfig(TrainingArguments):
                 problems[name] = problem
             else:
                 setattr(self, name, value)
-        problems.update({name: message.format(Quoted(getattr(self, name))) for name, valid, message in self._rules()
-                         if name not in problems and not valid(getattr(self, name))})
+        for name, valid, message in self._rules():  # a field's first broken rule names its problem
+            if name not in problems and not valid(getattr(self, name)):
+                problems[name] = message.format(Quoted(getattr(self, name)))
         if not problems:
             problems.update(self._cross_problems())
         if not problems and self.log_completions and importlib.util.find_spec("pyarrow") is None:

@@ -13,7 +13,16 @@ Every other flag is `python -m a2po train`'s (the preset, then the flags). The r
 process; each writes `<output_dir>/<run name>/`, and `<output_dir>/sweep.jsonl` gets one line per finished run, with
 its whole spec. A sweep started again skips the runs whose spec is there; a folder keeps the base flags it was started
 with (`<output_dir>/sweep_flags.json`) and refuses others. At the end: one row per grid point with the median over
-seeds of the final held-out accuracy, its range, the best accuracy and its step, training time and completion tokens.
+seeds of the final held-out accuracy, its range, the best accuracy and its step, training time, completion tokens and
+compute.
+
+    python -m a2po sweep --grid learning_rate=1e-5,3e-5,1e-4 --seeds 0 1 2 --halving --max_train_flops 4e13 \
+        --num_train_epochs 20
+
+`--halving` (or `--halving '{"reduction_factor": 3, "rungs": 3}'`) stops weak points early: successive halving
+(`Halving`, docs/studies.md): every point trains with the first seed on a share of the budget, the best third go on,
+the last rung with every seed; the table marks the others "pruned at rung r".
+
 Time and tokens are stage 1 (the train split's) and stage 2: every run that reads a V* set is charged what sampling it
 cost, on its clock too (`max_train_seconds`), whichever run sampled it, so points compare on what each would cost alone.
 """
@@ -299,10 +308,12 @@ def rung_value(finals: list[float], curves: list[list[float]], order: int) -> fl
 # The command
 
 
-def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], list[str]]:
-    """`--grid NAME=V1,V2` (repeatable) and `--seeds S [S ...]` taken out of `argv`; the rest is train's flags."""
+def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], str | None, list[str]]:
+    """`--grid NAME=V1,V2` (repeatable), `--seeds S [S ...]` and `--halving JSON` (or `--halving` alone: the
+    defaults) taken out of `argv`; the rest is train's flags."""
     grid: dict[str, str] = {}
     seeds: list[int] = []
+    halving: str | None = None
     rest: list[str] = []
     i = 0
     while i < len(argv):
@@ -319,6 +330,9 @@ def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], list[str]]
             if name.strip() in grid:
                 raise SystemExit(f"--grid {name.strip()} is given twice: put all its values in one flag.")
             grid[name.strip()] = values
+        elif arg == "--halving":
+            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            halving, i = (argv[i + 1], i + 1) if has_value else ("true", i)
         elif arg == "--seeds":
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 i += 1
@@ -331,31 +345,41 @@ def _sweep_flags(argv: list[str]) -> tuple[dict[str, str], list[int], list[str]]
         i += 1
     if "--seed" in rest:
         raise SystemExit("A sweep takes --seeds S [S ...] (one run per seed); drop --seed.")
-    return grid, seeds, rest
+    return grid, seeds, halving, rest
 
 
-def _final_figures(trainer: Any, charged: tuple[float, int]) -> dict[str, Any]:
-    """What a sweep's table reads of a finished run: held-out accuracy (final, best and its step) and its clock,
-    stage 1 included (what this run sampled of it, `stage1_*`, and what its V* set cost, `charged` before it ran)."""
+def _final_figures(trainer: Any, charged: tuple[float, int, float]) -> dict[str, Any]:
+    """What a sweep's table reads of a finished run: held-out accuracy (final, best and its step, and the mean over
+    its evaluations after the first, for halving's ties) and its clock and compute, stage 1 included (what this run
+    sampled of it, `stage1_*`, and what its V* set cost, `charged` before it ran)."""
     evals = [(h["step"], h["eval_accuracy"]) for h in trainer.state.log_history if "eval_accuracy" in h]
     counters = trainer.run_counters
     best = max(evals, key=lambda p: p[1], default=(None, None))
     stage_one = counters.values_seconds.get("train", 0.0)
     stage_one_tokens = counters.values_tokens.get("train", 0)
+    stage_one_flops = counters.values_flops.get("train", 0.0)
     return {"final_accuracy": evals[-1][1] if evals else None, "best_accuracy": best[1], "best_step": best[0],
+            "curve": [a for _, a in evals[1:]] or [a for _, a in evals],
             "steps": trainer.state.global_step, "stage1_seconds": round(stage_one - charged[0], 2),
-            "stage1_tokens": stage_one_tokens - charged[1], "train_seconds": round(counters.train_seconds, 2),
-            "train_tokens": counters.completion_tokens,
+            "stage1_tokens": stage_one_tokens - charged[1], "stage1_flops": stage_one_flops - charged[2],
+            "train_seconds": round(counters.train_seconds, 2), "train_tokens": counters.completion_tokens,
             "training_seconds": round(stage_one + counters.train_seconds, 2),
-            "completion_tokens": counters.completion_tokens + stage_one_tokens}
+            "completion_tokens": counters.completion_tokens + stage_one_tokens, "compute_flops": counters.compute}
 
 
 def summarize_sweep(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per grid point, in grid order: medians over its seeds (final and best accuracy, training time,
-    tokens), the range of the final accuracy, and the seeds it ran."""
+    tokens, compute), the range of the final accuracy, and the seeds it ran. With halving (rows with a `rung`), a
+    point is read at the highest rung it reached, and one left out of the next rung is "pruned at rung r"."""
+    top = max((r.get("rung", 0) for r in results), default=0)
+    reached: dict[str, int] = {}
+    for result in results:
+        reached[result["point_label"]] = max(reached.get(result["point_label"], 0), result.get("rung", 0))
     rows: dict[str, dict[str, Any]] = {}
     for result in results:
-        rows.setdefault(result["point_label"], {"point": result["point_label"], "runs": []})["runs"].append(result)
+        label = result["point_label"]
+        if result.get("rung", 0) == reached[label]:
+            rows.setdefault(label, {"point": label, "runs": []})["runs"].append(result)
 
     def median(runs: list[dict[str, Any]], key: str) -> float | None:
         values = [r[key] for r in runs if r.get(key) is not None]
@@ -365,40 +389,50 @@ def summarize_sweep(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows.values():
         runs = row.pop("runs")
         finals = [r["final_accuracy"] for r in runs if r.get("final_accuracy") is not None]
+        halved = "rung" in runs[0]
         row.update(seeds=len(runs), final_accuracy=median(runs, "final_accuracy"),
                    final_min=min(finals, default=None), final_max=max(finals, default=None),
                    best_accuracy=median(runs, "best_accuracy"), best_step=median(runs, "best_step"),
-                   training_seconds=median(runs, "training_seconds"), completion_tokens=median(runs,
-                                                                                               "completion_tokens"))
+                   training_seconds=median(runs, "training_seconds"),
+                   completion_tokens=median(runs, "completion_tokens"), compute_flops=median(runs, "compute_flops"),
+                   state=("" if not halved else f"pruned at rung {reached[row['point']]}"
+                          if reached[row["point"]] < top else f"rung {reached[row['point']]}"))
         table.append(row)
     return table
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
     """The sweep's table as text: the best final median marked with *, or every point tied at it with = (no point
-    is better than another there), and footnotes that say so and what time and tokens count."""
+    is better than another there), and footnotes that say so and what time and tokens count. With halving, only a
+    point of the last rung can be the best, and the pruned ones say where they stopped."""
+    from a2po.compute import format_flops
+
     def pct(v: float | None) -> str:
         return "–" if v is None else f"{100 * v:.1f}%"
 
-    best = max((r["final_accuracy"] for r in table if r["final_accuracy"] is not None), default=None)
-    tied = sum(best is not None and r["final_accuracy"] == best for r in table)
+    halved = any(r.get("state") for r in table)
+    eligible = [r for r in table if not r.get("state", "").startswith("pruned")]
+    best = max((r["final_accuracy"] for r in eligible if r["final_accuracy"] is not None), default=None)
+    tied = sum(best is not None and r["final_accuracy"] == best for r in eligible)
     lines = [f"{'grid point':<40} {'seeds':>5} {'final (median)':>14} {'range':>15} {'best (step)':>14} "
-             f"{'train time':>10} {'tokens':>9}"]
+             f"{'train time':>10} {'tokens':>9} {'compute':>12}" + (f" {'halving':<16}" if halved else "")]
     for r in table:
-        mark = ("*" if tied == 1 else "=") if best is not None and r["final_accuracy"] == best else " "
+        top = r in eligible and best is not None and r["final_accuracy"] == best
+        mark = ("*" if tied == 1 else "=") if top else " "
         spread = f"{pct(r['final_min'])}-{pct(r['final_max'])}"
         step = "" if r["best_step"] is None else f" ({r['best_step']:g})"
         time_s = "–" if r["training_seconds"] is None else f"{r['training_seconds']:.0f} s"
         tokens = "–" if r["completion_tokens"] is None else f"{r['completion_tokens']:,.0f}"
         lines.append(f"{mark}{r['point'][:39]:<39} {r['seeds']:>5} {pct(r['final_accuracy']):>14} {spread:>15} "
-                     f"{pct(r['best_accuracy']) + step:>14} {time_s:>10} {tokens:>9}")
+                     f"{pct(r['best_accuracy']) + step:>14} {time_s:>10} {tokens:>9} "
+                     f"{format_flops(r.get('compute_flops')):>12}" + (f" {r.get('state', ''):<16}" if halved else ""))
     if tied == 1:
-        lines.append("* the best final median")
+        lines.append("* the best final median" + (" (of the points of the last rung)" if halved else ""))
     elif tied > 1:
         lines.append(f"= {tied} grid points tie for the best final median ({pct(best)}): more seeds or held-out "
                      "prompts may tell them apart")
-    lines.append("train time, tokens: medians of stage 1 (sampling the V* set for the train split, charged in full to "
-                 "every run that reads it) plus stage 2 (training); evaluations not counted")
+    lines.append("train time, tokens, compute: medians of stage 1 (sampling the V* set for the train split, charged in "
+                 "full to every run that reads it) plus stage 2 (training); evaluations not counted")
     return "\n".join(lines)
 
 
@@ -441,17 +475,121 @@ def _check_folder(root: Path, base: dict[str, Any]) -> None:
                          f"in {path}.")
 
 
+@dataclass
+class _Runner:
+    """What every run of a command-line sweep shares: its folder and log, the train flags, the stage-1 seed, what
+    each V* set cost and its tables (handed from run to run), and the runs finished earlier (by spec and rung)."""
+
+    root: Path
+    script: Any
+    fields: dict[str, Any]
+    base_name: str
+    values_seed: dict[str, Any]
+    done: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    costs: dict[str, tuple[float, int, float]] = dataclasses.field(default_factory=dict)
+    tables: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "sweep.jsonl"
+
+    def read_log(self) -> None:
+        """The runs an earlier start of this sweep finished, and what they paid for their V* sets."""
+        for line in self.log_path.read_text().splitlines() if self.log_path.exists() else []:
+            if line.strip():
+                row = json.loads(line)
+                if "spec" in row:
+                    self.done[_done_key(row["spec"], row.get("rung"))] = row
+                if row.get("values_set"):
+                    self.add_cost(row["values_set"], row)
+
+    def add_cost(self, key: str, row: dict[str, Any]) -> None:
+        seconds, tokens, flops = self.costs.get(key, (0.0, 0, 0.0))
+        self.costs[key] = (seconds + row["stage1_seconds"], tokens + row["stage1_tokens"],
+                           flops + row.get("stage1_flops", 0.0))
+
+    def run(self, point: dict[str, Any], seed: int, rung: int | None, share: float, where: str) -> dict[str, Any]:
+        """One run of the sweep (`rung` and `share`: of a halving), or its row from an earlier start."""
+        from a2po.cli import spec_from_args
+
+        label = point_label(point)
+        name = f"{self.base_name}-{point_slug(point)}" + ("" if rung is None else f"-r{rung}") + f"-s{seed}"
+        run_fields = {**self.values_seed, **self.fields, **point, "seed": seed, "run_name": name}
+        run_fields.pop("output_dir", None)
+        spec = spec_from_args("train", self.script, dict(run_fields))
+        flags = _spec_flags(spec)
+        what = f"{where} {label}, seed {seed}" + ("" if rung is None else f", rung {rung}")
+        if (earlier := self.done.get(_done_key(flags, rung))) is not None:
+            print(f"{what}: done earlier ({self.log_path})", flush=True)
+            return earlier
+        print(what, flush=True)
+        trainer = spec.build_trainer(output_dir=str(self.root / name))
+        trainer.run_counters.budget_share = share
+        key = trainer.value_fingerprint() if getattr(trainer, "samples_stage_one", False) else None
+        if key is not None and key not in self.tables:  # a sweep started again: the tables its earlier runs saved
+            self.tables[key] = _saved_tables(self.root, key)
+        for split, table in self.tables.get(key, {}).items():
+            trainer.set_optimal_values(table, split)
+        charged = self.costs.get(key, (0.0, 0, 0.0))
+        if key is not None:  # whichever run sampled the V* set, each run that reads it pays for it, as it would alone
+            trainer.run_counters.restore_values("train", *charged)
+        trainer.train()
+        if trainer.eval_dataset is not None and not any(
+                h.get("step") == trainer.state.global_step and "eval_accuracy" in h for h in trainer.state.log_history):
+            trainer.evaluate()
+        trainer.save_model(str(self.root / name))
+        figures = _final_figures(trainer, charged)
+        if key is not None:
+            self.tables.setdefault(key, {}).update(trainer.value_tables)
+            self.add_cost(key, figures)
+        result = {"point": point, "point_label": label, "seed": seed, "run_name": name, "spec": flags,
+                  "values_set": key, **({} if rung is None else {"rung": rung}), **figures}
+        with self.log_path.open("a") as log:
+            log.write(json.dumps(result) + "\n")
+        return result
+
+
+def _done_key(flags: dict[str, Any], rung: int | None) -> str:
+    return json.dumps(flags if rung is None else {"spec": flags, "rung": rung}, sort_keys=True)
+
+
+def _halved(runner: _Runner, halving: Halving, grid: dict[str, list[Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    """The runs of a halving sweep, rung by rung: every point with the first seed on its share, the points
+    `promoted` keeps on to the next rung, the last with every seed."""
+    kept, results = halving.points(grid), []
+    order = {point_label(p): i for i, p in enumerate(kept)}
+    for rung in range(halving.rungs):
+        last = rung == halving.rungs - 1
+        plan = [(point, seed) for point in kept for seed in (seeds if last else seeds[:1])]
+        mine = [runner.run(point, seed, rung, halving.share(rung), f"[rung {rung}: {i}/{len(plan)}]")
+                for i, (point, seed) in enumerate(plan, 1)]
+        results += mine
+        if last:
+            break
+        values = {point_label(p): rung_value([r["final_accuracy"] for r in mine if r["point_label"] == point_label(p)
+                                              and r["final_accuracy"] is not None],
+                                             [r.get("curve") or [] for r in mine if r["point_label"] == point_label(p)],
+                                             order[point_label(p)]) for p in kept}
+        going_on = promoted(values, halving.reduction_factor)
+        print(f"rung {rung}: {len(going_on)} of {len(kept)} points go on ({', '.join(sorted(going_on))}); the others "
+              "are pruned", flush=True)
+        kept = [p for p in kept if point_label(p) in going_on]
+    return results
+
+
 def run_sweep(argv: list[str]) -> int:
     """`python -m a2po sweep ...` (see the module docstring)."""
     from a2po.cli import parse, register_rewards, spec_from_args
 
-    grid_text, seeds, rest = _sweep_flags(argv)
+    grid_text, seeds, halving_text, rest = _sweep_flags(argv)
     try:
         grid = parse_grid(grid_text, allow_method=False)
-    except GridError as error:
-        raise SystemExit(str(error)) from None
+        halving = Halving.parse(json.loads(halving_text)) if halving_text is not None else None
+    except (GridError, json.JSONDecodeError) as error:
+        raise SystemExit(f"--halving: {error}" if isinstance(error, json.JSONDecodeError) else str(error)) from None
     if not grid and not seeds:
-        raise SystemExit("usage: python -m a2po sweep --grid NAME=V1,V2 [--grid ...] [--seeds 0 1 2] [train flags]")
+        raise SystemExit("usage: python -m a2po sweep --grid NAME=V1,V2 [--grid ...] [--seeds 0 1 2] "
+                         "[--halving '{\"reduction_factor\": 3, \"rungs\": 3}'] [train flags]")
     seeds = seeds or [0]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds: each seed once (got {' '.join(map(str, seeds))}).")
@@ -462,6 +600,9 @@ def run_sweep(argv: list[str]) -> int:
     for name in grid:
         if name not in type(config).__dataclass_fields__:
             raise SystemExit(f"--grid {name}: not a setting of {type(config).__name__} (--method {script.method}).")
+    if halving is not None and not (config.max_train_flops or config.max_train_seconds):
+        raise SystemExit("--halving stops points at shares of a budget: give one, --max_train_flops (compute, the "
+                         "same on any machine) or --max_train_seconds, and --num_train_epochs enough to spend it.")
     register_rewards(script)
     if script.num_processes != 1:
         raise SystemExit("A sweep runs its runs one after another in one process: drop --num_processes.")
@@ -469,69 +610,26 @@ def run_sweep(argv: list[str]) -> int:
     root = Path(config.output_dir or Path("outputs") / base_name)
     root.mkdir(parents=True, exist_ok=True)
     base = spec_from_args("train", script, dict(fields))
-    _check_folder(root, {k: v for k, v in _spec_flags(base).items() if k != "run_name"})
-    log_path = root / "sweep.jsonl"
-    done: dict[str, dict[str, Any]] = {}  # finished runs by their whole spec (an older version's rows have none)
-    costs: dict[str, tuple[float, int]] = {}  # what sampling each V* set (by fingerprint) has cost: seconds, tokens
-    for line in log_path.read_text().splitlines() if log_path.exists() else []:
-        if line.strip():
-            row = json.loads(line)
-            if "spec" in row:
-                done[json.dumps(row["spec"], sort_keys=True)] = row
-            if row.get("values_set"):
-                seconds, tokens = costs.get(row["values_set"], (0.0, 0))
-                costs[row["values_set"]] = (seconds + row["stage1_seconds"], tokens + row["stage1_tokens"])
+    _check_folder(root, {**{k: v for k, v in _spec_flags(base).items() if k != "run_name"},
+                         **({"halving": halving.to_dict()} if halving else {})})
     # One stage 1 for the whole sweep: every run samples its reference completions with the base's seed.
     stage_one_seed = base.config.get("values_seed")
     stage_one_seed = base.config.get("seed", config.seed) if stage_one_seed is None else stage_one_seed
     values_seed = {"values_seed": stage_one_seed} if "values_seed" in type(config).__dataclass_fields__ else {}
-    points = grid_points(grid)
-    plan = [(point, seed) for point in points for seed in seeds]
-    tables: dict[str, dict[str, Any]] = {}  # V* tables by fingerprint, handed from run to run
-    results: list[dict[str, Any]] = []
+    runner = _Runner(root, script, fields, base_name, values_seed)
+    runner.read_log()
     started = time.time()
-    for index, (point, seed) in enumerate(plan, 1):
-        label = point_label(point)
-        name = f"{base_name}-{point_slug(point)}-s{seed}"
-        run_fields = {**values_seed, **fields, **point, "seed": seed, "run_name": name}
-        run_fields.pop("output_dir", None)
-        spec = spec_from_args("train", script, dict(run_fields))
-        flags = _spec_flags(spec)
-        if (earlier := done.get(json.dumps(flags, sort_keys=True))) is not None:
-            print(f"[{index}/{len(plan)}] {label}, seed {seed}: done earlier ({log_path})", flush=True)
-            results.append(earlier)
-            continue
-        print(f"[{index}/{len(plan)}] {label}, seed {seed}", flush=True)
-        trainer = spec.build_trainer(output_dir=str(root / name))
-        key = trainer.value_fingerprint() if getattr(trainer, "samples_stage_one", False) else None
-        if key is not None and key not in tables:  # a sweep started again: the tables its earlier runs saved
-            tables[key] = _saved_tables(root, key)
-        for split, table in tables.get(key, {}).items():
-            trainer.set_optimal_values(table, split)
-        charged = costs.get(key, (0.0, 0))
-        if key is not None:  # whichever run sampled the V* set, each run that reads it pays for it, as it would alone
-            trainer.run_counters.restore_values("train", *charged)
-        trainer.train()
-        if trainer.eval_dataset is not None and not any(
-                h.get("step") == trainer.state.global_step and "eval_accuracy" in h for h in trainer.state.log_history):
-            trainer.evaluate()
-        trainer.save_model(str(root / name))
-        if key is not None:
-            tables.setdefault(key, {}).update(trainer.value_tables)
-        figures = _final_figures(trainer, charged)
-        if key is not None:
-            costs[key] = (charged[0] + figures["stage1_seconds"], charged[1] + figures["stage1_tokens"])
-        result = {"point": point, "point_label": label, "seed": seed, "run_name": name, "spec": flags,
-                  "values_set": key, **figures}
-        with log_path.open("a") as log:
-            log.write(json.dumps(result) + "\n")
-        results.append(result)
-        del trainer
+    if halving is None:
+        plan = [(point, seed) for point in grid_points(grid) for seed in seeds]
+        results = [runner.run(point, seed, None, 1.0, f"[{i}/{len(plan)}]") for i, (point, seed) in enumerate(plan, 1)]
+    else:
+        results = _halved(runner, halving, grid, seeds)
     table = summarize_sweep(results)
-    shared = f"; stage 1 sampled for {len(tables)} V* set(s), each read by the other runs" if tables else ""
-    print(f"\nSweep {base_name}: {len(plan)} runs ({len(points)} grid points x {len(seeds)} seeds), "
-          f"{time.time() - started:.0f} s in this process{shared}.", flush=True)
+    shared = (f"; stage 1 sampled for {len(runner.tables)} V* set(s), each read by the other runs"
+              if runner.tables else "")
+    print(f"\nSweep {base_name}: {len(results)} runs ({len(table)} grid points, {len(seeds)} seed(s)"
+          f"{', halved' if halving else ''}), {time.time() - started:.0f} s in this process{shared}.", flush=True)
     print(format_table(table), flush=True)
     (root / "summary.json").write_text(json.dumps(table, indent=2))
-    print(f"Runs: {log_path}; table: {root / 'summary.json'}", file=sys.stderr, flush=True)
+    print(f"Runs: {runner.log_path}; table: {root / 'summary.json'}", file=sys.stderr, flush=True)
     return 0

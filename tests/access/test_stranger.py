@@ -61,8 +61,9 @@ class Stranger:
     def upload(self, name: str, content: bytes) -> dict:
         """Gradio's upload route, anonymously (what a page's file box sends), as the event's file value."""
         boundary = uuid.uuid4().hex
-        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
-                "Content-Type: application/octet-stream\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+                "Content-Type: application/octet-stream\r\n\r\n")
+        body = head.encode() + content + f"\r\n--{boundary}--\r\n".encode()
         request = urllib.request.Request(self.url + "gradio_api/upload", data=body,
                                          headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
         path = json.loads(urllib.request.urlopen(request, timeout=60).read())[0]

@@ -11,7 +11,7 @@ import pytest
 
 from storage import Store, export_csv
 from storage.export import safe_cell
-from storage.store import _histogram_bins
+from storage.views import _histogram_bins
 
 SPEC = {"name": "q", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 8}}
 

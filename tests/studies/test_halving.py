@@ -173,3 +173,31 @@ def test_a_studio_halves_a_sweep_to_its_end_and_a_restart_neither_reruns_nor_unp
     assert sorted(states.values()) == ["pruned at rung 0 of 2", "pruned at rung 0 of 2", "rung 1 of 2"]
     assert found.best is not None and found.best.label in kept and len(found.best.run_ids) == 2
     assert all(row.table_row(False)["halving"] for row in found.rows)
+
+
+def test_the_command_line_halves_a_sweep_marks_the_pruned_and_skips_what_it_ran(tmp_path, tiny_model_dir):
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "a2po", "sweep", "--model", tiny_model_dir, "--grid",
+            "learning_rate=0.001,0.003,0.01", "--seeds", "0", "1", "--halving", '{"reduction_factor": 3, "rungs": 2}',
+            "--num_prompts", "8", "--eval_size", "4", "--num_value_samples", "2", "--max_completion_length", "4",
+            "--per_device_train_batch_size", "4", "--max_train_flops", "4e8", "--num_train_epochs", "20",
+            "--use_cpu", "true", "--save_strategy", "no", "--filter_all_incorrect", "false", "--output_dir", str(out),
+            "--run_name", "cli"]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    assert [(r["rung"], r["seed"]) for r in rows] == [(0, 0)] * 3 + [(1, 0), (1, 1)]
+    finals = {r["point_label"]: (r["final_accuracy"], r["curve"]) for r in rows[:3]}
+    kept = promoted({label: rung_value([f], [c], i) for i, (label, (f, c)) in enumerate(finals.items())}, 3)
+    assert {r["point_label"] for r in rows[3:]} == kept
+    assert rows[3]["compute_flops"] >= 4e8 > rows[0]["compute_flops"]  # rung 0 spent a third of the training part
+    table = json.loads((out / "summary.json").read_text())
+    assert sorted(r["state"] for r in table) == ["pruned at rung 0", "pruned at rung 0", "rung 1"]
+    assert "pruned at rung 0" in result.stdout and "rung 0: 1 of 3 points go on" in result.stdout
+    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("done earlier") == 5  # nothing run again, nothing unpruned

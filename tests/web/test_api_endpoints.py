@@ -146,7 +146,7 @@ def test_compare_study_and_completions_read_runs_back(services, tiny_model_dir):
     assert set(written["rows"][0]) == set(api.COMPLETION_KEYS)
     assert {r["step"] for r in api.completions(services, ids[0], step=1)["rows"]} == {1}
     assert [r["completion"] for r in api.completions(services, ids[0], step=1, correct=True)["rows"]] == ["2"]
-    with pytest.raises(gr.Error, match="limit must be from 1 to 200"):
+    with pytest.raises(gr.Error, match="limit must be a whole number from 1 to 200"):
         api.completions(services, ids[0], limit=0)
 
 

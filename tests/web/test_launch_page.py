@@ -31,7 +31,7 @@ def event(form: launch.LaunchForm, **fields) -> dict:
     """What the browser sends for the form as it opens, with `fields` (by form key) changed."""
     data = {component: component.value for component in form.fields}
     data.update({form.inputs[key]: value for key, value in fields.items()})
-    return {**data, form.token: None, form.seeds: "", form.protocol: "paper", form.budget: 10,
+    return {**data, form.token: None, form.seeds: "", form.protocol: "paper", form.budget: 10, form.flops_budget: 1e15,
             form.sweep_grid: "", form.sweep_field: None}
 
 
