@@ -156,3 +156,15 @@ def test_a_code_block_cannot_be_closed_by_the_text_it_shows():
     fenced = code_block("x\n```\n<img src=x>\n`````\ny")
     assert fenced.startswith("``````text\n") and fenced.endswith("\n``````")  # longer than the text's longest run
     assert code_block("~~~\n<b>", "") == "```\n~~~\n<b>\n```"  # tildes cannot close a fence of backticks
+
+
+def test_stage_ones_bar_says_which_split_it_samples():
+    from app.web.pages.run import stage_progress
+
+    run = {"id": 1, "action": "train", "status": "running", "stage": "values", "progress": 0.15,
+           "config": {"dataset": {"source": "arithmetic", "num_prompts": 256, "eval_size": 64}},
+           "value_counts": {"train": 100}}
+    assert "training prompts 100 / 256" in stage_progress(run, "train", None)
+    run.update(progress=0.25, value_counts={"train": 256, "eval": 16})  # the held-out prompts, after the training ones
+    bar = stage_progress(run, "train", None)
+    assert "held-out prompts 16 / 64 (the 256 training prompts done)" in bar and "256 / 256" not in bar

@@ -82,17 +82,24 @@ def new_state(run_id: int | None, tab: str = "values") -> dict[str, Any]:
     return {"run_id": run_id, "tab": tab, "polling": None, "shown": {}}
 
 
-def stage_progress(run: dict[str, Any], num_values: int, value_set: dict[str, Any] | None) -> str:
-    """Two progress bars: stage 1 (V* estimation) and stage 2 (training, or evaluation for evaluate runs)."""
+def stage_progress(run: dict[str, Any], split: str, value_set: dict[str, Any] | None) -> str:
+    """Two progress bars: stage 1 (V* estimation) and stage 2 (training, or evaluation for evaluate runs). Stage 1
+    samples the training prompts, then the held-out ones; its bar says which it is at, with that split's count."""
     action, stage, status = run["action"], run.get("stage"), run["status"]
     progress = run.get("progress") or 0.0
     done = status == "finished"
+    num_values = _count(run, split)
     expected = _expected_prompts(run)
     if value_set is not None and value_set.get("complete"):
         s1, d1 = 1.0, f"{num_values} prompts"
     elif stage == "values":
+        train = _count(run, "train")
+        held_out = (run.get("config") or {}).get("dataset", {}).get("eval_size")
         s1 = progress
-        d1 = f"{num_values} / {expected} prompts" if expected else f"{num_values} prompts"
+        if expected is not None and train >= expected and held_out:  # the training prompts are done
+            d1 = f"held-out prompts {_count(run, 'eval')} / {held_out} (the {train} training prompts done)"
+        else:
+            d1 = f"training prompts {train} / {expected}" if expected else f"{train} training prompts"
     elif action == "evaluate" and not run.get("value_set_id"):
         s1, d1 = None, "not needed"
     else:
@@ -207,7 +214,7 @@ def _header_view(store: Store, run: dict[str, Any], value_set: dict[str, Any] | 
     marker = f'<div id="run-live" data-run="{int(run["id"])}" hidden></div>'  # the run the poller asks about
     evaluations = store.get_evaluations(run["id"]) if run.get("best_eval_accuracy") is not None else []
     return {"header": header(run, evaluations, clock_from_metrics(store.latest_metrics(run["id"]))),
-            "progress": marker + stage_progress(run, _count(run, split), value_set)}
+            "progress": marker + stage_progress(run, split, value_set)}
 
 
 def _controls_view(services: Services, run: dict[str, Any], split: str = "train") -> dict[str, Any]:
