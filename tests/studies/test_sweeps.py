@@ -207,6 +207,21 @@ def test_the_launch_pages_sweep_plan_refuses_a_huge_grid_at_no_cost(handlers):
     assert "429981696 grid points" in refused_cheaply(lambda: planned(text))
 
 
+def test_the_launch_pages_sweep_plan_says_what_halving_makes_and_needs(handlers):
+    plan = handlers["plan_sweep"]
+    boxes = {c.elem_id: c for c in plan.inputs}
+
+    def planned(budget: float | None) -> str:
+        values = {c: c.value for c in plan.inputs}
+        values.update({boxes["sweep-grid"]: "learning_rate: 1e-5, 2e-5, 3e-5, 5e-5, 1e-4, 2e-4",
+                       boxes["sweep-halving"]: True, boxes["field-max_train_flops"]: budget,
+                       boxes["field-num_train_epochs"]: 20})
+        return plan.fn(values)
+
+    assert "halving stops points at shares of a budget" in planned(None)
+    assert planned(2e13).startswith("**Halving:** 6 points at rung 0") and "at most 9 runs" in planned(2e13)
+
+
 @pytest.mark.parametrize("endpoint, arguments, message", [
     ("launch_study", {"grid": {"beta2": [0.001], " beta2 ": [0.01]}}, "grid: 'beta2' is given twice"),
     ("launch_study", {"grid": {"beta2": [0.001]}, "seeds": [True, False]}, "seeds: True is not a whole number"),

@@ -248,6 +248,7 @@ class LaunchForm:
     batch_text: Any = None  # prompts, completions and generations per step (`a2po.batches`), by the batch settings
     sweep_field: Any = None
     sweep_grid: Any = None
+    sweep_halving: Any = None
     sweep_plan: Any = None
     try_verdict: Any = None
     try_table: Any = None
@@ -433,12 +434,19 @@ def plan_sweep(form: LaunchForm, data: dict[Any, Any]) -> str:
     result = validate(form.services, form.values(data, action="train"))
     if not result.ok:
         return f"⚠ Fix the form first: {len(result.errors)} problem(s) (see the marked fields)."
+    halving = sweeps.parse_halving(True) if data.get(form.sweep_halving) else None
     try:
-        specs = sweeps.sweep_specs(result.spec, sweeps.grid_from_text(data[form.sweep_grid]),
-                                   parse_seeds(data[form.seeds]))
+        seeds = parse_seeds(data[form.seeds])
+        specs = sweeps.sweep_specs(result.spec, sweeps.grid_from_text(data[form.sweep_grid]), seeds, halving=halving)
     except StudyError as exc:
         return f"⚠ {exc}"
-    return sweep_plan_text(form.services, specs)
+    if halving is None:
+        return sweep_plan_text(form.services, specs)
+    shares = ", ".join(f"{halving.share(r):.3g}" for r in range(halving.rungs))
+    return (f"**Halving:** {len(specs)} points at rung 0 with the first seed; the best 1/{halving.reduction_factor} "
+            f"go on at each rung, on {shares} of the budget's training part; the last rung with every seed: at most "
+            f"{halving.max_runs(len(specs), len(seeds) or 1)} runs. The studio launches each rung when the one "
+            "before has ended (docs/studies.md).")
 
 
 def start_sweep(form: LaunchForm, data: dict[Any, Any], request: gr.Request | None) -> dict[Any, Any]:
@@ -452,7 +460,8 @@ def start_sweep(form: LaunchForm, data: dict[Any, Any], request: gr.Request | No
         grid = sweeps.grid_from_text(data[form.sweep_grid])
         if not grid:
             raise StudyError("Write the grid first: one setting per line, e.g. beta2: 0.001, 0.01")
-        ids = form.services.launch_sweep(result.spec, _user(form, data, request), grid, data[form.seeds])
+        ids = form.services.launch_sweep(result.spec, _user(form, data, request), grid, data[form.seeds],
+                                         halving=bool(data.get(form.sweep_halving)))
     except (Refused, StudyError) as exc:
         return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,
                 form.sweep_study: None}
@@ -822,6 +831,10 @@ def _actions_section(form: LaunchForm) -> None:
         form.sweep_grid = gr.Textbox(label="Grid (one setting per line: name: value, value, ...)", lines=3,
                                      placeholder="beta2: 0.001, 0.01, 0.1\nlearning_rate: 5e-6, 1e-5, 2e-5",
                                      elem_id="sweep-grid")
+        form.sweep_halving = gr.Checkbox(False, label="Stop weak points early (successive halving)",
+                                         info="Needs a budget: Advanced, compute (FLOPs) or time. The best third "
+                                              "of the points go on at each rung; the others are pruned.",
+                                         elem_id="sweep-halving")
         form.sweep_plan = gr.Markdown(SWEEP_NOTE, elem_id="sweep-plan")
         form.buttons["sweep"] = gr.Button("Launch sweep", variant="secondary", elem_id="action-sweep")
     form.error_slot(forms.FORM_ERROR)
@@ -895,7 +908,7 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
                                        [*errors, form.status, form.launched, form.pair], concurrency_limit=1,
                                        **PRIVATE)
     sweep_event = buttons["sweep"].click(_with_request(start_sweep, form),
-                                         {form.token, form.seeds, form.sweep_grid, *form.fields},
+                                         {form.token, form.seeds, form.sweep_grid, form.sweep_halving, *form.fields},
                                          [*errors, form.status, form.launched, form.sweep_study], concurrency_limit=1,
                                          **PRIVATE)
     buttons["save"].click(bind(save_yaml, form), set(form.fields), [*errors, form.status, form.saved], **PRIVATE)
@@ -922,8 +935,8 @@ def _wire_form(form: LaunchForm) -> None:
                         *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
     gr.on([inputs[k].change for k in BATCH_FIELDS if k in inputs], bind(show_batch, form), set(form.fields),
           form.batch_text, trigger_mode="always_last", **PRIVATE)
-    plan_inputs = {form.sweep_grid, form.seeds, *form.fields}
-    for box in (form.sweep_grid, form.seeds):
+    plan_inputs = {form.sweep_grid, form.seeds, form.sweep_halving, *form.fields}
+    for box in (form.sweep_grid, form.seeds, form.sweep_halving):
         box.change(bind(plan_sweep, form), plan_inputs, form.sweep_plan, trigger_mode="always_last", **PRIVATE)
     form.sweep_field.input(bind(add_sweep_field, form), {form.sweep_field, form.sweep_grid, *form.fields},
                            [form.sweep_grid, form.sweep_field], **PRIVATE)
