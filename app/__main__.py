@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from app import DATA_ENV, default_data_dir
 
@@ -279,34 +280,14 @@ def serve_mcp(args: argparse.Namespace) -> bool:
     return bool(wanted)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    from app.access.auth import oauth_problem
-
-    problem = oauth_problem(args.hf_oauth)
-    if problem:
-        raise SystemExit(f"A*-PO Studio: {problem}")
-    mcp = serve_mcp(args)
-    data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    prepare_environment(data_dir)
-    registered = register_rewards(args.reward_module)
-
-    from app.access.auth import Auth
-    from app.runtime.devices import Devices
-    from app.runtime.scheduler import AlreadyServing, Scheduler
-    from storage import Store
-
-    policy = build_policy(args, data_dir)
-    try:
-        auth = Auth.from_options(args.auth, args.auth_file, data_dir=data_dir, oauth=args.hf_oauth,
-                                 admins=args.admin, public=args.public)
-    except (ValueError, OSError) as error:
-        raise SystemExit(f"A*-PO Studio: {error}") from None
-    # --- database location and snapshots (app/runtime/snapshot.py) ---
+def open_database(args: argparse.Namespace, data_dir: Path) -> tuple[Any, Any]:
+    """The studio's `Store` (`--db`, or `studio.db` in `--db-dir` or the data folder) and its snapshots
+    (`--db-snapshot-every`, app/runtime/snapshot.py), the file restored from its latest snapshot where it is gone;
+    `SystemExit` naming the problem."""
     from sqlalchemy.exc import OperationalError
 
     from app.runtime.snapshot import DatabaseSnapshots, SnapshotError, network_filesystem
+    from storage import Store
     from storage.store import locate
 
     try:
@@ -333,29 +314,58 @@ def main(argv: list[str] | None = None) -> None:
               "is unsafe (corruption, 'database is locked'). Keep it on local disk with --db-dir and copy it into the "
               "data folder with --db-snapshot-every (docs/spaces.md).", file=sys.stderr, flush=True)
     try:
-        store = Store(db_path or args.db)
+        return Store(db_path or args.db), snapshots
     except OperationalError as error:  # a server that cannot be reached, or refuses the login
         raise SystemExit(f"A*-PO Studio: could not open the database {locate(args.db)[0].render_as_string()}: "
                          f"{error.orig}") from None
-    # --- end database ---
-    enter_worker_cwd(data_dir)
-    # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
-    # (app.runtime.zerogpu); no process of the studio itself ever gets one.
+
+
+def start_scheduler(args: argparse.Namespace, store: Any, data_dir: Path, policy: Any, ray: Any) -> Any:
+    """The scheduler on this data folder, started (its lock taken, live runs adopted); `SystemExit(1)` when another
+    studio serves the folder."""
     from app.runtime.chunks import DEFAULT_BUDGET
+    from app.runtime.devices import Devices
+    from app.runtime.scheduler import AlreadyServing, Scheduler
     from app.runtime.zerogpu import enabled as zerogpu_enabled
 
-    ray = connect_ray(args, store, data_dir)
+    # ZeroGPU (SPACES_ZERO_GPU): every run is chunked, and the Run page of its launcher runs the chunks on a GPU
+    # (app.runtime.zerogpu); no process of the studio itself ever gets one.
     scheduler = Scheduler(store, data_dir, devices=Devices.parse(args.gpus), auto_resume=not args.no_resume, ray=ray,
-                      watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
-                      worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
-                      chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
-                      **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
-                      **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
+                          watchdog_after=args.watchdog_minutes * 60 if args.watchdog_minutes > 0 else None,
+                          worker_env=policy.worker_environment(), run_minutes=policy.limits.run_minutes,
+                          chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
+                          **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
+                          **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
     try:
         scheduler.start(address=f"http://{args.host}:{args.port}")
     except AlreadyServing as error:
         print(f"A*-PO Studio: {error}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    return scheduler
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from app.access.auth import Auth, oauth_problem
+
+    problem = oauth_problem(args.hf_oauth)
+    if problem:
+        raise SystemExit(f"A*-PO Studio: {problem}")
+    mcp = serve_mcp(args)
+    data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_environment(data_dir)
+    registered = register_rewards(args.reward_module)
+    policy = build_policy(args, data_dir)
+    try:
+        auth = Auth.from_options(args.auth, args.auth_file, data_dir=data_dir, oauth=args.hf_oauth,
+                                 admins=args.admin, public=args.public)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"A*-PO Studio: {error}") from None
+    store, snapshots = open_database(args, data_dir)
+    enter_worker_cwd(data_dir)
+    ray = connect_ray(args, store, data_dir)
+    scheduler = start_scheduler(args, store, data_dir, policy, ray)
     snapshots.start()  # after the lock: only the serving studio writes snapshots
 
     def stop_deployment(signum: int, _frame) -> None:
