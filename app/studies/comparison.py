@@ -299,11 +299,41 @@ def _coarser(t: Timeline, other: Timeline) -> bool:
     return bool(mine and theirs and mine[0] == theirs[0] and mine[1] > theirs[1] + TOLERANCE)
 
 
-def _when(t: Timeline, point: Point, seconds: float, coarse: bool, extra: str = "") -> str:
+@dataclass(frozen=True)
+class Cost:
+    """What a verdict counts a run's cost in: its training time, or under equal compute its FLOPs (`a2po.compute`),
+    the budget that pair shares; with or without stage 1, and how to write an amount of it."""
+
+    name: str  # "seconds" or "flops"
+
+    @classmethod
+    def of(cls, *timelines: Timeline) -> Cost:
+        """Compute where every run was evaluated on a grid of compute and counted it at each point, else time."""
+        counted = all(t.grid() and t.grid()[0] == "flops" and all(p.flops is not None for p in t.points)
+                      for t in timelines)
+        return cls("flops" if counted else "seconds")
+
+    @property
+    def noun(self) -> str:
+        return "compute" if self.name == "flops" else "time"
+
+    def at(self, point: Point) -> float:
+        return point.flops if self.name == "flops" else point.seconds
+
+    def stage1(self, t: Timeline) -> float:
+        return t.stage1_flops if self.name == "flops" else t.stage1_seconds
+
+    def show(self, amount: float) -> str:
+        return format_flops(amount) if self.name == "flops" else format_duration(amount)
+
+
+def _when(t: Timeline, point: Point, amount: float, coarse: bool, extra: str = "", cost: Cost = Cost("seconds")
+          ) -> str:
     index = t.points.index(point) if point in t.points else 0
+    word = "by" if cost.name == "seconds" else "at"
     if coarse and index > 0:
-        return f"by {format_duration(seconds)} at the latest (step {point.step}{extra})"
-    return f"in {format_duration(seconds)} (step {point.step}{extra})"
+        return f"{word} {cost.show(amount)} at the latest (step {point.step}{extra})"
+    return f"{'in' if cost.name == 'seconds' else 'at'} {cost.show(amount)} (step {point.step}{extra})"
 
 
 def _grids(a2po: Timeline, grpo: Timeline) -> str:
@@ -323,9 +353,10 @@ def _grids(a2po: Timeline, grpo: Timeline) -> str:
 
 def verdict(a2po: Timeline, grpo: Timeline, margin: float = 0.0) -> str:
     """Markdown, one paragraph: the time A*-PO needed (with its stage 1 and without) to reach GRPO's final held-out
-    accuracy less `margin`, the time GRPO took to get there (with its stage 1 where it selected prompts by pass
-    rate), or why there is no answer yet; then what one optimizer step of each trained on (`a2po.batches`). Right for
-    every status of either run: an unfinished run's latest point stands in for its end, and says so."""
+    accuracy less `margin` (under equal compute, the FLOPs: `Cost`), the time GRPO took to get there (with its stage 1
+    where it selected prompts by pass rate), or why there is no answer yet; then what one optimizer step of each
+    trained on (`a2po.batches`). Right for every status of either run: an unfinished run's latest point stands in for
+    its end, and says so."""
     return _verdict(a2po, grpo, margin) + batch_note(a2po, grpo)
 
 
@@ -355,13 +386,14 @@ def _verdict(a2po: Timeline, grpo: Timeline, margin: float) -> str:
                 f"{percent(a2po.points[0].accuracy)} to {percent(a2po.final_accuracy)}{a2po_state}.{grids}")
     target = latest - margin
     what = f"GRPO's final {percent(latest)}" + (f" less {100 * margin:g} points ({percent(target)})" if margin else "")
+    cost = Cost.of(a2po, grpo)
     grpo_at = grpo.first_reaching(target)
-    grpo_time = grpo_at.seconds + grpo.stage1_seconds  # GRPO has a stage 1 only to select prompts by pass rate
-    grpo_whole = (f"; its whole run: {format_duration(grpo.points[-1].seconds + grpo.stage1_seconds)}"
-                  if grpo.points[-1].seconds > grpo_at.seconds else "")
-    grpo_part = f"GRPO reached it {_when(grpo, grpo_at, grpo_time, _coarser(grpo, a2po), grpo_whole)}"
-    if grpo.stage1_seconds:
-        grpo_part += f" with its stage 1 ({format_duration(grpo.stage1_seconds)}, to select prompts)"
+    grpo_cost = cost.at(grpo_at) + cost.stage1(grpo)  # GRPO has a stage 1 only to select prompts by pass rate
+    grpo_whole = (f"; its whole run: {cost.show(cost.at(grpo.points[-1]) + cost.stage1(grpo))}"
+                  if cost.at(grpo.points[-1]) > cost.at(grpo_at) else "")
+    grpo_part = f"GRPO reached it {_when(grpo, grpo_at, grpo_cost, _coarser(grpo, a2po), grpo_whole, cost)}"
+    if cost.stage1(grpo):
+        grpo_part += f" with its stage 1 ({cost.show(cost.stage1(grpo))}, to select prompts)"
     reached = a2po.first_reaching(target)
     if reached is None:
         best = max(a2po.points, key=lambda p: p.accuracy)
@@ -369,15 +401,15 @@ def _verdict(a2po: Timeline, grpo: Timeline, margin: float) -> str:
         rival = grpo.first_reaching(best.accuracy) if best.accuracy > a2po.points[0].accuracy + TOLERANCE else None
         converse = "" if rival is None else (
             f" GRPO was at {percent(rival.accuracy)}, at or past A\\*-PO's best, "
-            f"{_when(grpo, rival, rival.seconds, _coarser(grpo, a2po))}.")
+            f"{_when(grpo, rival, cost.at(rival), _coarser(grpo, a2po), cost=cost)}.")
         return (f"A\\*-PO has not reached {what}{a2po_state}: its best is {percent(best.accuracy)} "
-                f"{_when(a2po, best, best.seconds + a2po.stage1_seconds, _coarser(a2po, grpo))} with its stage 1 "
-                f"({format_duration(best.seconds)} without); {grpo_part}{grpo_state}.{converse}{grids}")
-    with_stage1 = reached.seconds + a2po.stage1_seconds
-    ratio = (f" A\\*-PO took {with_stage1 / grpo_time:.2f}x GRPO's time with its stage 1."
-             if grpo_time > 0 else "")
-    return (f"A\\*-PO reached {what} {_when(a2po, reached, with_stage1, _coarser(a2po, grpo))} with its stage 1 "
-            f"({format_duration(reached.seconds)} without; stage 1: {format_duration(a2po.stage1_seconds)})"
+                f"{_when(a2po, best, cost.at(best) + cost.stage1(a2po), _coarser(a2po, grpo), cost=cost)} with its "
+                f"stage 1 ({cost.show(cost.at(best))} without); {grpo_part}{grpo_state}.{converse}{grids}")
+    with_stage1 = cost.at(reached) + cost.stage1(a2po)
+    ratio = (f" A\\*-PO took {with_stage1 / grpo_cost:.2f}x GRPO's {cost.noun} with its stage 1."
+             if grpo_cost > 0 else "")
+    return (f"A\\*-PO reached {what} {_when(a2po, reached, with_stage1, _coarser(a2po, grpo), cost=cost)} with its "
+            f"stage 1 ({cost.show(cost.at(reached))} without; stage 1: {cost.show(cost.stage1(a2po))})"
             f"{a2po_state}; {grpo_part}{grpo_state}.{ratio}{grids}")
 
 

@@ -410,3 +410,23 @@ def test_a_verdict_states_its_paired_bootstrap_interval_and_whether_it_is_noise(
     half = comparison.method_difference(AnswersStore({1: [1.0, 1.0], 2: [0.0, 1.0], 3: [1.0, 0.0], 4: [1.0, 1.0]}),
                                         runs[:3] + [duel_run(4, "grpo", 1, "failed")])
     assert (half.seeds, half.points) == (1, 50.0)
+
+
+def test_under_equal_compute_the_verdict_counts_flops_and_the_timelines_read_them():
+    # Each evaluation's training FLOPs come from its metrics; stage 1's from its cumulative metric.
+    evaluations = [{"step": s, "split": "eval", "created_at": s,
+                    "metrics": {"eval_accuracy": a, "train_seconds": 10 * s, "train_flops": 1e12 * s}}
+                   for s, a in ((0, 0.0), (4, 0.5), (8, 0.8))]
+    spec = {"config": {"eval_every_flops": 4e12, "method": "a2po"}}
+    a2po = comparison.timeline({"id": 1, "name": "a", "status": "finished", "config": spec}, evaluations,
+                               [{"name": "values/train/flops", "value": 2e12, "step": 0}])
+    assert [p.flops for p in a2po.points] == [0.0, 4e12, 8e12] and a2po.stage1_flops == 2e12
+    assert a2po.flops_with_stage1 == 1e13 and a2po.grid() == ("flops", 4e12)
+    grpo = comparison.timeline({"id": 2, "name": "g", "status": "finished",
+                                "config": {"method": "grpo", "config": {"eval_every_flops": 4e12}}},
+                               [{**e, "metrics": {**e["metrics"], "eval_accuracy": a}}
+                                for e, a in zip(evaluations, (0.0, 0.6, 0.7))], [])
+    text = comparison.verdict(a2po, grpo)
+    assert "A\\*-PO reached GRPO's final 70% at 10 TFLOP (step 8) with its stage 1 (8 TFLOP without" in text
+    assert "GRPO reached it at 8 TFLOP (step 8)" in text and "1.25x GRPO's compute" in text
+    assert "every 4 TFLOP of compute" in text
