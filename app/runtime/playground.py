@@ -45,7 +45,7 @@ class PlaygroundError(RuntimeError):
 def trained_weights(store: Any, run: dict[str, Any], data_dir: str | os.PathLike[str]) -> tuple[Path, str] | None:
     """The folder with a run's trained weights and how to call it: the final model ("final model") when the run
     saved one, else its newest complete checkpoint ("checkpoint step N"); None when it has none yet."""
-    from app.runtime.checkpoints import checkpoint_complete
+    from a2po.checkpoints import checkpoint_complete
     from app.runtime.data_folder import DataFolder
 
     out = Path(run["output_dir"]) if run.get("output_dir") else DataFolder(data_dir).run_output(run["id"])
