@@ -31,7 +31,6 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -47,9 +46,17 @@ from a2po.completions import completions_file, print_completions, unique_prompts
 from a2po.compute import FlopsPerToken, sequence_tokens
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
-from a2po.rewards import as_given, call_rewards, tasks_of
+from a2po.rewards import as_given, call_on_rows, row_columns, tasks_of
 from a2po.rollout import per_token_logprobs, sample_completions
 from a2po.shown import shown
+from a2po.tokens import (
+    decode_completions,
+    encode_prompt,
+    end_token_ids,
+    load_tokenizer,
+    prepare_tokenizer,
+    render_prompt,
+)
 from a2po.values import prompt_id_for
 
 if TYPE_CHECKING:
@@ -175,11 +182,9 @@ class BaseTrainer(Trainer):
                              "use the native decoder (use_vllm=False), or TRL's GRPOTrainer with a vLLM server.")
         if processing_class is None:
             revision = (args.model_init_kwargs or {}).get("revision")
-            processing_class = AutoTokenizer.from_pretrained(model_path, revision=revision,
-                                                             trust_remote_code=args.trust_remote_code)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
-        processing_class.padding_side = "left"
+            processing_class = load_tokenizer(model_path, revision=revision, trust_remote_code=args.trust_remote_code)
+        else:
+            prepare_tokenizer(processing_class)
         self.model_id = model_id
 
         self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -215,8 +220,7 @@ class BaseTrainer(Trainer):
                           "fp16=True still computes in half precision).", stacklevel=2)
 
         gen_config = getattr(model, "generation_config", None)
-        eos = getattr(gen_config, "eos_token_id", None) or processing_class.eos_token_id
-        self.eos_token_ids = sorted({*([eos] if isinstance(eos, int) else eos), processing_class.eos_token_id})
+        self.eos_token_ids = end_token_ids(model, processing_class)
         self.pad_token_id = processing_class.pad_token_id
         self.max_completion_length = resolve_max_completion_length(args.max_completion_length, gen_config)
 
@@ -286,22 +290,13 @@ class BaseTrainer(Trainer):
     # Prompts, completions and rewards
 
     def _render_prompt(self, prompt: Any) -> str:
-        if isinstance(prompt, str):
-            return prompt
-        if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
-            return self.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        raise TypeError(f"A prompt must be a string or a list of {{'role', 'content'}} messages, got "
-                        f"{shown(prompt, 80)}.")
+        return render_prompt(self.processing_class, prompt)
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        """Left-padded prompt ids; prompts longer than `max_prompt_length` keep their last tokens, so the generation
-        prompt (the end of a chat template) is never cut."""
-        texts = [self._render_prompt(p) for p in prompts]
-        encoded = [self.processing_class(t, add_special_tokens=isinstance(p, str))["input_ids"]
-                   for t, p in zip(texts, prompts)]
-        limit = self.args.max_prompt_length
-        if limit is not None:
-            encoded = [ids[-limit:] for ids in encoded]
+        """Left-padded prompt ids (`a2po.tokens.encode_prompt`: a prompt longer than `max_prompt_length` keeps its
+        last tokens), and the prompts' texts."""
+        pairs = [encode_prompt(self.processing_class, prompt, self.args.max_prompt_length) for prompt in prompts]
+        texts, encoded = [text for text, _ in pairs], [ids for _, ids in pairs]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
@@ -313,10 +308,7 @@ class BaseTrainer(Trainer):
         return input_ids.to(device), attention_mask.to(device), texts
 
     def _decode(self, completion_ids: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-        mask = completion_mask(completion_ids, self.eos_token_ids)
-        texts = self.processing_class.batch_decode(completion_ids * mask + self.pad_token_id * (1 - mask),
-                                                   skip_special_tokens=True)
-        return texts, mask
+        return decode_completions(self.processing_class, completion_ids, self.eos_token_ids)
 
     def _score(self, rows: Sequence[dict[str, Any]], completions: Sequence[str],
                completion_ids: Sequence[Sequence[int]], trainer_state: TrainerState | None = None) -> Scores:
@@ -324,26 +316,24 @@ class BaseTrainer(Trainer):
         the weighted sum, (len(rows),), each function's rewards, (len(rows), F), NaN where a function returned None (it
         does not apply to that completion: multi-task data, one checker per task), and their `log_extra` columns.
 
-        As in TRL the sum skips those (and NaN values: it is a sum ignoring NaN); a completion that every function
-        skipped is unscored: NaN and a warning, or an error where the method cannot use one (`_unscored_error`).
-        The functions are called as TRL calls them (`a2po.rewards.call_rewards`), with `trainer_state` `self.state`
+        As in TRL the sum skips those (and NaN values: it is a sum ignoring NaN, `a2po.rewards.RewardCalls.weighted`);
+        a completion that every function skipped is unscored: NaN and a warning, or an error where the method cannot
+        use one (`_unscored_error`). The functions are called as TRL calls them (`a2po.rewards.call_on_rows`,
+        `call_rewards`), with `trainer_state` `self.state`
         unless one is given (stage 1: the state before training); what they pass to `log_metric` joins
         `_reward_metrics` (one value per call, the mean of what was logged, as TRL's).
         """
-        prompts = [row["prompt"] for row in rows]
-        given = [as_given(p, c) for p, c in zip(prompts, completions)]
-        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
         state = self.state if trainer_state is None else trainer_state
-        calls = call_rewards(self.reward_funcs, self.reward_names, prompts, given, completion_ids, columns, state)
+        calls = call_on_rows(self.reward_funcs, self.reward_names, rows, completions, completion_ids, state)
         for name, value in calls.metrics.items():
             self._reward_metrics[name].append(value)
         per_func = torch.tensor([[math.nan if v is None else v for v in values] for values in calls.values],
                                 dtype=torch.float64).T.contiguous()
-        total = (per_func * self.reward_weights).nansum(dim=1)
+        total = torch.tensor([math.nan if t is None else t for t in calls.weighted(self.reward_weights.tolist())],
+                             dtype=torch.float64)
         unscored = per_func.isnan().all(dim=1)
         if unscored.any():
-            total[unscored] = math.nan
-            self._report_unscored(rows, completions, columns, unscored.nonzero()[:, 0].tolist())
+            self._report_unscored(rows, completions, unscored.nonzero()[:, 0].tolist())
         binary = torch.tensor([0.0, 1.0], dtype=total.dtype)
         outside = total[~unscored & ~torch.isin(total, binary)]
         if not self._warned_non_binary and len(outside):
@@ -370,13 +360,12 @@ class BaseTrainer(Trainer):
                 merged[name].extend(values)
         return {name: _scored_mean(values) for name, values in merged.items()}
 
-    def _report_unscored(self, rows: Sequence[dict[str, Any]], completions: Sequence[str], columns: dict[str, list],
-                         index: list[int]) -> None:
+    def _report_unscored(self, rows: Sequence[dict[str, Any]], completions: Sequence[str], index: list[int]) -> None:
         """Completions no reward function scored (rows `index`): an error naming the functions and tasks where the
         method needs a number (`_unscored_error`), else a warning, as TRL's."""
         first = index[0]
         what = (f"All reward functions ({', '.join(self.reward_names)}) returned None (or NaN) for {len(index)} of "
-                f"{len(rows)} completions{tasks_of(columns, index)} (e.g. prompt "
+                f"{len(rows)} completions{tasks_of(row_columns(rows), index)} (e.g. prompt "
                 f"{shown(prompt_question(rows[first]['prompt']), 120)}, completion {shown(completions[first], 120)})")
         if self._unscored_error is not None:
             raise ValueError(f"{what}: {self._unscored_error} Give each task a reward function that scores it, or "

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser
 
+from a2po.checkpoints import checkpoint_folders, newest_complete
 from a2po.config import A2POConfig, GRPOConfig
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
@@ -267,14 +268,12 @@ def resume_checkpoint(command: str, value: str | None, output_dir: str) -> str |
                          "(to use a checkpoint's weights, pass it as --model).")
     value = str(value).strip()
     if value.lower() == "true" and not Path(value).exists():
-        folder = Path(output_dir)
-        complete = [p for p in folder.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()
-                    and (p / "trainer_state.json").is_file()] if folder.is_dir() else []
-        if not complete:
+        newest = newest_complete(checkpoint_folders(output_dir))
+        if newest is None:
             raise SystemExit(f"--resume_from_checkpoint true: no complete checkpoint (a checkpoint-N folder with "
-                             f"trainer_state.json) in the output directory {folder}; pass --output_dir of the run "
-                             "to resume, or the checkpoint folder itself.")
-        return str(max(complete, key=lambda p: int(p.name.split("-", 1)[1])))
+                             f"trainer_state.json and the weights) in the output directory {output_dir}; pass "
+                             "--output_dir of the run to resume, or the checkpoint folder itself.")
+        return str(newest)
     folder = Path(value).expanduser()
     if not folder.is_dir():
         raise SystemExit(f"--resume_from_checkpoint {value}: no such folder. Pass a checkpoint folder of an earlier "

@@ -143,6 +143,15 @@ class RewardCalls:
     extra_columns: dict[str, list] = field(default_factory=dict)  # `log_extra`: one value per completion
     metrics: dict[str, float] = field(default_factory=dict)       # `log_metric`: the mean of the batch's values
 
+    def weighted(self, weights: Sequence[float]) -> list[float | None]:
+        """Each completion's reward: the weighted sum of the functions' values, skipping those that do not apply to
+        it (None, or NaN: a sum ignoring NaN, as TRL's); None where every function skipped it."""
+        totals: list[float | None] = []
+        for values in zip(*self.values):
+            terms = [float(w) * v for w, v in zip(weights, values) if v is not None and not math.isnan(v)]
+            totals.append(sum(terms) if terms else None)
+        return totals
+
 
 def is_async_callable(func: Callable[..., Any]) -> bool:
     """Whether calling `func` returns a coroutine: an `async def` function, a `functools.partial` of one, or an
@@ -241,12 +250,21 @@ def call_rewards(funcs: Sequence[Callable[..., Any]], names: Sequence[str], prom
     return RewardCalls(checked, dict(extra), metrics)
 
 
-def call_reward(func: Callable[..., Any], name: str, prompts: Sequence, completions: Sequence,
-                columns: dict[str, list], trainer_state: Any,
-                completion_ids: Sequence[Sequence[int]] | None = None) -> list[float | None]:
-    """One function's values (`call_rewards`), where no completions table or metrics are kept (the playground's
-    "Try the reward"): what it logs is dropped."""
-    return call_rewards([func], [name], prompts, completions, completion_ids, columns, trainer_state).values[0]
+def row_columns(rows: Sequence[dict[str, Any]]) -> dict[str, list]:
+    """The dataset columns reward functions get from `rows`: every key but the prompt (given as `prompts`) and
+    `completions`."""
+    return {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completions")}
+
+
+def call_on_rows(funcs: Sequence[Callable[..., Any]], names: Sequence[str], rows: Sequence[dict[str, Any]],
+                 completions: Sequence[str], completion_ids: Sequence[Sequence[int]] | None,
+                 trainer_state: Any) -> RewardCalls:
+    """`call_rewards` on one completion of each dataset row: the rows' prompts, each completion as given
+    (`as_given`), every other column of the rows. The trainers score with it, and the playground's process
+    (`completion_ids` None where it has no tokens: an answer column it scores)."""
+    prompts = [row["prompt"] for row in rows]
+    given = [as_given(prompt, completion) for prompt, completion in zip(prompts, completions)]
+    return call_rewards(funcs, names, prompts, given, completion_ids, row_columns(rows), trainer_state)
 
 
 def tasks_of(columns: dict[str, list], rows: Sequence[int] | None = None) -> str:

@@ -55,7 +55,7 @@ def main() -> None:
     from a2po.models import resolve_model
     from a2po.runspec import RunSpec, preset_spec
     from app.access.policy import Limits
-    from app.runtime.playground import PlaygroundClient, build_request
+    from app.runtime.playground.client import PlaygroundClient, build_request
 
     work = Path(tempfile.mkdtemp(prefix="playground-latency-"))
     if options.model == "tiny":

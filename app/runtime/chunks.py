@@ -16,8 +16,12 @@ import traceback
 from typing import Any
 
 from app.runtime import journal
+from app.runtime.checkpoints import remove_checkpoints
 from app.runtime.data_folder import DataFolder
+from app.runtime.value_sets import ensure_value_set, uses_values
+from app.runtime.worker import Heartbeat, StopRequested, run_job
 from storage import Store, lifecycle
+from storage.secrets import scrub_text
 
 READY = lifecycle.WAITING  # what a chunk may start on (a paused run is unpaused first)
 DEFAULT_BUDGET = 40.0  # seconds of work per chunk
@@ -132,7 +136,6 @@ def run_chunk(data_dir: str | os.PathLike[str], run_id: int, budget_seconds: flo
     no input for it) and `seconds`. The same goes into the journal's last line. `stop_event` (optional) asks for
     a stop as SIGTERM asks a worker. Never opens the database."""
     from a2po.callbacks import StageInterrupted
-    from app.runtime.worker import Heartbeat, StopRequested, run_job
 
     started = time.monotonic()
     run_id = int(run_id)
@@ -185,7 +188,6 @@ def claim(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], p
     """Before a chunk: claim the queued run for process `pid` (`lifecycle.CLAIM`), make sure it has its value set,
     and write the chunk's input. Returns the claimed run, or None when it was not queued any more."""
     from a2po.runspec import RunSpec
-    from app.runtime.worker import ensure_value_set, uses_values
 
     run_id = run["id"]
     if not store.apply(run_id, lifecycle.CLAIM, pid=pid, devices=devices):
@@ -243,8 +245,6 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
     """After a chunk's process is gone (returned, exited or died): apply the rest of its journal, then move the run
     on as the chunk ended it, or as a lost chunk when it wrote no end (`how` says what happened to its process;
     `paused`: ZeroGPU, where a page drives the next chunk). Returns the outcome recorded. Idempotent."""
-    from app.runtime.checkpoints import remove_checkpoints
-
     ingest(store, data_dir, run_id)
     run = store.get_run(run_id)
     if run is None:  # deleted while its chunk ran: what the chunk wrote since goes too
@@ -279,8 +279,6 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
 def _chunk_lost(store: Store, data_dir: str | os.PathLike[str], run: dict[str, Any], how: str, paused: bool) -> str:
     """A chunk's process died without writing how it ended: what it wrote stays (V* rows, checkpoints), and the
     run waits for its next chunk, at most `MAX_AUTO_RESUMES` times in a row."""
-    from storage.secrets import scrub_text
-
     run_id, now = run["id"], time.time()
     seconds = max(0.0, now - (run["started_at"] or now))
     if run["status"] == lifecycle.STOPPING:

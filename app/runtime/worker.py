@@ -3,29 +3,45 @@
 It claims the queued run, runs its action with a `StoreRecorder` attached, beats a heartbeat, stops gracefully on
 SIGTERM, and records how the run ended. How it resumes, shares V* sets and runs as several processes:
 docs/runtime.md, "The worker".
+
+The scheduler's process imports this module (`HEARTBEAT_INTERVAL`, and `app.runtime.chunks` runs its jobs) and never
+imports torch: what needs it (the library's trainers and callbacks, accelerate, the recorder) is imported in the
+functions that run a job.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from a2po._faults import fault_point
-from a2po.compute import format_flops
 from a2po.sweep import rung_share
-from app.runtime.checkpoints import remove_checkpoints, resume_checkpoint
+from app.runtime import reward_versions
+from app.runtime.checkpoints import (
+    evaluation_pending,
+    remove_checkpoints,
+    restore_final,
+    resume_checkpoint,
+    trained_to_the_end,
+)
 from app.runtime.credentials import drop_secrets, with_store_password
 from app.runtime.data_folder import DataFolder, folder_problem
+from app.runtime.devices import visible_gpus
+from app.runtime.value_sets import (
+    charge_reused_values,
+    ensure_value_set,
+    record_reused_values,
+    stage_one_spent,
+    update_value_set,
+    uses_values,
+)
 from storage import Store, lifecycle
 
 # Seconds between heartbeats; `app.runtime.scheduler` calls a worker dead after many missed ones.
@@ -72,68 +88,6 @@ class Heartbeat(threading.Thread):
         self.join(timeout=10)
 
 
-def ensure_value_set(store: Any, run: dict[str, Any], spec: Any) -> int:
-    """The run's value set: the one it has, else the one for its V* settings (shared by every run with the same
-    sampling settings; created if new), recorded with the run. A worker and a chunk's parent both call it after
-    claiming the run."""
-    if run.get("value_set_id"):
-        return int(run["value_set_id"])
-    value_set_id = store.get_or_create_value_set(spec.value_fingerprint(), value_set_meta(spec))
-    store.update_run(run["id"], value_set_id=value_set_id)
-    return value_set_id
-
-
-def value_set_meta(spec) -> dict[str, Any]:
-    """What a value set was sampled with, for people reading the value-set table (the spec's settings, else
-    A2POConfig's defaults: what `RunSpec.value_fingerprint` identifies)."""
-    from a2po.config import A2POConfig
-    from a2po.runspec import SAMPLING_FIELDS
-
-    defaults = getattr(spec, "config_class", A2POConfig).__dataclass_fields__
-
-    def setting(name: str) -> Any:
-        return spec.config.get(name, defaults[name].default)
-
-    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards, "seed": setting("seed"),
-            "sampling": {k: setting(k) for k in SAMPLING_FIELDS}}
-
-
-def _update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], num_value_samples: int) -> None:
-    """Refresh per-split summaries from the stored rows; mark the set complete once every split has every prompt."""
-    from a2po.values import prompt_id_for, summarize
-
-    summary, complete = {}, True
-    for split, dataset in splits.items():
-        rows = store.get_values(value_set_id, split)
-        done = {row["prompt_id"] for row in rows if row["v_star"] is not None}
-        complete &= {prompt_id_for(row) for row in dataset.to_list()} <= done
-        if rows:
-            summary[split] = summarize([r for r in rows if r["v_star"] is not None], num_value_samples)
-    if complete:
-        store.mark_value_set_complete(value_set_id, summary)
-    elif summary:
-        store.update_value_set_summary(value_set_id, summary)
-
-
-def _record_reused_values(store: Store, run: dict[str, Any], splits: dict[str, Any],
-                          known: dict[str, list[dict[str, Any]]], rules: tuple[float, bool]) -> None:
-    """Give the run its own V* rows for the prompts stage 1 reuses from the shared set, before stage 1 starts (its
-    end writes the whole table again), so the run's pages show them while the rest is sampled: V* and the filter
-    recomputed from the stored rewards with the run's beta1, as the trainer does (`a2po.values.rescore`). Once per
-    run: a resumed run that has them already skips it."""
-    from a2po.values import prompt_id_for, rescore
-    from app.runtime.recorder import run_value_rows
-
-    have = run.get("value_counts") or {}
-    for name, rows in known.items():
-        if not rows or int(have.get(name) or 0) >= len(rows):
-            continue
-        # Only the prompts the trainer takes from the shared set: in the split, without a V* of their own.
-        reused = {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}
-        mine = [rescore(row, *rules) for row in rows if row["prompt_id"] in reused]
-        store.set_run_values(run["id"], name, run_value_rows(mine))
-
-
 def process_rank() -> tuple[int, int]:
     """(rank, number of processes) of this worker: (0, 1) alone, else as `accelerate launch` set them."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -143,8 +97,6 @@ def gpu_problem(use_cpu: bool = False, environ: dict[str, str] | os._Environ | N
     """Why this process cannot use the GPUs it was given (`CUDA_VISIBLE_DEVICES`, set by the scheduler or Ray), or
     None. Without this check a worker whose torch sees no GPU trains on the CPU, many times slower, and says
     nothing. `use_cpu`: the run asked for the CPU (its `use_cpu` setting), so the GPUs do not matter."""
-    from app.runtime.devices import visible_gpus
-
     given = visible_gpus((os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES"))
     if not given or use_cpu:
         return None
@@ -201,14 +153,6 @@ def stop_on_signal(stop_event: threading.Event):
     return StopOnSignal()
 
 
-def uses_values(spec: Any) -> bool:
-    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO's only where it trains on the prompts of a
-    pass-rate band (`pass_rate_band`), which stage 1 measures."""
-    if getattr(spec, "method", "a2po") == "a2po":
-        return True
-    return spec.action == "train" and (spec.config or {}).get("pass_rate_band") is not None
-
-
 def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recorder: Any, check_stop) -> None:
     """A*-PO's stage 1: the run's value set, the V* rows it already holds handed to the trainer, and the rest
     sampled, for every split the action needs. `recorder` is None on a process other than the main one."""
@@ -247,7 +191,7 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
     for name, cost in charged.items():
         trainer.run_counters.restore_values(name, *cost)
     if main:
-        _record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.value_rules())
+        record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.value_rules())
     check_stop()
 
     try:
@@ -255,63 +199,7 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
             trainer.estimate_optimal_values(splits[split], split=split)
     finally:
         if main:
-            _update_value_set(store, value_set_id, splits, args.num_value_samples)
-
-
-def charge_reused_values(store: Store, run: dict[str, Any], value_set_id: int, splits: dict[str, Any],
-                         known: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, int, float]]:
-    """What the run is charged for the stored V* rows of its value set that it reuses, per split: (seconds, completion
-    tokens, FLOPs), their share of what sampling the set cost (`Store.value_set_cost`), recorded as its stage-1 cost
-    (the `values/<split>/...` metrics, which its clock and a time budget count, as a run that sampled them counts
-    them). `known`: the stored rows of the splits whose stage 1 this run has not started before (a later start
-    reads its charge back with what it sampled, `stage_one_spent`)."""
-    from a2po.values import prompt_id_for
-
-    cost = store.value_set_cost(value_set_id) if known else {}
-    charges: dict[str, tuple[float, int, float]] = {}
-    for name, rows in known.items():
-        stored = {row["prompt_id"] for row in rows}
-        reused = len(stored & {prompt_id_for(row) for row in splits[name].to_list() if row.get("v_star") is None}) \
-            if stored else 0
-        if not reused:
-            continue
-        paid = cost.get(name) or {}
-        prompts = int(paid.get("prompts") or 0)
-        if prompts <= 0:
-            store.add_log(run["id"], f"Stage 1 ({name}): {reused} prompts reused from V* set {value_set_id}, whose "
-                                     "sampling cost was never recorded (sampled by a studio of before that, by runs "
-                                     "since deleted): this run's clock does not count them. Delete the V* set to "
-                                     "have it sampled again on the clock.", level="WARNING")
-            continue
-        charges[name] = (float(paid.get("seconds") or 0.0) * reused / prompts,
-                         round(int(paid.get("tokens") or 0) * reused / prompts),
-                         float(paid.get("flops") or 0.0) * reused / prompts)
-        store.add_log(run["id"], f"Stage 1 ({name}): {reused} prompts reused from V* set {value_set_id}, sampled "
-                                 f"earlier: their share of its sampling cost, {charges[name][0]:.2f} s, "
-                                 f"{charges[name][1]} tokens and {format_flops(charges[name][2])}, counts on this "
-                                 "run's clock and compute.")
-    if charges:
-        # Also kept apart as `reused_*`, so a study can tell the run that sampled the set from those charged for it.
-        store.add_metrics(run["id"], 0, {f"values/{name}/{prefix}{key}": value
-                                         for name, (seconds, tokens, flops) in charges.items()
-                                         for prefix in ("", "reused_")
-                                         for key, value in (("runtime", seconds), ("completion_tokens", tokens),
-                                                            ("flops", flops))})
-    return charges
-
-
-def stage_one_spent(store: Store, run_id: int) -> dict[str, tuple[float, int, float]]:
-    """What a run's stage 1 has cost so far, per split: (seconds, completion tokens, FLOPs), from its stored
-    metrics."""
-    latest = store.latest_metrics(run_id)
-    spent: dict[str, tuple[float, int]] = {}
-    for name, row in latest.items():
-        parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "values" and parts[2] == "runtime" and row["value"] is not None:
-            tokens = (latest.get(f"values/{parts[1]}/completion_tokens") or {}).get("value") or 0
-            flops = (latest.get(f"values/{parts[1]}/flops") or {}).get("value") or 0.0
-            spent[parts[1]] = (float(row["value"]), int(tokens), float(flops))
-    return spent
+            update_value_set(store, value_set_id, splits, args.num_value_samples)
 
 
 def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
@@ -362,12 +250,10 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
     if recorder is not None:
         recorder.touch()  # loading the model counts as progress for the watchdog
     if main:
-        from app.runtime.reward_versions import loaded
-
         # The registered rewards' files may have changed since launch: say which version scores from here on.
         part = f"chunk {int(run.get('chunks_done') or 0) + 1}" if deadline is not None else "this worker"
         part += f" (stage {run['stage']} on)" if run.get("stage") else " (from the start)"
-        for level, message in loaded(run["config"].get("rewards") or [], trainer.reward_funcs, part):
+        for level, message in reward_versions.loaded(run["config"].get("rewards") or [], trainer.reward_funcs, part):
             logger.log(level, "%s", message)
     if spec.action == "evaluate" and trainer.eval_dataset is None:
         raise ValueError("An 'evaluate' run needs an eval set: set dataset.eval_size > 0 in the run spec.")
@@ -409,58 +295,6 @@ def run_job(store: Store, run: dict[str, Any], data_dir: str | os.PathLike[str],
             recorder.set_stage("eval")
         trainer.evaluate()
     return "finished"
-
-
-def _checkpoint_step(checkpoint: str) -> int:
-    return int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
-
-
-def trained_to_the_end(trainer, checkpoint: str) -> bool:
-    """Whether the checkpoint holds the run's last step (`max_steps`), or a step where the run had spent its budget
-    of time or compute (`max_train_seconds`, `max_train_flops`, or its share of one: counted on the counters the
-    checkpoint keeps): a chunk that stopped there, its final evaluation left for the next chunk, ended the run's
-    training, not just the chunk."""
-    if trainer.args.max_steps > 0 and _checkpoint_step(checkpoint) >= trainer.args.max_steps:
-        return True
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    return trainer.run_counters.restored(state.get("stateful_callbacks") or {}).budget_reached(trainer.args)
-
-
-def restore_final(trainer, checkpoint: str) -> None:
-    """The weights (or adapter) and the trainer state of a checkpoint of the last step (`trained_to_the_end`),
-    without training: the Trainer, resumed there, would train one step past `max_steps` (in the middle of an epoch)
-    or past the time budget."""
-    from transformers.trainer_callback import TrainerState
-
-    trainer._load_from_checkpoint(checkpoint)
-    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
-    trainer.run_counters.load(trainer.state)  # the final evaluation is logged on the run's clock
-
-
-def evaluation_pending(trainer, checkpoint: str, evaluated: set[int]) -> bool:
-    """Whether the checkpoint's step was due for an evaluation that is not among the `evaluated` steps: one its
-    clock says was asked for and never ran (whatever asked: `eval_steps`, `eval_every_seconds`), or, for a
-    checkpoint of before that record, one every `eval_steps`. (The evaluation after the last step is the job's own,
-    after training.)"""
-    from a2po.callbacks import RunCounters
-
-    if trainer.eval_dataset is None:
-        return False
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    step = int(state["global_step"])
-    counters = RunCounters.saved(state.get("stateful_callbacks") or {})
-    if "evaluation_due" in counters:
-        return counters["evaluation_due"] == step and step not in evaluated
-    if str(trainer.args.eval_strategy) not in ("steps", "IntervalStrategy.STEPS"):
-        return False
-    # The checkpoint's state holds the run's own step counts: an epoch-based run has no max_steps in its
-    # arguments, and an `eval_steps` fraction of the run is resolved there, as the Trainer resolved it.
-    planned = int(state.get("max_steps") or trainer.args.max_steps)
-    every = float(state.get("eval_steps") or trainer.args.eval_steps or 0)
-    if 0 < every < 1 and planned > 0:
-        every = math.ceil(planned * every)
-    last = planned > 0 and step >= planned
-    return every >= 1 and step % int(every) == 0 and not last and step not in evaluated
 
 
 def record_end(store: Store, run_id: int, status: str, error: str | None) -> bool:

@@ -10,7 +10,7 @@ Protocols of "A*-PO vs GRPO" (`pair_specs`), each stated on the Launch and Compa
     time    Equal time: both runs train until the same budget of training time is spent (A*-PO's stage 1 inside
             its budget; `max_train_seconds`), with epochs enough to fill it. A*-PO's V* set reused from an earlier
             run (a second duel, a shared `values_seed`, a sweep) is charged what sampling it cost
-            (`app.runtime.worker.charge_reused_values`): stage 1 is never free.
+            (`app.runtime.value_sets.charge_reused_values`): stage 1 is never free.
     compute Equal compute: as equal time, with a budget of FLOPs counted from the tokens each run processes
             (`max_train_flops`, `a2po.compute`, docs/compute.md) instead of seconds: the same on every machine and
             whatever else the machine runs, so a seeded pair gives the same answer anywhere.

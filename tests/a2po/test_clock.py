@@ -215,7 +215,7 @@ def test_a_chunk_input_carries_the_clock(tmp_path):
     chunks.journal.write_input(store, tmp_path, store.get_run(run_id))
     ledger = chunks.journal.ChunkLedger(tmp_path, run_id)
     try:
-        from app.runtime.worker import stage_one_spent
+        from app.runtime.value_sets import stage_one_spent
 
         assert stage_one_spent(ledger, run_id) == {"train": (3.5, 120, 2e9)}
         ledger.add_metrics(run_id, 0, {"values/train/runtime": 4.0, "values/train/completion_tokens": 160,

@@ -327,7 +327,7 @@ def check_odd(completions, task, **kwargs):
 def test_multitask_rewards_that_read_trainer_state_score_outside_the_trainer(tmp_path, marker, monkeypatch):
     """"Try the reward" and the playground call rewards as stage 1 does: `trainer_state` (before training), None
     skipped in the weighted sum; a completion no function scores is named with its task in "Try the reward"."""
-    from app.runtime.playground import score_rows, weighted_rewards
+    from app.runtime.playground.process import score_rows, weighted_rewards
     from app.web.forms import reward_columns
 
     monkeypatch.setenv(MODULES_ENV, str(write(tmp_path / "task_rewards.py", TASK_REWARDS)))

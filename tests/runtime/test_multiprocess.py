@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from a2po.checkpoints import checkpoint_complete
 from app.access import allowlist
 from app.access.policy import Policy
-from app.runtime.checkpoints import checkpoint_complete
 from app.runtime.devices import Devices
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive
 from app.runtime.scheduler import Scheduler

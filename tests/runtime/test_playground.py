@@ -19,14 +19,9 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from app.access.policy import Limits
-from app.runtime.playground import (
-    MAX_SAMPLES,
-    PlaygroundClient,
-    PlaygroundModels,
-    build_request,
-    check_request,
-    trained_weights,
-)
+from app.runtime.checkpoints import trained_weights
+from app.runtime.playground.client import MAX_SAMPLES, PlaygroundClient, build_request, check_request
+from app.runtime.playground.process import PlaygroundModels, decode_greedy_and_samples
 from tests.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -115,7 +110,6 @@ def test_one_decode_gives_the_greedy_completion_and_the_samples(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from a2po.rollout import sample_completions
-    from app.runtime.playground import decode_greedy_and_samples
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

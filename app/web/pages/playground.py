@@ -2,8 +2,8 @@
 completion and a few samples each), scored by the run's reward.
 
 Models run in the playground's own process (`app.runtime.playground`: its cache, its share of the machine and its
-limits); this module checks who asks and what, picks the weights, and shows the answer. The `/playground` endpoint
-(`app.web.api`) goes through `play` too.
+limits); this module checks who asks and what, picks the weights, shows the answer, and says what "Try the reward"
+found (`reward_verdict`). The `/playground` and `/try_reward` endpoints (`app.web.api`) go through it too.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from a2po.answers import CORRECT_THRESHOLD, prompt_question
 from app.access import allowlist
 from app.access.auth import User
 from app.access.gate import Refused, Services, offline
-from app.runtime.playground import (
+from app.runtime.checkpoints import trained_weights
+from app.runtime.playground.client import (
+    KINDS,
     MAX_PROMPT_CHARS,
     MAX_SAMPLES,
     PlaygroundClient,
@@ -30,8 +33,6 @@ from app.runtime.playground import (
     build_try_request,
     check_request,
     choose_gpu,
-    reward_verdict,
-    trained_weights,
 )
 from app.web.common import model_choices, run_choices, short
 from storage.lifecycle import LIVE
@@ -170,11 +171,44 @@ def try_reward(services: Services, user: User | None, spec: Any, *, sample_model
             "note": answer["note"], "seconds": round(time.monotonic() - started, 3)}
 
 
+def reward_verdict(result: dict[str, Any]) -> str:
+    """One line on what "Try the reward" found: whether the reward tells the answer column (it should score 1)
+    from a wrong answer (0), what the model's samples score, and rewards that failed or are not binary."""
+    if result.get("error"):
+        return f"❌ The reward failed: {result['error']}"
+    rows = result.get("rows") or []
+    scores = {kind: [r["reward"] for r in rows if r["kind"] == label] for kind, label in KINDS.items()}
+    answers, wrongs, samples = scores["answer"], scores["wrong"], scores["sample"]
+    if not answers:
+        return "⚠ The dataset has no answer column (ground_truth): only the model's samples could be scored."
+    n = len(answers)
+    right = sum(r >= CORRECT_THRESHOLD for r in answers)
+    fooled = sum(r >= CORRECT_THRESHOLD for r in wrongs)
+    if right == 0:
+        line = (f"⚠ This reward gives 0 to the dataset's own answers ({n} of {n} prompts): training would see 0 "
+                "everywhere and learn nothing. Check the answer column, and the format the function expects.")
+    elif fooled == len(wrongs):
+        line = (f"⚠ This reward gives 1 to wrong answers too ({fooled} of {len(wrongs)} prompts): it cannot tell "
+                "right from wrong.")
+    elif right == n and fooled == 0:
+        line = (f"✅ The reward tells right from wrong: the answer column scores 1 on {right} of {n} prompts, a wrong "
+                f"answer 0 on {len(wrongs)} of {len(wrongs)}.")
+    else:
+        line = (f"⚠ Mixed: the answer column scores 1 on {right} of {n} prompts, a wrong answer 1 on {fooled} of "
+                f"{len(wrongs)}.")
+    if samples:
+        line += f" The model's samples score 1 on {sum(r >= CORRECT_THRESHOLD for r in samples)} of {len(samples)}."
+    odd = next((r for r in answers + wrongs + samples if r not in (0.0, 1.0)), None)
+    if odd is not None:
+        line += f" Some rewards are outside {{0, 1}} (e.g. {odd:g}): A*-PO counts only 1 as correct."
+    if result.get("note"):
+        line += f" {result['note']}"
+    return line
+
+
 def run_prompts(services: Services, run: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(label, question) of the run's prompts from its stored V* rows, `PROMPTS_PER_SPLIT` per split: the
     question, not the chat template around it."""
-    from a2po.answers import prompt_question
-
     if run is None:
         return []
     store, seen, out = services.store, set(), []
