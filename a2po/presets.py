@@ -79,9 +79,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peft": None,
     },
     "custom": {**_TEACHING, "name": "custom-run"},
-    # The demo's settings, not tuned for LoRA (no measured run): what a ZeroGPU chunk restores and saves is then the
-    # adapter, not the model and its optimizer state.
-    "teaching-demo-lora": {**_TEACHING, "name": "teaching-demo-lora", "peft": {"r": 16, "lora_alpha": 32}},
+    # The demo training a LoRA adapter: what a ZeroGPU chunk restores and saves is then the adapter, not the model and
+    # its optimizer state. An adapter of rank 16 needs a larger step than every weight: of 2e-4, 5e-4 and 1e-3 (measured
+    # as a ZeroGPU visitor's chunks run it, seeds 0-2), 2e-4 learned best and 1e-3 collapsed (docs/benchmarks.md,
+    # "The teaching presets, measured"); the full fine-tune's 1e-5 barely moved it.
+    "teaching-demo-lora": {**_TEACHING, "name": "teaching-demo-lora", "peft": {"r": 16, "lora_alpha": 32},
+                           "config": {**_TEACHING["config"], "learning_rate": 2e-4}},
 }
 PRESET_DESCRIPTIONS = {
     "teaching-demo": "Teaching demo: SmolLM2 learns 2-digit sums on a laptop CPU in a few minutes; held-out "

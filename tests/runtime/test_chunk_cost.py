@@ -56,8 +56,13 @@ def zerogpu_policy(studio: Path, monkeypatch) -> Policy:
 def test_a_zerogpu_space_starts_every_run_from_the_lora_demo():
     assert default_preset(ZEROGPU) == "teaching-demo-lora" and default_preset({}) == "teaching-demo"
     assert PRESETS["teaching-demo-lora"]["peft"] == {"r": 16, "lora_alpha": 32}
-    lora_demo = {k: v for k, v in PRESETS["teaching-demo-lora"].items() if k not in ("name", "peft")}
-    assert lora_demo == {k: v for k, v in PRESETS["teaching-demo"].items() if k not in ("name", "peft")}
+    lora_demo = {k: v for k, v in PRESETS["teaching-demo-lora"].items() if k not in ("name", "peft", "config")}
+    assert lora_demo == {k: v for k, v in PRESETS["teaching-demo"].items() if k not in ("name", "peft", "config")}
+    # The demo's settings but the learning rate an adapter needs (docs/benchmarks.md, "The teaching presets").
+    lora_config, full_config = PRESETS["teaching-demo-lora"]["config"], PRESETS["teaching-demo"]["config"]
+    assert {k: v for k, v in lora_config.items() if k != "learning_rate"} == \
+        {k: v for k, v in full_config.items() if k != "learning_rate"}
+    assert (lora_config["learning_rate"], full_config["learning_rate"]) == (2e-4, 1e-5)
     # The form as it opens, the API's empty spec and the CLI's default, in a process started as on a Space.
     probe = ("import json; from a2po.presets import DEFAULT_PRESET; from a2po.runspec import with_defaults;"
              "from app.web import forms;"
