@@ -49,6 +49,7 @@ from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
 from a2po.rewards import as_given, call_rewards, tasks_of
 from a2po.rollout import per_token_logprobs, sample_completions
+from a2po.settings import uses_vllm, vllm_run_problem
 from a2po.shown import shown
 from a2po.values import prompt_id_for
 
@@ -170,9 +171,8 @@ class BaseTrainer(Trainer):
             model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
         else:
             model_path = model_id
-        if args.use_vllm and args.world_size > 1:
-            raise ValueError("use_vllm runs one vLLM engine in a single training process; under several processes "
-                             "use the native decoder (use_vllm=False), or TRL's GRPOTrainer with a vLLM server.")
+        if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
+            raise ValueError(problem)
         if processing_class is None:
             revision = (args.model_init_kwargs or {}).get("revision")
             processing_class = AutoTokenizer.from_pretrained(model_path, revision=revision,
@@ -443,7 +443,7 @@ class BaseTrainer(Trainer):
                         temperature=args.temperature, top_k=args.sampling_top_k, top_p=args.top_p,
                         row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
         sampling_logps = None
-        if args.use_vllm:
+        if uses_vllm(args):
             engine = self._vllm_for(model, phase, dtype)
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             out, sampling_logps = engine.generate(prompts, logprobs=logprobs, **settings)

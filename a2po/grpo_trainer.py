@@ -34,6 +34,7 @@ from a2po.core import (
     vllm_importance_weights,
 )
 from a2po.rollout import eval_mode
+from a2po.settings import samples_stage_one
 from a2po.trainer import ValueEstimation
 
 BUFFER_FILE = "generation_buffer"
@@ -123,7 +124,7 @@ class GRPOTrainer(ValueEstimation):
 
     @property
     def samples_stage_one(self) -> bool:
-        return self.args.pass_rate_band is not None
+        return samples_stage_one("grpo", self.args)
 
     def value_rules(self) -> tuple[float, bool]:
         # GRPO reads only the pass rates; its V* rows take A*-PO's default beta1, and no prompt is filtered.

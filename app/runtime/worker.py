@@ -22,6 +22,7 @@ from typing import Any
 
 from a2po._faults import fault_point
 from a2po.compute import format_flops
+from a2po.settings import samples_stage_one
 from a2po.sweep import rung_share
 from app.runtime.checkpoints import remove_checkpoints, resume_checkpoint
 from app.runtime.credentials import drop_secrets, with_store_password
@@ -202,11 +203,8 @@ def stop_on_signal(stop_event: threading.Event):
 
 
 def uses_values(spec: Any) -> bool:
-    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO's only where it trains on the prompts of a
-    pass-rate band (`pass_rate_band`), which stage 1 measures."""
-    if getattr(spec, "method", "a2po") == "a2po":
-        return True
-    return spec.action == "train" and (spec.config or {}).get("pass_rate_band") is not None
+    """Whether a run has a stage 1 and a V* value set (`a2po.settings.samples_stage_one`)."""
+    return samples_stage_one(getattr(spec, "method", "a2po"), spec.config or {}, spec.action)
 
 
 def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recorder: Any, check_stop) -> None:

@@ -17,15 +17,8 @@ from typing import Any
 
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET
-from app.access.allowlist import (
-    EMPTY_MEANS_UNSET,
-    PARAM_BY_KEY,
-    PARAMS,
-    ZERO_MEANS_NONE,
-    check_spec,
-    default_value,
-    method_params,
-)
+from a2po.settings import METHODS, config_default
+from app.access.allowlist import EMPTY_MEANS_UNSET, PARAM_BY_KEY, PARAMS, ZERO_MEANS_NONE, check_spec, method_params
 from app.access.policy import Policy
 
 ARITHMETIC_OPERATIONS = "".join(OPERATIONS)  # the form's check boxes
@@ -89,7 +82,7 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
                             "model": spec["model"], "method": method,
                             "num_processes": spec.get("num_processes", spec.get("num_devices", 1))}
     # Every method's fields (the form hides the other method's): each with its own method's default.
-    config = {**{p.key: default_value(p.key, method if method in p.methods else p.methods[0]) for p in PARAMS},
+    config = {**{p.key: config_default(p.key, method if method in p.methods else p.methods[0]) for p in PARAMS},
               **spec["config"]}
     form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
@@ -150,8 +143,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
             dataset["path"] = str(form.get("file_path") or "").strip()
     dataset["system_prompt"] = None if form.get("template_system_prompt", True) else form.get("system_prompt") or ""
     method = form.get("method") or "a2po"
-    config = {p.key: form[p.key] if p.key in form else default_value(p.key, method)
-              for p in method_params(method if method in ("a2po", "grpo") else "a2po")}
+    known = method if method in METHODS else "a2po"  # an unknown method is the library's to name
+    config = {p.key: form[p.key] if p.key in form else config_default(p.key, known) for p in method_params(known)}
     # A setting left empty that has no value of its own (the stage-1 seed: the run seed's) stays out of the spec.
     if "pass_rate_band" in config:
         config["pass_rate_band"] = band_value(config["pass_rate_band"])
@@ -185,7 +178,7 @@ def recipe_values(name: str) -> dict[str, Any]:
     from a2po.recipes import RECIPE_SETTINGS, recipe_settings
 
     chosen = {} if name in (None, "", NO_RECIPE) else recipe_settings(name)
-    values = {k: chosen[k] if k in chosen else default_value(k, "grpo") for k in RECIPE_SETTINGS}
+    values = {k: chosen[k] if k in chosen else config_default(k, "grpo") for k in RECIPE_SETTINGS}
     return {k: 0 if v is None and k in ZERO_MEANS_NONE else v for k, v in values.items()}
 
 

@@ -72,7 +72,8 @@ def test_problems_show_under_their_fields_and_start_nothing(form):
 
 def test_sampling_with_vllm_is_disabled_with_the_reason_and_refused(form):
     checkbox = form.inputs["use_vllm"]
-    assert checkbox.interactive is False and checkbox.info.startswith("Not available here: vLLM is not installed")
+    assert checkbox.interactive is False
+    assert checkbox.info.startswith("Not available here: use_vllm needs vLLM, which is not installed")
     assert form.inputs["vllm_gpu_memory_utilization"].interactive is False
     assert form.inputs["use_cpu"].interactive is not False  # the other advanced settings stay editable
     before = len(runs(form))

@@ -28,6 +28,7 @@ from a2po.batches import spec_batch_figures
 from a2po.compute import format_flops
 from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
+from a2po.settings import VLLM_FIELDS
 from app.access import allowlist
 from app.access.gate import Refused, Services, offline
 from app.studies import sweeps
@@ -797,7 +798,7 @@ def _param_columns(form: LaunchForm, params: list[allowlist.Param]) -> None:
     vllm_off = allowlist.vllm_problem(form.services.policy)
     for param in params:
         with gr.Column(min_width=200, visible=form.defaults["method"] in param.methods) as column:
-            locked = vllm_off if param.key in ("use_vllm", *allowlist.VLLM_ONLY) else None
+            locked = vllm_off if param.key in VLLM_FIELDS else None
             _param_input(param, form.defaults, form.inputs, form.services.policy.limits, locked)
             form.error_slot(param.key)
         form.param_columns[param.key] = column

@@ -34,6 +34,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from a2po.batches import spec_batch_figures
+from a2po.settings import uses_vllm
 from app.access.gate import Services
 from app.web import charts, live
 from app.web.common import elapsed_seconds, format_duration, format_time, progress_bar, run_choices, status_badge
@@ -153,7 +154,7 @@ def sampler(spec: dict[str, Any] | None) -> str:
     """The engine that samples a run (stage 1, rollouts, evaluation), from its spec: vLLM in the training process
     when its config sets `use_vllm` (the worker follows the spec), else the library's own decoder."""
     config = (spec or {}).get("config") or {}
-    if not config.get("use_vllm"):
+    if not uses_vllm(config):
         return "the native decoder"
     mode = config.get("vllm_mode") or "colocate"
     return "vLLM (colocated)" if mode == "colocate" else f"vLLM ({mode})"
