@@ -172,10 +172,7 @@ class RunSpec:
             problems["fsdp"] = f"fsdp must be None (DDP) or one of {', '.join(FSDP_STRATEGIES)} (got {shown(run.fsdp)})"
         elif run.fsdp is not None and processes is not None and processes < 2:
             problems["fsdp"] = "fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)"
-        if run.runner not in RUNNERS:
-            problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {shown(run.runner)})"
-        elif run.runner == "chunked" and processes not in (None, 1):
-            problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
+        problems.update(run._runner_problems())
         problems.update(run._recipe_problems())
         if run.study is not None and not (isinstance(run.study, dict) and _small_label(run.study)):
             problems["study"] = ("study must be None or a small object of short texts and numbers, and of small "
@@ -185,6 +182,22 @@ class RunSpec:
         if problems:
             raise SpecError(problems)
         return run
+
+    def with_runner(self, runner: str) -> RunSpec:
+        """This run as `runner` executes it (a studio whose backend runs every run one way); `SpecError` where that
+        runner cannot."""
+        run = dataclasses.replace(self, runner=runner)
+        problems = run._runner_problems()
+        if problems:
+            raise SpecError(problems)
+        return run
+
+    def _runner_problems(self) -> dict[str, str]:
+        if self.runner not in RUNNERS:
+            return {"runner": f"runner must be one of {', '.join(RUNNERS)} (got {shown(self.runner)})"}
+        if self.runner == "chunked" and whole_number(self.num_processes) not in (None, 1):
+            return {"runner": "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"}
+        return {}
 
     def _recipe_problems(self) -> dict[str, str]:
         """Problems of `recipe` (a GRPO run's, one of `a2po.recipes.RECIPES`); fills `config` with its settings where

@@ -21,12 +21,13 @@ everything here is a pure function.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2po.reward_registry import stamp_sources
 from a2po.settings import (
@@ -41,6 +42,9 @@ from a2po.settings import (
 )
 from a2po.shown import shown
 from app.access.policy import Limits, Policy
+
+if TYPE_CHECKING:
+    from a2po.runspec import RunSpec
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 MAX_CONFIG_KEYS = 200  # settings one spec may name (A2POConfig and TrainingArguments have about 150)
@@ -187,12 +191,15 @@ def method_params(method: str) -> list[Param]:
 
 @dataclass
 class SpecResult:
-    """A clean spec when `errors` is empty, else the problems keyed by field path (`config.beta1`)."""
+    """A clean spec when `errors` is empty, else the problems keyed by field path (`config.beta1`). An accepted
+    run spec comes with the run the library parsed it into (`run`, an `a2po.runspec.RunSpec`): what the gate queues,
+    as it is, so that a spec is parsed and checked once."""
 
     spec: dict[str, Any] | None
     errors: dict[str, str] = field(default_factory=dict)
     # Accepted, but worth saying: a registered reward that changed since the spec recorded it (a clone).
     warnings: list[str] = field(default_factory=list)
+    run: RunSpec | None = None
 
     @property
     def ok(self) -> bool:
@@ -571,7 +578,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
     if run.study is not None:
         # Study membership is nothing but this label: kept from a spec, it would put a run into anyone's study.
         warnings = [*warnings, STUDY_LEFT_OUT]
-    return SpecResult(clean, warnings=warnings)
+    run = replace(run, name=clean["name"], model=clean["model"], rewards=rewards, study=None)
+    return SpecResult(copy.deepcopy(clean), warnings=warnings, run=run)
 
 
 def _check_grpo_batch(config: Mapping[str, Any], limits: Limits, errors: dict[str, str]) -> None:

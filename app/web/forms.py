@@ -18,7 +18,15 @@ from typing import Any
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET
 from a2po.settings import METHODS, config_default
-from app.access.allowlist import EMPTY_MEANS_UNSET, PARAM_BY_KEY, PARAMS, ZERO_MEANS_NONE, check_spec, method_params
+from app.access.allowlist import (
+    EMPTY_MEANS_UNSET,
+    PARAM_BY_KEY,
+    PARAMS,
+    ZERO_MEANS_NONE,
+    SpecResult,
+    check_spec,
+    method_params,
+)
 from app.access.policy import Policy
 
 ARITHMETIC_OPERATIONS = "".join(OPERATIONS)  # the form's check boxes
@@ -42,14 +50,20 @@ FORM_FIELDS_DEFAULTS: dict[str, Any] = {
 NO_RECIPE = "none"  # the form's recipe choice for TRL's GRPOConfig defaults (a spec without a recipe)
 @dataclass
 class FormResult:
-    """What form validation produced: a spec when `errors` is empty, else the errors keyed by form field."""
+    """What form validation produced: the allow-list's verdict (`checked`, whose run the gate queues as it is) when
+    `errors` is empty, else the errors keyed by form field."""
 
-    spec: dict[str, Any] | None
+    checked: SpecResult | None
     errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The clean spec."""
+        return self.checked.spec if self.checked is not None else None
 
 
 def command_line(spec: Mapping[str, Any]) -> str:
@@ -244,15 +258,19 @@ def validate_form(form: Mapping[str, Any], policy: Policy, *, columns: Sequence[
     `columns` are the dataset's columns when the caller could load them (None: not checked). Errors are keyed by
     form field (`FORM_ERROR` for the rest).
     """
-    spec = form_to_spec(form)
-    result = check_spec(spec, policy, offline=offline)
+    return form_result(check_spec(form_to_spec(form), policy, offline=offline), columns)
+
+
+def form_result(result: SpecResult, columns: Sequence[str] | None = None) -> FormResult:
+    """The allow-list's verdict on the form's spec, its problems keyed by form field, with those of a file or hub
+    dataset's `columns` (None: not read)."""
     errors = form_errors(result.errors)
     if result.ok and columns is not None and result.spec["dataset"]["source"] in ("file", "hub"):
         dataset = result.spec["dataset"]
         needs = {r["name"]: reward_columns(r["name"]) for r in result.spec["rewards"]}
         errors.update(check_columns(columns, dataset.get("prompt_column"), dataset.get("answer_column"),
                                     [r["name"] for r in result.spec["rewards"]], needs))
-    return FormResult(None if errors else result.spec, errors)
+    return FormResult(None if errors else result, errors)
 
 
 def check_columns(columns: Sequence[str], prompt_column: str | None, answer_column: str | None,

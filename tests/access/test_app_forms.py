@@ -292,8 +292,8 @@ def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     from app.access.gate import Services
 
     services = Services(store=None, scheduler=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
-    assert services.checked({})[0]["peft"] == {"r": 16, "lora_alpha": 32}
-    assert services.checked({"peft": None})[0]["peft"] is None
+    assert services.checked({}).spec["peft"] == {"r": 16, "lora_alpha": 32}
+    assert services.checked({"peft": None}).spec["peft"] is None
 
 
 def test_system_prompt_through_the_form_and_the_allow_list(policy):
