@@ -712,9 +712,11 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     with gr.Row():
         picker = gr.Dropdown(choices=run_choices(services.store), value=None, label="Run", scale=4,
                              elem_id="run-picker")
-        stop_btn = gr.Button("Stop", variant="stop", size="sm", scale=0, min_width=90, elem_id="run-stop")
-        resume_btn = gr.Button("Resume", size="sm", scale=0, min_width=90, elem_id="run-resume")
-        delete_btn = gr.Button("Delete", size="sm", scale=0, min_width=90, elem_id="run-delete")
+        # Disabled until a run is picked (`_button_updates`): there is nothing to act on yet.
+        stop_btn = gr.Button("Stop", variant="stop", size="sm", scale=0, min_width=90, elem_id="run-stop",
+                             interactive=False)
+        resume_btn = gr.Button("Resume", size="sm", scale=0, min_width=90, elem_id="run-resume", interactive=False)
+        delete_btn = gr.Button("Delete", size="sm", scale=0, min_width=90, elem_id="run-delete", interactive=False)
         clone_btn = gr.Button("Clone into the Launch form", size="sm", scale=0, min_width=140, elem_id="run-clone")
     head = gr.Markdown("Pick a run above, launch one, or open one from the Runs page.", elem_id="run-header")
     progress = gr.HTML(elem_id="run-progress")
