@@ -100,7 +100,7 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
               **spec["config"]}
     form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
-    form["pass_rate_band"] = band_text(form.get("pass_rate_band"))
+    form.update({p.key: band_text(form.get(p.key)) for p in PARAMS if p.kind == "band"})
     dataset = {**DATASET_DEFAULTS, **spec["dataset"]}
     source = dataset["source"]
     form.update(dataset_source=source, num_prompts=dataset["num_prompts"], difficulty=dataset["difficulty"],
@@ -159,9 +159,8 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
     method = form.get("method") or "a2po"
     known = method if method in METHODS else "a2po"  # an unknown method is the library's to name
     config = {p.key: form[p.key] if p.key in form else config_default(p.key, known) for p in method_params(known)}
+    config.update({key: band_value(config[key]) for key in config if PARAM_BY_KEY[key].kind == "band"})
     # A setting left empty that has no value of its own (the stage-1 seed: the run seed's) stays out of the spec.
-    if "pass_rate_band" in config:
-        config["pass_rate_band"] = band_value(config["pass_rate_band"])
     config = {k: v for k, v in config.items() if not (k in EMPTY_MEANS_UNSET and v in (None, ""))}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()

@@ -139,7 +139,8 @@ def pass_at_n_text(evaluations: Sequence[dict[str, Any]], eval_samples: Sequence
 
 
 def engine_text(spec: dict[str, Any] | None) -> str:
-    """Which engine sampled a run, from its spec (the worker follows its `use_vllm`), and what it sampled."""
+    """Which engine sampled a run, from its spec (`a2po.settings.uses_vllm`: the worker follows it), and what it
+    sampled."""
     spec = spec or {}
     config = spec.get("config") or {}
     sampled = ("its groups of G answers and the evaluations' answers" if spec.get("method") == "grpo" else

@@ -152,7 +152,7 @@ def remaining_text(estimate: Remaining) -> str:
 
 def sampler(spec: dict[str, Any] | None) -> str:
     """The engine that samples a run (stage 1, rollouts, evaluation), from its spec: vLLM in the training process
-    when its config sets `use_vllm` (the worker follows the spec), else the library's own decoder."""
+    where it says so (`a2po.settings.uses_vllm`: the worker follows the spec), else the library's own decoder."""
     config = (spec or {}).get("config") or {}
     if not uses_vllm(config):
         return "the native decoder"
