@@ -64,16 +64,14 @@ class VLLMSettings:
 
     use_vllm: bool = field(default=False, metadata=_help("Sample with a colocated vLLM engine."))
     vllm_mode: str = field(default="colocate", metadata=_help("Only 'colocate': vLLM in the training process."))
-    vllm_model_impl: str = field(
-        default="vllm", metadata=_help("vLLM's model code: 'vllm' or 'transformers'."))
+    vllm_model_impl: str = field(default="vllm", metadata=_help("vLLM's model code: 'vllm' or 'transformers'."))
     vllm_enable_sleep_mode: bool = field(
         default=False, metadata=_help("Free vLLM's GPU memory between samplings (CUDA only)."))
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata=_help("Share of the GPU's memory vLLM may take (weights and KV cache)."))
     vllm_max_model_length: int | None = field(
         default=None, metadata=_help("vLLM's context window; None: max_prompt_length + max_completion_length."))
-    vllm_tensor_parallel_size: int = field(
-        default=1, metadata=_help("GPUs vLLM splits the model over."))
+    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("GPUs vLLM splits the model over."))
 
 
 # The vLLM settings `vllm.LLM` takes, by its argument names (`engine_arguments`).
