@@ -10,6 +10,7 @@ the engine argument it becomes). docs/architecture.md, "Add a setting".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import typing
 from collections.abc import Callable, Mapping
@@ -242,6 +243,7 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, 
                                        "save_every_seconds": 300.0, "save_total_limit": 2}
 
 
+@functools.cache
 def _declared(group: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(group)}
 
@@ -265,6 +267,7 @@ def methods_of(name: str) -> tuple[str, ...]:
                  and (name not in STAGE_ONE_FIELDS or samples_stage_one(method, {})))
 
 
+@functools.cache
 def setting_kind(name: str) -> str:
     """How a setting's value reads: "bool", "int", "float", "band" (a pass-rate band), "choice" (`CHOICES`), or
     "text"; from its field's type."""
