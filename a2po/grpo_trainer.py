@@ -34,6 +34,7 @@ from a2po.core import (
     vllm_importance_weights,
 )
 from a2po.rollout import eval_mode
+from a2po.settings import samples_stage_one, uses_vllm
 from a2po.trainer import ValueEstimation
 
 BUFFER_FILE = "generation_buffer"
@@ -123,7 +124,7 @@ class GRPOTrainer(ValueEstimation):
 
     @property
     def samples_stage_one(self) -> bool:
-        return self.args.pass_rate_band is not None
+        return samples_stage_one("grpo", self.args)
 
     def value_rules(self) -> tuple[float, bool]:
         # GRPO reads only the pass rates; its V* rows take A*-PO's default beta1, and no prompt is filtered.
@@ -145,13 +146,13 @@ class GRPOTrainer(ValueEstimation):
     def _corrects_sampling(self) -> bool:
         """Whether the loss is weighted by pi_old / pi_vllm (`vllm_importance_sampling_correction`, as in TRL: only
         where vLLM samples)."""
-        return self.args.use_vllm and self.args.vllm_importance_sampling_correction
+        return uses_vllm(self.args) and self.args.vllm_importance_sampling_correction
 
     @property
     def _keeps_sampling_logps(self) -> bool:
         """Whether vLLM's log-probs of the sampled tokens are kept: for its correction, and for the off-policy mask,
         which measures the divergence from the distribution that sampled (as in TRL)."""
-        return self.args.use_vllm and (self.args.vllm_importance_sampling_correction
+        return uses_vllm(self.args) and (self.args.vllm_importance_sampling_correction
                                        or self.args.off_policy_mask_threshold is not None)
 
     # ----------------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 from a2po.config import MAX_SEED, A2POConfig, ConfigError, GRPOConfig, real_number, whole_number
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
+from a2po.settings import RUN_CONFIG_DEFAULTS, STAGE_ONE_FIELDS, samples_stage_one, stage_one_fields
 from a2po.shown import shown
 
 CONFIG_CLASSES = {"a2po": A2POConfig, "grpo": GRPOConfig}  # one config class per method, as in TRL
@@ -40,8 +41,6 @@ METHODS = tuple(CONFIG_CLASSES)
 # How the studio executes a run (`app.runtime.scheduler`, `app.runtime.chunks`); the CLI ignores it.
 RUNNERS = ("worker", "chunked")
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")  # `accelerate launch --fsdp_sharding_strategy`
-# Stage 1's own settings: A*-PO's, and GRPO's only where it selects prompts by pass rate (`pass_rate_band`).
-STAGE_ONE_FIELDS = ("num_value_samples", "value_batch_size", "values_seed", "values_path", "save_values")
 SAMPLING_FIELDS = ("num_value_samples", "temperature", "top_p", "top_k", "max_prompt_length", "max_completion_length")
 DATASET_DEFAULTS = {"source": "arithmetic", "num_prompts": 256, "difficulty": 1, "operations": "+", "seed": 0,
                     "eval_size": 64}
@@ -55,13 +54,10 @@ DATASET_KEYS = {
 }
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout")
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(A2POConfig)}
-# A method's fields in a run spec; GRPO has stage 1's only with a pass-rate band (`method_config_fields`).
-METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} - (set(STAGE_ONE_FIELDS) if method != "a2po"
-                                                                           else set())
-                        for method, cls in CONFIG_CLASSES.items()}
-# What a studio or CLI run uses where its spec says nothing (A2POConfig itself keeps TRL's defaults).
-RUN_CONFIG_DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "save_strategy": "steps",
-                                       "save_every_seconds": 300.0, "save_total_limit": 2}
+# A method's fields in a run spec whatever its other settings: GRPO takes stage 1's only where it samples one
+# (`method_config_fields`).
+METHOD_CONFIG_FIELDS = {method: {f.name for f in dataclasses.fields(cls)} - set(STAGE_ONE_FIELDS)
+                        | set(stage_one_fields(method, {})) for method, cls in CONFIG_CLASSES.items()}
 _CHECK_DIR = "/tmp/a2po-spec-check"  # an output_dir for building a config only to check it (nothing is written)
 # What building a config only to check it overrides, so that the check touches no device: TrainingArguments sets up
 # its device, checks bf16 support and (with TF32 or torch_compile) the GPU's generation through CUDA, and the studio
@@ -69,15 +65,6 @@ _CHECK_DIR = "/tmp/a2po-spec-check"  # an output_dir for building a config only 
 # These settings are still type-checked here; what they need of the device is checked where the run trains.
 _DEVICE_FREE_CHECK = {"use_cpu": True, "tf32": None, "torch_compile": False, "torch_compile_backend": None,
                       "torch_compile_mode": None}
-
-
-def config_default(name: str) -> Any:
-    """What a run uses for config field `name` when its spec leaves it out: `RUN_CONFIG_DEFAULTS`, else
-    A2POConfig's own default (TRL's)."""
-    if name in RUN_CONFIG_DEFAULTS:
-        return RUN_CONFIG_DEFAULTS[name]
-    found = A2POConfig.__dataclass_fields__[name]
-    return found.default_factory() if found.default is dataclasses.MISSING else found.default
 
 
 def _small_label(value: Any, depth: int = 0) -> bool:
@@ -185,10 +172,7 @@ class RunSpec:
             problems["fsdp"] = f"fsdp must be None (DDP) or one of {', '.join(FSDP_STRATEGIES)} (got {shown(run.fsdp)})"
         elif run.fsdp is not None and processes is not None and processes < 2:
             problems["fsdp"] = "fsdp shards the model across processes: set num_processes >= 2 (or fsdp None)"
-        if run.runner not in RUNNERS:
-            problems["runner"] = f"runner must be one of {', '.join(RUNNERS)} (got {shown(run.runner)})"
-        elif run.runner == "chunked" and processes not in (None, 1):
-            problems["runner"] = "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"
+        problems.update(run._runner_problems())
         problems.update(run._recipe_problems())
         if run.study is not None and not (isinstance(run.study, dict) and _small_label(run.study)):
             problems["study"] = ("study must be None or a small object of short texts and numbers, and of small "
@@ -198,6 +182,22 @@ class RunSpec:
         if problems:
             raise SpecError(problems)
         return run
+
+    def with_runner(self, runner: str) -> RunSpec:
+        """This run as `runner` executes it (a studio whose backend runs every run one way); `SpecError` where that
+        runner cannot."""
+        run = dataclasses.replace(self, runner=runner)
+        problems = run._runner_problems()
+        if problems:
+            raise SpecError(problems)
+        return run
+
+    def _runner_problems(self) -> dict[str, str]:
+        if self.runner not in RUNNERS:
+            return {"runner": f"runner must be one of {', '.join(RUNNERS)} (got {shown(self.runner)})"}
+        if self.runner == "chunked" and whole_number(self.num_processes) not in (None, 1):
+            return {"runner": "the chunked runner runs one process: set num_processes to 1 (or runner 'worker')"}
+        return {}
 
     def _recipe_problems(self) -> dict[str, str]:
         """Problems of `recipe` (a GRPO run's, one of `a2po.recipes.RECIPES`); fills `config` with its settings where
@@ -546,21 +546,15 @@ class RunSpec:
 # ------------------------------------------------------------------------------------------------- presets
 
 def method_config_fields(method: str, config: dict[str, Any]) -> set[str]:
-    """The fields a run spec of `method` with `config` may set: its method's, and for GRPO stage 1's where it
-    selects prompts by pass rate."""
-    fields = METHOD_CONFIG_FIELDS.get(method, set())
-    if method != "a2po" and config.get("pass_rate_band") is not None:
-        return fields | set(STAGE_ONE_FIELDS)
-    return fields
+    """The fields a run spec of `method` with `config` may set: its method's, and stage 1's where it samples one."""
+    return METHOD_CONFIG_FIELDS.get(method, set()) | set(stage_one_fields(method, config))
 
 
 def value_fingerprint_of(spec: dict[str, Any]) -> str | None:
     """The V* set a stored run spec samples or reads (`RunSpec.value_fingerprint`); None for a run without stage 1
-    (GRPO that does not select by pass rate, an evaluation) or a spec that no longer reads."""
-    if spec.get("action", "train") not in ("train", "values"):
-        return None
-    if spec.get("method", "a2po") != "a2po" and (
-            spec.get("action", "train") != "train" or (spec.get("config") or {}).get("pass_rate_band") is None):
+    (GRPO that does not select by pass rate), an evaluation, or a spec that no longer reads."""
+    action, config = spec.get("action", "train"), spec.get("config")
+    if action not in ("train", "values") or not samples_stage_one(spec.get("method", "a2po"), config or {}, action):
         return None
     try:
         return RunSpec.from_dict(spec).value_fingerprint()

@@ -34,11 +34,13 @@ import tempfile
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from a2po.rollout import stream_seed
+from a2po.settings import engine_arguments
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,13 @@ class EngineSettings:
 
     model: str                      # a directory with the model's config.json (`engine_settings`)
     dtype: str                      # "float32", "bfloat16" or "float16": the precision the policy trains in
-    max_model_len: int | None
-    gpu_memory_utilization: float
-    tensor_parallel_size: int
-    model_impl: str
-    enable_sleep_mode: bool
+    # `vllm.LLM`'s arguments from the config's vLLM settings (`a2po.settings.engine_arguments`), as (name, value)
+    options: tuple[tuple[str, Any], ...] = ()
     trust_remote_code: bool = False
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.options)
 
 
 class VLLMEngine:
@@ -65,7 +68,8 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm.platforms import current_platform
 
-        if settings.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+        sleeps = settings.arguments.get("enable_sleep_mode", False)
+        if sleeps and not current_platform.is_sleep_mode_available():
             raise ValueError(f"vllm_enable_sleep_mode needs a GPU (vLLM has no sleep mode on "
                              f"{current_platform.device_name}): set vllm_enable_sleep_mode=False.")
         self.settings = settings
@@ -80,17 +84,15 @@ class VLLMEngine:
         self.weights_key: Hashable | None = None
         # Sleep level 2 drops the weights: they must be pushed again before sampling.
         self.asleep = False
-        if settings.enable_sleep_mode:
+        if sleeps:
             self.sleep()
 
     @staticmethod
     def _start(settings: EngineSettings):
         from vllm import LLM
 
-        return LLM(model=settings.model, dtype=settings.dtype, max_model_len=settings.max_model_len,
-                   gpu_memory_utilization=settings.gpu_memory_utilization,
-                   tensor_parallel_size=settings.tensor_parallel_size, model_impl=settings.model_impl,
-                   enable_sleep_mode=settings.enable_sleep_mode, trust_remote_code=settings.trust_remote_code,
+        return LLM(model=settings.model, dtype=settings.dtype, trust_remote_code=settings.trust_remote_code,
+                   **settings.arguments,
                    # Random weights, replaced by the trainer's before any sampling (`engine_settings`).
                    load_format="dummy",
                    # The trainer tokenizes and detokenizes; vLLM sees token ids only.
@@ -149,7 +151,7 @@ class VLLMEngine:
                     temperature=0.0 if greedy else temperature, top_k=top_k or 0, top_p=top_p,
                     seed=None if key is None else stream_seed(key)))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        if self.settings.enable_sleep_mode:  # the optimizer step that comes next gets the memory back
+        if self.settings.arguments.get("enable_sleep_mode"):  # the optimizer step that comes next gets the memory back
             self.sleep()
         rows = [list(output.outputs[0].token_ids) for output in outputs]
         width = max((len(row) for row in rows), default=0)
@@ -187,13 +189,12 @@ def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
         partial = folder / f"config.json.{os.getpid()}"
         partial.write_text(text)
         partial.replace(folder / "config.json")  # atomic: another process never reads half a file
-    max_len = args.vllm_max_model_length
-    if max_len is None and args.max_prompt_length is not None and args.max_completion_length is not None:
-        max_len = args.max_prompt_length + args.max_completion_length
-    return EngineSettings(model=str(folder), dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
-                          gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                          tensor_parallel_size=args.vllm_tensor_parallel_size, model_impl=args.vllm_model_impl,
-                          enable_sleep_mode=args.vllm_enable_sleep_mode, trust_remote_code=args.trust_remote_code)
+    arguments = engine_arguments(args)
+    if arguments["max_model_len"] is None and args.max_prompt_length is not None and \
+            args.max_completion_length is not None:
+        arguments["max_model_len"] = args.max_prompt_length + args.max_completion_length
+    return EngineSettings(model=str(folder), dtype=str(dtype).removeprefix("torch."),
+                          options=tuple(sorted(arguments.items())), trust_remote_code=args.trust_remote_code)
 
 
 _ENGINE: VLLMEngine | None = None

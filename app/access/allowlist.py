@@ -5,7 +5,8 @@ goes through `check_spec(spec, policy)`. A missing key takes its preset's value 
 a setting the preset does not name, the library's own default). Whether a spec is *valid* is the library's
 verdict (`a2po.runspec.RunSpec.from_dict`, which the CLI runs too); this module adds only the studio's *policy*:
 
-- in `config`, only the form's hyper-parameters (`PARAMS`), each bounded by the studio's `Limits`; fields that
+- in `config`, only the form's hyper-parameters (`PARAMS`: config fields, whose types, vocabularies, defaults and
+  methods are `a2po.settings`', with the form's labels), each bounded by the studio's `Limits`; fields that
   reach outside the run (remote code, hub pushes) only when the operator allowed them with a flag, and nothing
   else: `values_path`, `output_dir`, `report_to`, `deepspeed`, ... are refused;
 - datasets from the built-in generators, files inside `<data-dir>/datasets/` or received by Gradio's upload route
@@ -20,17 +21,30 @@ everything here is a pure function.
 
 from __future__ import annotations
 
-import importlib.util
+import copy
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2po.reward_registry import stamp_sources
+from a2po.settings import (
+    CHOICES,
+    VLLM_FIELDS,
+    config_default,
+    methods_of,
+    setting_kind,
+    stage_one_fields,
+    vllm_install_problem,
+    vllm_run_problem,
+)
 from a2po.shown import shown
 from app.access.policy import Limits, Policy
+
+if TYPE_CHECKING:
+    from a2po.runspec import RunSpec
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 MAX_CONFIG_KEYS = 200  # settings one spec may name (A2POConfig and TrainingArguments have about 150)
@@ -59,107 +73,111 @@ STUDY_LEFT_OUT = ("The spec's \"study\" label was left out: only the studio puts
 
 @dataclass(frozen=True)
 class Param:
-    """One hyper-parameter of the form: an A2POConfig field, how the form shows it and the limit bounding it
-    (its default is the preset's, else the library's: `default_value`; its validity is the library's)."""
+    """One setting of the form: a config field, whose type, vocabulary, default and methods are the library's
+    (`a2po.settings`; its validity too), and what only the form needs: its label, whether it sits under "Advanced",
+    its help and the `Limits` field bounding it from above."""
 
     key: str
     label: str
-    kind: str  # "int", "float", "bool", "choice" or "band" ([low, high], on the form "low, high")
     advanced: bool = False
     info: str = ""
     limit: str = ""  # the `Limits` field bounding it from above
-    choices: tuple[str, ...] = ()
-    methods: tuple[str, ...] = ("a2po", "grpo")  # the methods (`RunSpec.method`) whose config has the setting
+    narrowed: tuple[str, ...] = ()  # the choices this studio offers, where fewer than the field takes
+    whole: bool = False  # a float field the form takes in whole numbers
 
+    @property
+    def kind(self) -> str:
+        """The form's input: "int", "float", "bool", "choice" or "band" ([low, high], on the form "low, high")."""
+        if self.narrowed:
+            return "choice"
+        kind = setting_kind(self.key)
+        return "int" if self.whole and kind == "float" else kind
 
-A2PO, GRPO = ("a2po",), ("grpo",)
-# a2po.core's and a2po.config's, named here so the web process skips torch (test_grpo_recipes.py compares them)
-GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-GRPO_SCALE_REWARDS = ("group", "batch", "none")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self.narrowed or CHOICES.get(self.key, ())
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods (`RunSpec.method`) whose config has the setting."""
+        return methods_of(self.key)
+
 
 PARAMS: list[Param] = [
-    Param("num_value_samples", "N: reference samples per prompt", "int", limit="max_value_samples",
-          info="Stage 1 samples N completions per prompt to estimate V*.", methods=A2PO),
-    Param("pass_rate_band", "Pass-rate band: low, high (empty: every prompt)", "band",
+    Param("num_value_samples", "N: reference samples per prompt", limit="max_value_samples",
+          info="Stage 1 samples N completions per prompt to estimate V*."),
+    Param("pass_rate_band", "Pass-rate band: low, high (empty: every prompt)",
           info="Train only on prompts whose reference pass rate (stage 1: correct of N) lies in the band, e.g. "
                "0.125, 0.875. GRPO then samples stage 1 for it, on its clock."),
-    Param("beta1", "β₁ (V* temperature)", "float", info="Soft-max temperature of the V* estimate.", methods=A2PO),
-    Param("beta2", "β₂ (KL temperature)", "float", info="Scale of the implicit reward in stage 2.", methods=A2PO),
+    Param("beta1", "β₁ (V* temperature)", info="Soft-max temperature of the V* estimate."),
+    Param("beta2", "β₂ (KL temperature)", info="Scale of the implicit reward in stage 2."),
     # GRPO's own settings (TRL's GRPOConfig names); G is bounded as N is: both are samples per prompt.
-    Param("num_generations", "G: completions per prompt per step", "int", limit="max_value_samples",
-          info="GRPO samples G completions of each prompt at every step.", methods=GRPO),
-    Param("beta", "β (KL coefficient; 0: no reference model)", "float", methods=GRPO),
-    Param("loss_type", "Loss aggregation", "choice", choices=GRPO_LOSS_TYPES, methods=GRPO),
-    Param("scale_rewards", "Advantage scaling", "choice", advanced=True, choices=GRPO_SCALE_REWARDS, methods=GRPO),
-    Param("epsilon", "ε (lower clipping bound)", "float", advanced=True, methods=GRPO),
-    Param("epsilon_high", "ε high (upper clipping bound; 0: ε)", "float", advanced=True, methods=GRPO),
-    Param("num_iterations", "Optimizer steps per generation (μ)", "int", advanced=True, limit="max_epochs",
-          methods=GRPO),
+    Param("num_generations", "G: completions per prompt per step", limit="max_value_samples",
+          info="GRPO samples G completions of each prompt at every step."),
+    Param("beta", "β (KL coefficient; 0: no reference model)"),
+    Param("loss_type", "Loss aggregation"),
+    Param("scale_rewards", "Advantage scaling", advanced=True),
+    Param("epsilon", "ε (lower clipping bound)", advanced=True),
+    Param("epsilon_high", "ε high (upper clipping bound; 0: ε)", advanced=True),
+    Param("num_iterations", "Optimizer steps per generation (μ)", advanced=True, limit="max_epochs"),
     # The rest of the settings the named recipes (a2po.recipes) set, with TRL's names.
-    Param("mask_truncated_completions", "Leave truncated completions (no EOS) out of the loss", "bool",
-          advanced=True, methods=GRPO),
-    Param("importance_sampling_level", "Importance ratio per token, or per sequence (GSPO)", "choice", advanced=True,
-          choices=IMPORTANCE_SAMPLING_LEVELS, methods=GRPO,
+    Param("mask_truncated_completions", "Leave truncated completions (no EOS) out of the loss", advanced=True),
+    Param("importance_sampling_level", "Importance ratio per token, or per sequence (GSPO)", advanced=True,
           info="Acts only off-policy: with μ = 1 every ratio is 1 when the gradient is taken."),
-    Param("multi_objective_aggregation", "Several rewards: sum then normalize, or normalize each (GDPO)", "choice",
-          advanced=True, choices=MULTI_OBJECTIVE_AGGREGATIONS, methods=GRPO),
-    Param("top_entropy_quantile", "Train on the top-entropy share of tokens (1: all)", "float", advanced=True,
-          methods=GRPO),
-    Param("sapo_temperature_pos", "SAPO: gate temperature, positive advantages", "float", advanced=True,
-          methods=GRPO),
-    Param("sapo_temperature_neg", "SAPO: gate temperature, other advantages", "float", advanced=True, methods=GRPO),
-    Param("learning_rate", "Learning rate", "float"),
-    Param("max_steps", "Max steps", "int", limit="max_steps", info="-1: train for num_train_epochs."),
-    Param("per_device_train_batch_size", "Batch size (prompts per step; GRPO: completions, G per prompt)", "int",
-          limit="max_batch_size", info="GRPO counts completions, as TRL does: G × the prompts per step."),
-    Param("max_completion_length", "Max completion tokens", "int", limit="max_completion_length",
-          info="Arithmetic answers are short; use 256+ for step-by-step math."),
-    Param("temperature", "Sampling temperature", "float"),
-    Param("num_train_epochs", "Epochs", "float", advanced=True, limit="max_epochs"),
-    Param("lr_scheduler_type", "Learning-rate schedule", "choice", advanced=True, choices=SCHEDULERS),
-    Param("warmup_steps", "Warm-up (steps, or a fraction < 1 of all steps)", "float", advanced=True,
-          limit="max_steps"),
-    Param("weight_decay", "Weight decay", "float", advanced=True),
-    Param("max_grad_norm", "Gradient clipping (max norm; 0: off)", "float", advanced=True),
-    Param("max_prompt_length", "Max prompt tokens", "int", advanced=True, limit="max_prompt_length"),
-    Param("top_p", "top-p", "float", advanced=True),
-    Param("top_k", "top-k (0: off)", "int", advanced=True),
-    Param("gradient_accumulation_steps", "Gradient accumulation steps", "int", advanced=True, limit="max_batch_size"),
-    Param("gradient_checkpointing", "Gradient checkpointing (less memory, slower)", "bool", advanced=True),
-    Param("value_batch_size", "Stage-1 prompts per batch (0: 256 sequences)", "int", advanced=True,
-          limit="max_batch_size", methods=A2PO),
-    Param("per_device_eval_batch_size", "Evaluation batch size", "int", advanced=True, limit="max_batch_size"),
-    Param("logging_steps", "Log every N steps", "int", advanced=True),
-    Param("eval_steps", "Evaluate every N steps, or a fraction < 1 of all steps (0: only at the end)", "float",
+    Param("multi_objective_aggregation", "Several rewards: sum then normalize, or normalize each (GDPO)",
           advanced=True),
-    Param("save_steps", "Checkpoint every N steps", "int", advanced=True),
-    Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", "int", advanced=True),
-    Param("max_train_seconds", "Training-time budget in seconds, stage 1 included (0: none)", "float",
+    Param("top_entropy_quantile", "Train on the top-entropy share of tokens (1: all)", advanced=True),
+    Param("sapo_temperature_pos", "SAPO: gate temperature, positive advantages", advanced=True),
+    Param("sapo_temperature_neg", "SAPO: gate temperature, other advantages", advanced=True),
+    Param("learning_rate", "Learning rate"),
+    Param("max_steps", "Max steps", limit="max_steps", info="-1: train for num_train_epochs."),
+    Param("per_device_train_batch_size", "Batch size (prompts per step; GRPO: completions, G per prompt)",
+          limit="max_batch_size", info="GRPO counts completions, as TRL does: G × the prompts per step."),
+    Param("max_completion_length", "Max completion tokens", limit="max_completion_length",
+          info="Arithmetic answers are short; use 256+ for step-by-step math."),
+    Param("temperature", "Sampling temperature"),
+    Param("num_train_epochs", "Epochs", advanced=True, limit="max_epochs"),
+    Param("lr_scheduler_type", "Learning-rate schedule", advanced=True, narrowed=SCHEDULERS),
+    Param("warmup_steps", "Warm-up (steps, or a fraction < 1 of all steps)", advanced=True, limit="max_steps"),
+    Param("weight_decay", "Weight decay", advanced=True),
+    Param("max_grad_norm", "Gradient clipping (max norm; 0: off)", advanced=True),
+    Param("max_prompt_length", "Max prompt tokens", advanced=True, limit="max_prompt_length"),
+    Param("top_p", "top-p", advanced=True),
+    Param("top_k", "top-k (0: off)", advanced=True),
+    Param("gradient_accumulation_steps", "Gradient accumulation steps", advanced=True, limit="max_batch_size"),
+    Param("gradient_checkpointing", "Gradient checkpointing (less memory, slower)", advanced=True),
+    Param("value_batch_size", "Stage-1 prompts per batch (0: 256 sequences)", advanced=True, limit="max_batch_size"),
+    Param("per_device_eval_batch_size", "Evaluation batch size", advanced=True, limit="max_batch_size"),
+    Param("logging_steps", "Log every N steps", advanced=True, whole=True),
+    Param("eval_steps", "Evaluate every N steps, or a fraction < 1 of all steps (0: only at the end)",
+          advanced=True),
+    Param("save_steps", "Checkpoint every N steps", advanced=True, whole=True),
+    Param("save_every_seconds", "Checkpoint every N seconds of training (0: off)", advanced=True, whole=True),
+    Param("max_train_seconds", "Training-time budget in seconds, stage 1 included (0: none)",
           advanced=True, info="Stops when the run's clock (stage 1 + training steps) reaches it."),
-    Param("eval_every_seconds", "Evaluate every N seconds of training (0: off)", "float", advanced=True),
-    Param("max_train_flops", "Compute budget in FLOPs, stage 1 included (0: none)", "float", advanced=True,
+    Param("eval_every_seconds", "Evaluate every N seconds of training (0: off)", advanced=True),
+    Param("max_train_flops", "Compute budget in FLOPs, stage 1 included (0: none)", advanced=True,
           info="Stops when the run's compute (FLOPs from the tokens it processed: the same on every machine) reaches "
                "it, e.g. 2e15."),
-    Param("eval_every_flops", "Evaluate every N FLOPs of compute (0: off)", "float", advanced=True),
-    Param("seed", "Seed", "int", advanced=True, info="Stage-1 samples and training follow from it."),
-    Param("filter_all_incorrect", "Drop prompts no reference sample solved", "bool", advanced=True, methods=A2PO),
-    Param("values_seed", "Stage-1 seed (empty: the run seed)", "int", advanced=True, methods=A2PO,
+    Param("eval_every_flops", "Evaluate every N FLOPs of compute (0: off)", advanced=True),
+    Param("seed", "Seed", advanced=True, info="Stage-1 samples and training follow from it."),
+    Param("filter_all_incorrect", "Drop prompts no reference sample solved", advanced=True),
+    Param("values_seed", "Stage-1 seed (empty: the run seed)", advanced=True,
           info="Runs with one stage-1 seed share one V* set; a sweep sets it for all its runs."),
-    Param("use_cpu", "Force CPU", "bool", advanced=True),
+    Param("use_cpu", "Force CPU", advanced=True),
     # vLLM as the sampler (TRL's names): only where this studio's machine has it (`vllm_problem`).
-    Param("use_vllm", "Sample with vLLM (colocated)", "bool", advanced=True,
+    Param("use_vllm", "Sample with vLLM (colocated)", advanced=True,
           info="Stage 1, the rollouts and evaluation sample with a vLLM engine in the training process; the loss's "
                "log-probabilities stay the trainer's own."),
-    Param("vllm_gpu_memory_utilization", "vLLM: share of the GPU's memory", "float", advanced=True,
+    Param("vllm_gpu_memory_utilization", "vLLM: share of the GPU's memory", advanced=True,
           info="With vLLM: the share of the GPU's memory its engine takes (weights and KV cache)."),
 ]
 PARAM_BY_KEY = {p.key: p for p in PARAMS}
 # Settings an empty form field leaves out of the spec (their library default is another setting's value).
 EMPTY_MEANS_UNSET = {"values_seed", "pass_rate_band"}
-# Settings that only vLLM reads: honoured with `use_vllm`, so refused without it unless left at their default.
-VLLM_ONLY = ("vllm_gpu_memory_utilization",)
+# The form's settings that only vLLM reads: honoured with `use_vllm`, so refused without it unless left at their
+# default.
+VLLM_ONLY = tuple(p.key for p in PARAMS if p.key in VLLM_FIELDS and p.key != "use_vllm")
 VLLM_OFF = "Turn use_vllm off (\"Sample with vLLM\" on the form): the native decoder samples."
 # Settings whose 0 on the form means None (off, or the library's automatic choice).
 ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "max_train_seconds",
@@ -167,18 +185,21 @@ ZERO_MEANS_NONE = {"top_k", "value_batch_size", "eval_steps", "epsilon_high", "m
 
 
 def method_params(method: str) -> list[Param]:
-    """The form's settings a run of `method` has."""
+    """The form's settings a run of `method` has (whatever its other settings)."""
     return [p for p in PARAMS if method in p.methods]
 
 
 @dataclass
 class SpecResult:
-    """A clean spec when `errors` is empty, else the problems keyed by field path (`config.beta1`)."""
+    """A clean spec when `errors` is empty, else the problems keyed by field path (`config.beta1`). An accepted
+    run spec comes with the run the library parsed it into (`run`, an `a2po.runspec.RunSpec`): what the gate queues,
+    as it is, so that a spec is parsed and checked once."""
 
     spec: dict[str, Any] | None
     errors: dict[str, str] = field(default_factory=dict)
     # Accepted, but worth saying: a registered reward that changed since the spec recorded it (a clone).
     warnings: list[str] = field(default_factory=list)
+    run: RunSpec | None = None
 
     @property
     def ok(self) -> bool:
@@ -201,19 +222,6 @@ def _number(value: Any) -> float | None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1e300:
         return math.inf if value > 0 else -math.inf  # past float's range: still held against its limit
     return real_number(value)
-
-
-def default_value(key: str, method: str = "a2po") -> Any:
-    """What a run uses for setting `key` when neither its spec nor its preset names it: the library's default
-    (GRPOConfig's for a GRPO run)."""
-    import dataclasses
-
-    from a2po.runspec import CONFIG_CLASSES, RUN_CONFIG_DEFAULTS, config_default
-
-    if method == "a2po" or key in RUN_CONFIG_DEFAULTS or method not in CONFIG_CLASSES:
-        return config_default(key)
-    found = CONFIG_CLASSES[method].__dataclass_fields__[key]
-    return found.default_factory() if found.default is dataclasses.MISSING else found.default
 
 
 def check_param(param: Param, value: Any, limits: Limits) -> tuple[Any, str | None]:
@@ -435,7 +443,7 @@ METHOD_NAMES = {"a2po": "A*-PO", "grpo": "GRPO"}
 def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: str = "a2po") -> Any:
     """The settings the studio lets a spec make (the form's, and those the operator's flags open), within its
     limits; a refused one is left out, with the reason in `errors` (keys `config.<field>`)."""
-    from a2po.runspec import CONFIG_FIELDS, METHOD_CONFIG_FIELDS, STAGE_ONE_FIELDS
+    from a2po.runspec import CONFIG_FIELDS, METHOD_CONFIG_FIELDS
 
     if not isinstance(config, Mapping):
         return config
@@ -445,12 +453,11 @@ def _check_config(config: Any, policy: Policy, errors: dict[str, str], method: s
         return {}
     out: dict[str, Any] = {}
     allowed_outside = policy.allowed_operator_fields()
+    stage_one = stage_one_fields(method, config) if method in METHOD_NAMES else ()
     for key, value in config.items():
         path = f"config.{key}"
         param = PARAM_BY_KEY.get(key)
-        if param is not None and key in STAGE_ONE_FIELDS and config.get("pass_rate_band") is not None:
-            param = replace(param, methods=tuple(METHOD_NAMES))  # GRPO samples stage 1 to select by pass rate
-        if param is not None and method in METHOD_NAMES and method not in param.methods:
+        if param is not None and method in METHOD_NAMES and method not in param.methods and key not in stage_one:
             owner = " and ".join(METHOD_NAMES[m] for m in param.methods)
             errors[path] = (f"{param.label} is a setting of {owner} runs, not of {METHOD_NAMES[method]} runs: "
                             f"remove it, or set \"method\" to {param.methods[0]!r}.")
@@ -529,10 +536,10 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
     # Every form setting, explicit: a stored spec says what ran (the preset's value, else the library's default),
     # whatever the library's defaults become.
     method = full.get("method", "a2po")
+    known = method if method in METHOD_NAMES else "a2po"  # an unknown method is the library's to name
     given = full.get("config")
     if isinstance(given, Mapping):
-        given = {**{p.key: default_value(p.key, method) for p in method_params(method if method in METHOD_NAMES
-                                                                               else "a2po")
+        given = {**{p.key: config_default(p.key, known) for p in method_params(known)
                     if p.key not in EMPTY_MEANS_UNSET}, **given}
     candidate = {**full, "dataset": _check_dataset(full.get("dataset"), policy, errors),
                  "config": _check_config(given, policy, errors, method)}
@@ -571,7 +578,8 @@ def check_spec(spec: Any, policy: Policy, *, offline: bool = False) -> SpecResul
     if run.study is not None:
         # Study membership is nothing but this label: kept from a spec, it would put a run into anyone's study.
         warnings = [*warnings, STUDY_LEFT_OUT]
-    return SpecResult(clean, warnings=warnings)
+    run = replace(run, name=clean["name"], model=clean["model"], rewards=rewards, study=None)
+    return SpecResult(copy.deepcopy(clean), warnings=warnings, run=run)
 
 
 def _check_grpo_batch(config: Mapping[str, Any], limits: Limits, errors: dict[str, str]) -> None:
@@ -586,38 +594,33 @@ def _check_grpo_batch(config: Mapping[str, Any], limits: Limits, errors: dict[st
 
 def vllm_problem(policy: Policy) -> str | None:
     """Why no run of this studio may sample with vLLM, or None: on a ZeroGPU Space, or without vLLM beside the
-    studio (its workers run the studio's Python). Looks for the package without importing it: the studio's process
-    neither pays vLLM's import nor touches CUDA."""
+    studio (its workers run the studio's Python)."""
     if policy.zerogpu:
         return ("vLLM is not offered on a ZeroGPU Space: a run there is a series of short GPU calls (chunks), and "
                 "each would start a vLLM engine again.")
-    if importlib.util.find_spec("vllm") is None:
-        return ("vLLM is not installed beside this studio, so its workers cannot sample with it: the operator "
-                "installs it into the studio's environment (pip install vllm, on a CUDA machine) and restarts the "
+    missing = vllm_install_problem("beside this studio")
+    if missing:
+        return (f"{missing}. Its workers run the studio's Python: the operator installs it there and restarts the "
                 "studio.")
     return None
 
 
 def _check_vllm(spec: Mapping[str, Any], config: dict[str, Any], policy: Policy, errors: dict[str, str]) -> None:
-    """`use_vllm` only where its run can have it (`vllm_problem`, one process, not in chunks), and the settings
-    only vLLM reads only with it. A refused `use_vllm` is left out of `config`, so its reason is said once."""
+    """`use_vllm` only where its run can have it (`vllm_problem`, `a2po.settings.vllm_run_problem`), and the
+    settings only vLLM reads only with it. A refused `use_vllm` is left out of `config`, so its reason is said once."""
     if config.get("use_vllm") is not True:
         for key in VLLM_ONLY:
-            value, default = _number(config.get(key)), default_value(key)
-            if value is not None and value != default and f"config.{key}" not in errors:
+            value, default = config.get(key), config_default(key)
+            if value is not None and value != default and _number(value) != default and f"config.{key}" not in errors:
                 errors[f"config.{key}"] = (f"{PARAM_BY_KEY[key].label} is read only when vLLM samples: turn use_vllm "
-                                           f"on, or leave it at {default:g}.")
+                                           f"on, or leave it at {shown(default)}.")
         return
     problem = vllm_problem(policy)
     processes = _number(spec.get("num_processes"))
     if problem is not None:
         problem = f"{problem} {VLLM_OFF}"
-    elif spec.get("runner") == "chunked":
-        problem = ("use_vllm does not run in chunks: every chunk would start a vLLM engine again. Set runner to "
-                   "'worker', or turn use_vllm off.")
-    elif processes is not None and processes > 1:
-        problem = ("use_vllm runs one vLLM engine in a single training process: set num_processes to 1, or turn "
-                   "use_vllm off (the native decoder samples under several processes).")
+    else:
+        problem = vllm_run_problem(processes or 1, spec.get("runner") or "worker")
     if problem is not None:
         errors["config.use_vllm"] = problem
         del config["use_vllm"]

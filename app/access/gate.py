@@ -11,16 +11,20 @@ import hashlib
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from app.access.allowlist import DATA_SUFFIXES, SpecResult, check_spec
 from app.access.auth import Auth, User
 from app.access.policy import Policy
 from app.studies.protocols import DEFAULT_PROTOCOL
 from storage import Admission, LimitReached, Store
 from storage.lifecycle import UNFINISHED
 from storage.secrets import scrub_text
+
+if TYPE_CHECKING:
+    from a2po.runspec import RunSpec
 
 ZEROGPU_LORA = {"r": 16, "lora_alpha": 32}
 
@@ -32,7 +36,7 @@ class Refused(ValueError):
 class Scheduling(Protocol):
     """What the gate asks of the scheduler (`app.runtime.scheduler.Scheduler`, which this room does not import)."""
 
-    def submit(self, spec: dict[str, Any], owner: str | None = None, admission: Any = None) -> int: ...
+    def submit(self, spec: RunSpec, owner: str | None = None, admission: Any = None) -> int: ...
     def stop(self, run_id: int, reason: str = "user") -> bool: ...
     def resume(self, run_id: int) -> int: ...
     def delete(self, run_id: int, kill_timeout: float = 10.0) -> bool: ...
@@ -68,23 +72,26 @@ class Services:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def checked(self, spec: Any) -> tuple[dict[str, Any], list[str]]:
-        """The clean spec and its warnings (a registered reward changed since the spec recorded it), or `Refused`
-        naming every problem."""
-        from app.access import allowlist
-
+    def check(self, spec: Any) -> SpecResult:
+        """The allow-list's verdict on `spec` for this studio (`app.access.allowlist.check_spec`; on a ZeroGPU Space
+        a spec that says nothing of LoRA trains with it): the checked run and its warnings (a registered reward
+        changed since the spec recorded it), or every problem. `launch_run` takes an accepted verdict as it is."""
         if self.policy.zerogpu and isinstance(spec, dict) and "peft" not in spec:
             spec = {**spec, "peft": dict(ZEROGPU_LORA)}  # each chunk restores and saves it; an adapter is quicker
-        result = allowlist.check_spec(spec, self.policy, offline=offline())
+        return check_spec(spec, self.policy, offline=offline())
+
+    def checked(self, spec: Any) -> SpecResult:
+        """`check`'s accepted verdict, or `Refused` naming every problem."""
+        result = self.check(spec)
         if not result.ok:
             raise Refused(result.message())
-        return result.spec, result.warnings
+        return result
 
     def launch_run(self, spec: Any, user: User | None) -> tuple[int, list[str]]:
         """Queue a run for `user` after the permission, the allow-list and the studio's limits (disk quota, queue
         size, runs per user); returns its id and the warnings the check gave (also written to the run's log). No run
-        is stored when it is refused. A `study` label in `spec` is left out, with a warning: only `launch_study`
-        labels runs."""
+        is stored when it is refused. `spec`: a run spec, or the gate's verdict on one (`check`), which is taken as
+        it is. A `study` label in `spec` is left out, with a warning: only `launch_study` labels runs."""
         return self._queue(spec, user, study=None)
 
     def _queue(self, spec: Any, user: User | None, study: dict[str, Any] | None) -> tuple[int, list[str]]:
@@ -92,28 +99,28 @@ class Services:
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
-        clean, warnings = self.checked(spec)
-        if study is not None:
-            clean["study"] = study
+        result = spec if isinstance(spec, SpecResult) else self.checked(spec)
+        if not result.ok:
+            raise Refused(result.message())
         problem = self.policy.disk_problem()
         if problem:
             raise Refused(problem)
-        clean["dataset"] = self._keep_upload(clean["dataset"])
+        run = replace(result.run, study=study, dataset=self._keep_upload(result.run.dataset))
         limits, owner = self.policy.limits, self.auth.owner_of(user)
         # Counted by the store in the transaction that inserts the run: launches arriving together (the form's
         # buttons and the API are separate Gradio events) cannot pass a limit together.
         admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
-            run_id = self.scheduler.submit(clean, owner=owner, admission=admission)
+            run_id = self.scheduler.submit(run, owner=owner, admission=admission)
         except LimitReached as full:
             if full.what == "queue":
                 raise Refused(f"The queue is full: {full.count} runs wait, the limit is {full.limit} runs in the "
                               "queue. Try again when some have started.") from None
             raise Refused(f"You have {full.count} runs queued or running; the limit is {full.limit} queued or running "
                           "runs per user. Stop one, or wait for one to end.") from None
-        for warning in warnings:
+        for warning in result.warnings:
             self.store.add_log(run_id, warning, level="WARNING")
-        return run_id, warnings
+        return run_id, result.warnings
 
     def launch_study(self, specs: list[dict[str, Any]], user: User | None) -> list[int]:
         """Queue every run of a study (`app.studies`), all or nothing: each spec passes the checks of `launch_run`,
@@ -125,8 +132,7 @@ class Services:
         problem = self.auth.can_launch(user)
         if problem:
             raise Refused(problem)
-        for spec in specs:
-            self.checked(_unlabelled(spec))
+        checked = [self.checked(_unlabelled(spec)) for spec in specs]
         limits, owner = self.policy.limits, self.auth.owner_of(user)
         admission = Admission(queue_size=limits.queue_size, per_owner=limits.queued_per_user, owner_statuses=UNFINISHED)
         try:
@@ -141,8 +147,8 @@ class Services:
                           ) from None
         ids: list[int] = []
         try:
-            for spec in specs:
-                ids.append(self._queue(_unlabelled(spec), user, study=spec.get("study"))[0])
+            for spec, result in zip(specs, checked, strict=True):
+                ids.append(self._queue(result, user, study=spec.get("study"))[0])
         except Refused as refused:
             for run_id in ids:
                 self.scheduler.delete(run_id)
@@ -166,7 +172,7 @@ class Services:
             raise Refused(problem)
         try:
             require_a2po(spec)  # before the allow-list, whose GRPO checks would name other fields first
-            a2po, _ = self.checked(spec)
+            a2po = self.checked(spec).spec
             specs = study_specs(a2po, parse_seeds(seeds), pair=True, protocol=protocol, budget_seconds=budget_seconds,
                                 grpo_recipe=grpo_recipe, grpo_settings=grpo_settings, budget_flops=budget_flops)
         except StudyError as error:
@@ -203,7 +209,7 @@ class Services:
             raise Refused(problem)
         try:
             chosen = parse_seeds(seeds)
-            base, _ = self.checked(spec)
+            base = self.checked(spec).spec
             specs = sweep_specs(base, grid, chosen, halving=parse_halving(halving))
         except StudyError as error:
             raise Refused(str(error)) from None
@@ -258,9 +264,8 @@ class Services:
         try:
             self.store.check_admission(admission, owner, len(specs))
             for spec in specs:
-                clean, _ = self.checked(_unlabelled(spec))
-                clean["study"] = spec["study"]
-                ids.append(self.scheduler.submit(clean, owner=owner, admission=admission))
+                run = replace(self.checked(_unlabelled(spec)).run, study=spec["study"])
+                ids.append(self.scheduler.submit(run, owner=owner, admission=admission))
         except (Refused, LimitReached, ValueError) as refused:
             for run_id in ids:
                 self.scheduler.delete(run_id)
@@ -319,8 +324,6 @@ def offline() -> bool:
 def store_upload(policy: Policy, source: Path, name: str | None = None) -> Path:
     """Copy an uploaded data file into `<data-dir>/datasets/uploads/<content hash>-<name>` (checked: a data file
     type, within the upload limit); returns the stored path."""
-    from app.access.allowlist import DATA_SUFFIXES
-
     suffix = source.suffix.lower()
     if suffix not in DATA_SUFFIXES:
         raise Refused(f"Unsupported file type {suffix!r}: upload a {', '.join(DATA_SUFFIXES)} file.")

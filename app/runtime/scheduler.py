@@ -9,9 +9,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.runtime.checkpoints import remove_checkpoints
 from app.runtime.credentials import keep_store_password, split_password
@@ -24,6 +24,9 @@ from app.runtime.supervision import CLAIM_TIMEOUT, LAUNCH_BACKOFF, STALE_AFTER, 
 from storage import Store, lifecycle
 from storage.lifecycle import LIVE
 from storage.secrets import scrub_text
+
+if TYPE_CHECKING:
+    from a2po.runspec import RunSpec
 
 logger = logging.getLogger("app.runtime.scheduler")
 
@@ -189,14 +192,15 @@ class Scheduler(Supervision):
 
     # ------------------------------------------------------------------ queue
 
-    def submit(self, spec: dict[str, Any], owner: str | None = None, admission: Any = None) -> int:
-        """Validate a run spec (see `a2po.runspec`) and queue it; returns the run id. Raises ValueError on a bad
-        spec, and nothing is stored then."""
+    def submit(self, spec: RunSpec | Mapping[str, Any], owner: str | None = None, admission: Any = None) -> int:
+        """Queue a run and return its id: a checked `RunSpec` (the gate's) as it is, or a spec from elsewhere (a
+        script, a test), checked here first (`RunSpec.from_dict`). Raises ValueError where the run cannot run here
+        (a bad spec, a runner or processes this studio lacks), and nothing is stored then."""
         from a2po.runspec import RunSpec
 
+        run = spec if isinstance(spec, RunSpec) else RunSpec.from_dict(dict(spec))
         if self.backend.runner:
-            spec = {**spec, "runner": self.backend.runner}
-        run = RunSpec.from_dict(spec)
+            run = run.with_runner(self.backend.runner)
         clean = run.to_dict()
         if run.runner in self.backend.refused:
             raise ValueError(self.backend.refused[run.runner])

@@ -11,15 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from a2po.compute import format_flops
+from a2po.settings import samples_stage_one
 from storage import Store
 
 
 def uses_values(spec: Any) -> bool:
-    """Whether a run has a stage 1 and a V* value set: A*-PO's; GRPO's only where it trains on the prompts of a
-    pass-rate band (`pass_rate_band`), which stage 1 measures."""
-    if getattr(spec, "method", "a2po") == "a2po":
-        return True
-    return spec.action == "train" and (spec.config or {}).get("pass_rate_band") is not None
+    """Whether a run has a stage 1 and a V* value set (`a2po.settings.samples_stage_one`)."""
+    return samples_stage_one(getattr(spec, "method", "a2po"), spec.config or {}, spec.action)
 
 
 def ensure_value_set(store: Any, run: dict[str, Any], spec: Any) -> int:

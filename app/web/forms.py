@@ -17,13 +17,14 @@ from typing import Any
 
 from a2po.data import OPERATIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET
+from a2po.settings import METHODS, config_default
 from app.access.allowlist import (
     EMPTY_MEANS_UNSET,
     PARAM_BY_KEY,
     PARAMS,
     ZERO_MEANS_NONE,
+    SpecResult,
     check_spec,
-    default_value,
     method_params,
 )
 from app.access.policy import Policy
@@ -49,14 +50,20 @@ FORM_FIELDS_DEFAULTS: dict[str, Any] = {
 NO_RECIPE = "none"  # the form's recipe choice for TRL's GRPOConfig defaults (a spec without a recipe)
 @dataclass
 class FormResult:
-    """What form validation produced: a spec when `errors` is empty, else the errors keyed by form field."""
+    """What form validation produced: the allow-list's verdict (`checked`, whose run the gate queues as it is) when
+    `errors` is empty, else the errors keyed by form field."""
 
-    spec: dict[str, Any] | None
+    checked: SpecResult | None
     errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The clean spec."""
+        return self.checked.spec if self.checked is not None else None
 
 
 def command_line(spec: Mapping[str, Any]) -> str:
@@ -89,11 +96,11 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, Any]:
                             "model": spec["model"], "method": method,
                             "num_processes": spec.get("num_processes", spec.get("num_devices", 1))}
     # Every method's fields (the form hides the other method's): each with its own method's default.
-    config = {**{p.key: default_value(p.key, method if method in p.methods else p.methods[0]) for p in PARAMS},
+    config = {**{p.key: config_default(p.key, method if method in p.methods else p.methods[0]) for p in PARAMS},
               **spec["config"]}
     form.update({k: (0 if v is None and k in ZERO_MEANS_NONE else v) for k, v in config.items()
                  if k in PARAM_BY_KEY})
-    form["pass_rate_band"] = band_text(form.get("pass_rate_band"))
+    form.update({p.key: band_text(form.get(p.key)) for p in PARAMS if p.kind == "band"})
     dataset = {**DATASET_DEFAULTS, **spec["dataset"]}
     source = dataset["source"]
     form.update(dataset_source=source, num_prompts=dataset["num_prompts"], difficulty=dataset["difficulty"],
@@ -150,11 +157,10 @@ def form_to_spec(form: Mapping[str, Any]) -> dict[str, Any]:
             dataset["path"] = str(form.get("file_path") or "").strip()
     dataset["system_prompt"] = None if form.get("template_system_prompt", True) else form.get("system_prompt") or ""
     method = form.get("method") or "a2po"
-    config = {p.key: form[p.key] if p.key in form else default_value(p.key, method)
-              for p in method_params(method if method in ("a2po", "grpo") else "a2po")}
+    known = method if method in METHODS else "a2po"  # an unknown method is the library's to name
+    config = {p.key: form[p.key] if p.key in form else config_default(p.key, known) for p in method_params(known)}
+    config.update({key: band_value(config[key]) for key in config if PARAM_BY_KEY[key].kind == "band"})
     # A setting left empty that has no value of its own (the stage-1 seed: the run seed's) stays out of the spec.
-    if "pass_rate_band" in config:
-        config["pass_rate_band"] = band_value(config["pass_rate_band"])
     config = {k: v for k, v in config.items() if not (k in EMPTY_MEANS_UNSET and v in (None, ""))}
     model = (form.get("model") or "").strip()
     name = (form.get("name") or "").strip()
@@ -185,7 +191,7 @@ def recipe_values(name: str) -> dict[str, Any]:
     from a2po.recipes import RECIPE_SETTINGS, recipe_settings
 
     chosen = {} if name in (None, "", NO_RECIPE) else recipe_settings(name)
-    values = {k: chosen[k] if k in chosen else default_value(k, "grpo") for k in RECIPE_SETTINGS}
+    values = {k: chosen[k] if k in chosen else config_default(k, "grpo") for k in RECIPE_SETTINGS}
     return {k: 0 if v is None and k in ZERO_MEANS_NONE else v for k, v in values.items()}
 
 
@@ -251,15 +257,19 @@ def validate_form(form: Mapping[str, Any], policy: Policy, *, columns: Sequence[
     `columns` are the dataset's columns when the caller could load them (None: not checked). Errors are keyed by
     form field (`FORM_ERROR` for the rest).
     """
-    spec = form_to_spec(form)
-    result = check_spec(spec, policy, offline=offline)
+    return form_result(check_spec(form_to_spec(form), policy, offline=offline), columns)
+
+
+def form_result(result: SpecResult, columns: Sequence[str] | None = None) -> FormResult:
+    """The allow-list's verdict on the form's spec, its problems keyed by form field, with those of a file or hub
+    dataset's `columns` (None: not read)."""
     errors = form_errors(result.errors)
     if result.ok and columns is not None and result.spec["dataset"]["source"] in ("file", "hub"):
         dataset = result.spec["dataset"]
         needs = {r["name"]: reward_columns(r["name"]) for r in result.spec["rewards"]}
         errors.update(check_columns(columns, dataset.get("prompt_column"), dataset.get("answer_column"),
                                     [r["name"] for r in result.spec["rewards"]], needs))
-    return FormResult(None if errors else result.spec, errors)
+    return FormResult(None if errors else result, errors)
 
 
 def check_columns(columns: Sequence[str], prompt_column: str | None, answer_column: str | None,

@@ -8,14 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from a2po.settings import METHODS, config_default, samples_stage_one
 from app.studies.comparison import format_duration
 from app.web.common import elapsed_seconds
 from storage.lifecycle import UNFINISHED
-
-# The TrainingArguments defaults of the settings the estimate reads, for specs that leave them out (kept equal to
-# `a2po.runspec.config_default` by a test; importing it here would load transformers into every page).
-PLAN_DEFAULTS: dict[str, Any] = {"max_steps": -1, "num_train_epochs": 3.0, "eval_steps": None, "logging_steps": 1,
-                                 "eval_strategy": "no", "max_train_seconds": None, "eval_every_seconds": None}
 
 
 def training_seconds(clock: Mapping[str, float] | None) -> float | None:
@@ -96,9 +92,10 @@ def estimate_remaining(run: Mapping[str, Any], clock: Mapping[str, float] | None
         evaluations: how many evaluations the run has done, when the caller read them.
 
     The parts, each measured rate times what is left of it:
-    - stage 1 (A*-PO, not GRPO): per split (train: the dataset's `num_prompts`; held out: `eval_size`), the prompts
-      without a row (`value_counts`) times `values/<split>/runtime` per row done; the held-out split takes the train
-      split's rate until it has one of its own.
+    - stage 1 (A*-PO's; GRPO's with a pass-rate band, of the train split only): per split (train: the dataset's
+      `num_prompts`; held out: `eval_size`), the prompts without a row (`value_counts`) times
+      `values/<split>/runtime` per row done; the held-out split takes the train split's rate until it has one of
+      its own.
     - training: the steady `step_seconds` (else `train_seconds / step`) times the steps left. The steps planned are
       `max_steps`, else `num_train_epochs` times the steps per epoch (`step / epoch`); without a step (the Runs list
       reads only the clock), `train_seconds * (1 - progress) / progress`. A `max_train_seconds` budget caps it at
@@ -116,13 +113,15 @@ def estimate_remaining(run: Mapping[str, Any], clock: Mapping[str, float] | None
     plan = _Plan.of(run)
     if not clock:
         return _wall_time_estimate(run) if plan.stage == "train" else UNKNOWN
-    stage1 = _stage1_left(plan, clock) if plan.method == "a2po" else 0.0
+    # GRPO samples a stage 1 only to select its training prompts: of the train split alone.
+    samples = samples_stage_one(plan.method, plan.config, plan.action)
+    stage1 = _stage1_left(plan, clock, train_only=plan.method != "a2po") if samples else 0.0
     if plan.action == "values":
         return Remaining(stage1, 0.0, 0.0)
     if plan.action == "evaluate":
         return Remaining(stage1, 0.0, _per_evaluation(clock, evaluations) if plan.eval_size else 0.0)
     # What the clock will still count of stage 1 before training: the train split's.
-    before = _stage1_left(plan, clock, train_only=True) if plan.method == "a2po" else 0.0
+    before = _stage1_left(plan, clock, train_only=True) if samples else 0.0
     training, steps = _training_left(plan, clock, before)
     return Remaining(stage1, training, _evaluations_left(plan, clock, evaluations, training, steps, before))
 
@@ -144,13 +143,15 @@ class _Plan:
     def of(cls, run: Mapping[str, Any]) -> _Plan:
         spec = run.get("config") or {}
         dataset = spec.get("dataset") or {}
-        return cls(method=spec.get("method", "a2po"), action=run.get("action") or spec.get("action") or "train",
-                   stage=run.get("stage"), progress=float(run.get("progress") or 0.0),
+        method = spec.get("method", "a2po")
+        return cls(method=method if method in METHODS else "a2po",
+                   action=run.get("action") or spec.get("action") or "train", stage=run.get("stage"),
+                   progress=float(run.get("progress") or 0.0),
                    counts={k: int(v or 0) for k, v in (run.get("value_counts") or {}).items()}, dataset=dataset,
                    eval_size=int(dataset.get("eval_size") or 0), config=spec.get("config") or {})
 
     def setting(self, name: str) -> Any:
-        return self.config.get(name, PLAN_DEFAULTS.get(name))
+        return self.config[name] if name in self.config else config_default(name, self.method)
 
     def total_steps(self, clock: Mapping[str, float]) -> int | None:
         """Optimizer steps planned: `max_steps`, else the epochs times the steps per epoch the Trainer logged."""

@@ -250,9 +250,9 @@ def test_one_engine_served_the_module():
 
 
 def test_sleep_mode_is_refused_where_vllm_has_none(model_dir):
-    settings = vllm_engine.EngineSettings(model=model_dir, dtype="float32", max_model_len=None,
-                                          gpu_memory_utilization=0.3, tensor_parallel_size=1, model_impl="vllm",
-                                          enable_sleep_mode=True)
+    settings = vllm_engine.EngineSettings(model=model_dir, dtype="float32", options=(
+        ("enable_sleep_mode", True), ("gpu_memory_utilization", 0.3), ("max_model_len", None), ("model_impl", "vllm"),
+        ("tensor_parallel_size", 1)))
     if torch.cuda.is_available():
         pytest.skip("a GPU has sleep mode")
     with pytest.raises(ValueError, match="vllm_enable_sleep_mode needs a GPU"):

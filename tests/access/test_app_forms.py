@@ -292,8 +292,8 @@ def test_zerogpu_runs_train_lora_unless_the_spec_says_otherwise(studio):
     from app.access.gate import Services
 
     services = Services(store=None, scheduler=None, data_dir=studio, policy=Policy(studio, zerogpu=True))
-    assert services.checked({})[0]["peft"] == {"r": 16, "lora_alpha": 32}
-    assert services.checked({"peft": None})[0]["peft"] is None
+    assert services.checked({}).spec["peft"] == {"r": 16, "lora_alpha": 32}
+    assert services.checked({"peft": None}).spec["peft"] is None
 
 
 def test_system_prompt_through_the_form_and_the_allow_list(policy):
@@ -416,13 +416,13 @@ def test_use_vllm_without_vllm_is_refused_before_anything_is_stored(policy, stud
     result = allowlist.check_spec({"config": {"use_vllm": True}}, policy)
     assert set(result.errors) == {"config.use_vllm"}  # said once: the studio's reason, not the library's too
     message = result.errors["config.use_vllm"]
-    assert "vLLM is not installed beside this studio" in message and "pip install vllm" in message
+    assert "use_vllm needs vLLM, which is not installed beside this studio" in message and "pip install vllm" in message
     assert "restarts the studio" in message and "Turn use_vllm off" in message
     assert forms.form_errors(result.errors) == {"use_vllm": message}  # shown under the form's own checkbox
     store = Store(tmp_path / "studio.db")
     auth = Auth.from_options(["ann:pw"], None, data_dir=tmp_path)
     services = Services(store=store, scheduler=None, data_dir=studio, policy=policy, auth=auth)
-    with pytest.raises(Refused, match="vLLM is not installed beside this studio"):
+    with pytest.raises(Refused, match="use_vllm needs vLLM, which is not installed beside this studio"):
         services.launch_run({"config": {"use_vllm": True}}, User("ann"))
     assert store.list_runs() == []
     spec = allowlist.check_spec({}, policy).spec  # the native decoder, said explicitly in every stored spec

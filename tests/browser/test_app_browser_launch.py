@@ -75,8 +75,8 @@ def test_sampling_with_vllm_is_shown_disabled_with_the_reason(page):
     expect = playwright.expect
     page.get_by_text("Advanced", exact=True).click()
     expect(page.locator("#field-use_vllm input[type=checkbox]")).to_be_disabled()
-    expect(page.locator("#field-use_vllm")).to_contain_text("Not available here: vLLM is not installed beside this "
-                                                            "studio")
+    expect(page.locator("#field-use_vllm")).to_contain_text(
+        "Not available here: use_vllm needs vLLM, which is not installed beside this studio")
     expect(page.locator("#field-vllm_gpu_memory_utilization input")).to_be_disabled()
     page.locator("#check-form").click()
     expect(page.locator("#launch-status")).to_contain_text("The form is valid")

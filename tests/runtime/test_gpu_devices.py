@@ -66,7 +66,7 @@ scheduler = Scheduler(store, root, devices=Devices.detect())  # never started
 services = Services(store, scheduler, root, auth=Auth({"alice": ("pw-a", False)}))
 alice = User("alice")
 done = {"devices": scheduler.devices.describe()}
-done["check"] = sorted(services.checked({"name": "c", "config": {"max_steps": 4, "use_cpu": False}})[0]["config"])[:3]
+done["check"] = sorted(services.checked({"name": "c", "config": {"max_steps": 4, "use_cpu": False}}).spec["config"])[:3]
 done["launch"] = services.launch_run({"name": "one", "config": {"max_steps": 4}}, alice)[0]
 done["chunked"] = services.launch_run({"name": "chunks", "config": {"max_steps": 4}, "runner": "chunked"}, alice)[0]
 done["grpo"] = services.launch_run({"name": "g", "method": "grpo", "config": {"max_steps": 4}}, alice)[0]

@@ -57,6 +57,29 @@ def test_a_valid_form_checks_and_starts_a_run(form):
     assert run["name"] == "from-the-handler" and run["config"]["action"] == "values"
 
 
+@pytest.mark.parametrize("source", ["arithmetic", "file"])
+def test_one_train_click_builds_the_runs_config_once(form, monkeypatch, source):
+    """The page asks the gate once per click and the scheduler queues the run the gate checked: one config
+    (a TrainingArguments) is built in the studio's process, for a file dataset too, whose first row the page reads."""
+    from a2po.config import _BaseConfig
+
+    data = form.services.policy.datasets_dir / "qa.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    built, build = [], _BaseConfig.__post_init__
+
+    def counted(config):
+        built.append(type(config).__name__)
+        build(config)
+
+    monkeypatch.setattr(_BaseConfig, "__post_init__", counted)
+    fields = {"dataset_source": "file", "file_path": str(data)} if source == "file" else {}
+    updates = launch.start(form, "train", event(form, name=f"once-{source}", **fields), None)
+    run = form.services.store.get_run(updates[form.launched])
+    assert run["name"] == f"once-{source}" and run["config"]["dataset"]["source"] == source
+    assert built == ["A2POConfig"]
+
+
 def test_problems_show_under_their_fields_and_start_nothing(form):
     limit = form.services.policy.limits.max_prompts
     updates = launch.check(form, event(form, num_prompts=limit + 1, beta1=0))
@@ -72,7 +95,8 @@ def test_problems_show_under_their_fields_and_start_nothing(form):
 
 def test_sampling_with_vllm_is_disabled_with_the_reason_and_refused(form):
     checkbox = form.inputs["use_vllm"]
-    assert checkbox.interactive is False and checkbox.info.startswith("Not available here: vLLM is not installed")
+    assert checkbox.interactive is False
+    assert checkbox.info.startswith("Not available here: use_vllm needs vLLM, which is not installed")
     assert form.inputs["vllm_gpu_memory_utilization"].interactive is False
     assert form.inputs["use_cpu"].interactive is not False  # the other advanced settings stay editable
     before = len(runs(form))

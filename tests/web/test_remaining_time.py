@@ -8,18 +8,10 @@ import time
 
 import pytest
 
-from a2po.runspec import config_default
 from app.web.api import clock_summary
 from app.web.pages.run import header
 from app.web.pages.runs import runs_frame
-from app.web.remaining import (
-    PLAN_DEFAULTS,
-    Remaining,
-    clock_from_metrics,
-    estimate_remaining,
-    stage1_seconds,
-    training_seconds,
-)
+from app.web.remaining import Remaining, clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 
 
 def row(stage: str | None = "train", progress: float = 0.0, counts: dict | None = None, status: str = "running",
@@ -32,10 +24,6 @@ def row(stage: str | None = "train", progress: float = 0.0, counts: dict | None 
     return {"id": 1, "name": "r", "action": action, "status": status, "stage": stage, "progress": progress,
             "value_counts": counts or {}, "config": spec, "started_at": time.time() - 100, "finished_at": None,
             "model": "m", "dataset": "d", "created_at": time.time() - 120, "owner": None, "run": None}
-
-
-def test_the_defaults_read_are_the_librarys():
-    assert {k: config_default(k) for k in PLAN_DEFAULTS} == PLAN_DEFAULTS
 
 
 def test_stage_one_of_both_splits_at_the_measured_rate():
@@ -92,6 +80,13 @@ def test_grpo_has_no_stage_one_and_no_held_out_set_means_no_evaluations():
     run = row("train", 0.5, method="grpo", dataset={"eval_size": 0}, max_steps=20)
     estimate = estimate_remaining(run, {"train_seconds": 30.0, "step": 10.0})
     assert estimate == Remaining(0.0, pytest.approx(30.0), 0.0)
+
+
+def test_grpo_with_a_pass_rate_band_has_a_stage_one_of_its_train_split():
+    # 40 of 100 train prompts in 20 s: 30 s for the 60 left; the held-out split has no stage 1 in a GRPO run.
+    run = row("values", 0.4, {"train": 40}, method="grpo", pass_rate_band=[0.125, 0.875], max_steps=20)
+    estimate = estimate_remaining(run, {"values/train/runtime": 20.0})
+    assert estimate.stage1 == pytest.approx(30.0) and estimate.training is None
 
 
 def test_the_steady_step_rate_leaves_the_first_steps_one_off_costs_out():

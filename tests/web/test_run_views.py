@@ -168,3 +168,18 @@ def test_stage_ones_bar_says_which_split_it_samples():
     run.update(progress=0.25, value_counts={"train": 256, "eval": 16})  # the held-out prompts, after the training ones
     bar = stage_progress(run, "train", None)
     assert "held-out prompts 16 / 64 (the 256 training prompts done)" in bar and "256 / 256" not in bar
+
+
+def test_with_no_run_picked_stop_resume_and_delete_are_disabled(tmp_path):
+    import gradio as gr
+
+    from app.access.gate import Services
+    from app.web.pages import run as run_page
+
+    store = Store(tmp_path / "studio.db")
+    with gr.Blocks() as demo:
+        run_page.build_run_page(Services(store=store, scheduler=None, data_dir=tmp_path))
+    buttons = {c.elem_id: c for c in demo.blocks.values() if c.elem_id in ("run-stop", "run-resume", "run-delete")}
+    assert len(buttons) == 3 and all(b.interactive is False for b in buttons.values())  # as the page opens
+    cleared = run_page._no_run(store, "train")  # and once the picked run is cleared
+    assert all(cleared[name].interactive is False for name in ("stop", "resume", "delete"))

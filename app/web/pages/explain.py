@@ -20,6 +20,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from a2po.answers import CORRECT_THRESHOLD
+from a2po.settings import uses_vllm
 from app.access.gate import Services
 from app.web.common import run_choices
 
@@ -138,12 +139,13 @@ def pass_at_n_text(evaluations: Sequence[dict[str, Any]], eval_samples: Sequence
 
 
 def engine_text(spec: dict[str, Any] | None) -> str:
-    """Which engine sampled a run, from its spec (the worker follows its `use_vllm`), and what it sampled."""
+    """Which engine sampled a run, from its spec (`a2po.settings.uses_vllm`: the worker follows it), and what it
+    sampled."""
     spec = spec or {}
     config = spec.get("config") or {}
     sampled = ("its groups of G answers and the evaluations' answers" if spec.get("method") == "grpo" else
                "stage 1's reference samples, the stage-2 answers and the evaluations' answers")
-    if config.get("use_vllm"):
+    if uses_vllm(config):
         return (f"**Sampled by vLLM**, colocated (one engine in the training process, given the policy's weights "
                 f"after every optimizer step): {sampled}. The log-probabilities in the loss, and so the implicit "
                 "rewards drawn here, are the trainer's own forward passes.")

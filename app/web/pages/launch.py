@@ -28,6 +28,7 @@ from a2po.batches import spec_batch_figures
 from a2po.compute import format_flops
 from a2po.data import MAX_DIFFICULTY
 from a2po.names import ACTIONS
+from a2po.settings import VLLM_FIELDS
 from app.access import allowlist
 from app.access.gate import Refused, Services, offline
 from app.studies import sweeps
@@ -283,16 +284,18 @@ class LaunchForm:
 
 
 def validate(services: Services, form: dict[str, Any]) -> forms.FormResult:
-    """Validate the form, reading the first rows of hub and file datasets so column problems show too."""
-    result = forms.validate_form(form, services.policy, offline=offline())
-    if result.spec is None or result.spec["dataset"]["source"] not in ("file", "hub"):
-        return result
+    """The gate's verdict on the form (asked once: "Train" queues the run it checked), reading the first row of a
+    hub or file dataset so column problems show too."""
+    result = services.check(forms.form_to_spec(form))
+    source = result.spec["dataset"]["source"] if result.ok else None
+    if source not in ("file", "hub"):
+        return forms.form_result(result)
     try:
         columns, _ = load_dataset_preview(result.spec["dataset"], rows=1)
     except Exception as exc:  # an unreadable dataset is a form error, shown next to its field
-        key = "hub_name" if result.spec["dataset"]["source"] == "hub" else "file_path"
+        key = "hub_name" if source == "hub" else "file_path"
         return forms.FormResult(None, {key: f"Could not read this dataset: {short(str(exc), 300)}"})
-    return forms.validate_form(form, services.policy, columns=columns, offline=offline())
+    return forms.form_result(result, columns)
 
 
 def _task_help() -> str:
@@ -360,7 +363,7 @@ def start(form: LaunchForm, action: str, data: dict[Any, Any], request: gr.Reque
             return {**error_updates(form, {}), form.launched: ids[0],
                     form.status: f"✅ Started a study of {len(ids)} runs, one per seed: "
                                  + ", ".join(f"#{i}" for i in ids) + ". The Compare page shows them with their median."}
-        run_id, _ = form.services.launch_run(result.spec, user)
+        run_id, _ = form.services.launch_run(result.checked, user)
     except Refused as exc:
         return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None}
     return {**error_updates(form, {}), form.status: f"✅ Started run #{run_id} ({ACTION_LABELS[action]}).",
@@ -797,7 +800,7 @@ def _param_columns(form: LaunchForm, params: list[allowlist.Param]) -> None:
     vllm_off = allowlist.vllm_problem(form.services.policy)
     for param in params:
         with gr.Column(min_width=200, visible=form.defaults["method"] in param.methods) as column:
-            locked = vllm_off if param.key in ("use_vllm", *allowlist.VLLM_ONLY) else None
+            locked = vllm_off if param.key in VLLM_FIELDS else None
             _param_input(param, form.defaults, form.inputs, form.services.policy.limits, locked)
             form.error_slot(param.key)
         form.param_columns[param.key] = column

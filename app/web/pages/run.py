@@ -34,6 +34,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from a2po.batches import spec_batch_figures
+from a2po.settings import uses_vllm
 from app.access.gate import Services
 from app.web import charts, live
 from app.web.common import elapsed_seconds, format_duration, format_time, progress_bar, run_choices, status_badge
@@ -151,9 +152,9 @@ def remaining_text(estimate: Remaining) -> str:
 
 def sampler(spec: dict[str, Any] | None) -> str:
     """The engine that samples a run (stage 1, rollouts, evaluation), from its spec: vLLM in the training process
-    when its config sets `use_vllm` (the worker follows the spec), else the library's own decoder."""
+    where it says so (`a2po.settings.uses_vllm`: the worker follows the spec), else the library's own decoder."""
     config = (spec or {}).get("config") or {}
-    if not config.get("use_vllm"):
+    if not uses_vllm(config):
         return "the native decoder"
     mode = config.get("vllm_mode") or "colocate"
     return "vLLM (colocated)" if mode == "colocate" else f"vLLM ({mode})"
@@ -711,9 +712,11 @@ def build_run_page(services: Services, token: Any = None) -> RunPage:
     with gr.Row():
         picker = gr.Dropdown(choices=run_choices(services.store), value=None, label="Run", scale=4,
                              elem_id="run-picker")
-        stop_btn = gr.Button("Stop", variant="stop", size="sm", scale=0, min_width=90, elem_id="run-stop")
-        resume_btn = gr.Button("Resume", size="sm", scale=0, min_width=90, elem_id="run-resume")
-        delete_btn = gr.Button("Delete", size="sm", scale=0, min_width=90, elem_id="run-delete")
+        # Disabled until a run is picked (`_button_updates`): there is nothing to act on yet.
+        stop_btn = gr.Button("Stop", variant="stop", size="sm", scale=0, min_width=90, elem_id="run-stop",
+                             interactive=False)
+        resume_btn = gr.Button("Resume", size="sm", scale=0, min_width=90, elem_id="run-resume", interactive=False)
+        delete_btn = gr.Button("Delete", size="sm", scale=0, min_width=90, elem_id="run-delete", interactive=False)
         clone_btn = gr.Button("Clone into the Launch form", size="sm", scale=0, min_width=140, elem_id="run-clone")
     head = gr.Markdown("Pick a run above, launch one, or open one from the Runs page.", elem_id="run-header")
     progress = gr.HTML(elem_id="run-progress")
