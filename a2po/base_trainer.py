@@ -497,7 +497,10 @@ class BaseTrainer(Trainer):
         tokens = sequence_tokens(prompt_mask, completion_mask)
         per_token = self.flops_per_token.train if grad else self.flops_per_token.forward
         self.rollout_stats[phase]["flops"] += per_token(tokens)
-        return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, **kwargs)
+        # One process without DeepSpeed or FSDP: no full-vocabulary logits (`per_token_logprobs`' `lean_head`).
+        lean = self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, lean_head=lean,
+                                  autocast_dtype=autocast_dtype(self.accelerator), **kwargs)
 
     def _vllm_for(self, model: torch.nn.Module, phase: str, dtype: torch.dtype | None) -> VLLMEngine:
         """The vLLM engine, holding `model`'s current weights (pushed when it holds others).
