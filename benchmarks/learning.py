@@ -99,45 +99,47 @@ def accuracy(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], autocas
 
 def supervised(model: Any, tokenizer: Any, split: dict[str, list], shape: Shape, seconds: float,
                autocast: Any) -> dict[str, Any]:
-    """Supervised steps on the answers (and their end token) until the probe accuracy reaches the target or
-    `seconds` pass; the loss and probe accuracy histories."""
+    """Supervised steps on the answers (and their end token) until the probe accuracy reaches the target, the step
+    limit or `seconds`; the loss and probe accuracy histories. The sums are tokenized once, on the device."""
     import torch
 
     from a2po.rollout import positions_from_mask
 
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=shape.sft_lr)
-    rng = random.Random(0)
     rows = split["supervised"]
+    prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    answers = [r["ground_truth"] + "<|end|>" for r in rows]
+    encoded = tokenizer([p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+    labels = encoded.input_ids.clone()
+    for i, answer in enumerate(answers):  # learn the answer and its end token only (left padding)
+        labels[i, :-len(tokenizer(answer, add_special_tokens=False).input_ids)] = -100
+    ids, mask, labels = encoded.input_ids.to(device), encoded.attention_mask.to(device), labels.to(device)
+    positions = positions_from_mask(mask)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=shape.sft_lr)
+    generator = torch.Generator().manual_seed(0)
     history: list[dict[str, float]] = []
-    start, step, probe = time.perf_counter(), 0, 0.0
+    start, step = time.perf_counter(), 0
     model.train()
+
+    def checkpoint_history(loss: float) -> float:
+        probe = accuracy(model, tokenizer, split["probe"], autocast)
+        history.append({"step": step, "loss": loss, "probe_accuracy": probe, "seconds": time.perf_counter() - start})
+        return probe
+
     while time.perf_counter() - start < seconds and step < shape.sft_max_steps:
-        batch_rows = rng.sample(rows, shape.sft_batch)
-        prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-                   for r in batch_rows]
-        answers = [r["ground_truth"] + "<|end|>" for r in batch_rows]
-        batch = tokenizer([p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(device)
-        labels = batch.input_ids.clone()
-        for i, answer in enumerate(answers):  # learn the answer and its end token only (left padding)
-            labels[i, :-len(tokenizer(answer, add_special_tokens=False).input_ids)] = -100
+        pick = torch.randint(len(rows), (shape.sft_batch,), generator=generator).to(device)
         with autocast():
-            loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         position_ids=positions_from_mask(batch.attention_mask), labels=labels).loss
+            loss = model(input_ids=ids[pick], attention_mask=mask[pick], position_ids=positions[pick],
+                         labels=labels[pick]).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        if step % 50 == 0 or time.perf_counter() - start >= seconds:
-            probe = accuracy(model, tokenizer, split["probe"], autocast)
-            history.append({"step": step, "loss": loss.item(), "probe_accuracy": probe,
-                            "seconds": time.perf_counter() - start})
-            if probe >= shape.sft_target:
-                break
+        if step % 100 == 0 and checkpoint_history(loss.item()) >= shape.sft_target:
+            break
     if not history or history[-1]["step"] != step:
-        history.append({"step": step, "loss": loss.item(), "probe_accuracy": accuracy(
-            model, tokenizer, split["probe"], autocast), "seconds": time.perf_counter() - start})
+        checkpoint_history(loss.item())
     return {"steps": step, "seconds": time.perf_counter() - start, "history": history,
             "probe_accuracy": history[-1]["probe_accuracy"], "target": shape.sft_target}
 

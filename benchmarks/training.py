@@ -4,7 +4,7 @@
     python -m benchmarks.training --size small --scaling    # ours only: wall time vs N, completion length, prompts
     python -m benchmarks.training --size q05 --out results.json --markdown results.md    # on a GPU (bf16)
     python -m benchmarks.training --size q05 --device cpu --bf16 --impl ours ours-bf16 trl-a2po --repeats 1 \
-        --num-prompts 8 --max-completion 8        # what each holds per parameter at the q05 shape, on the CPU
+        --num-prompts 8 --prompt-words 16 --max-completion 8   # what each holds at the q05 shape, on the CPU
 
 The set-up is the peers' benchmark one (docs/benchmarks.md): a random-init Qwen2 model (tiny / small on the CPU in fp32,
 Qwen2.5-0.5B-shaped `q05` on a GPU, stored in bf16), a word-level tokenizer built in code, random prompts and a
@@ -104,17 +104,18 @@ class Job:
     use_vllm: bool = False  # ours only: sample with a colocated vLLM engine (the config's `use_vllm`)
     vllm_enable_sleep_mode: bool = False
     bf16: bool | None = None  # bf16 autocast; None: on a GPU (the CPU runs compute in fp32 unless asked)
+    prompt_words: int | None = None  # None: the size's default
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The workload (the peers' benchmark set-up, docs/benchmarks.md)
 
 
-def make_prompts(size: str, count: int | None = None) -> list[str]:
-    """Random word prompts; the first ones are the same whatever `count` is."""
+def make_prompts(size: str, count: int | None = None, words: int | None = None) -> list[str]:
+    """Random word prompts (`words` each, default the size's); the first ones are the same whatever `count` is."""
     shape = SIZES[size]
     rng = random.Random(0)
-    return [" ".join(f"t{rng.randrange(3, shape.vocab)}" for _ in range(shape.prompt_words))
+    return [" ".join(f"t{rng.randrange(3, shape.vocab)}" for _ in range(words or shape.prompt_words))
             for _ in range(count or shape.num_prompts)]
 
 
@@ -291,7 +292,7 @@ def run_job(job: Job) -> dict[str, Any]:
     bf16 = cuda if job.bf16 is None else job.bf16
     max_completion = job.max_completion_length or shape.max_completion
     tokenizer = make_tokenizer(job.size)
-    dataset = Dataset.from_dict({"prompt": make_prompts(job.size, job.num_prompts)})
+    dataset = Dataset.from_dict({"prompt": make_prompts(job.size, job.num_prompts, job.prompt_words)})
     # Ours at the default precision loads no dtype (fp32 master weights, computed in bf16 under `bf16`); "ours-bf16"
     # and TRL keep the checkpoint's bf16 weights, as TRL does by default (fp32 on the CPU without `bf16`).
     weights = {"model_init_kwargs": {"dtype": torch.bfloat16 if bf16 else torch.float32}}
@@ -643,6 +644,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="Prompts in the epoch (default: the size's; 8 a step).")
     parser.add_argument("--max-completion", type=int, default=None,
                         help="Completion tokens (default: the size's); a short one measures held memory on the CPU.")
+    parser.add_argument("--prompt-words", type=int, default=None, help="Prompt tokens (default: the size's).")
     parser.add_argument("--bf16", action="store_true",
                         help="bf16 autocast on the CPU too, as on a GPU (slow: for memory figures).")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -712,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        result_path=str(workdir / f"run{index}.json"), device=device,
                        threads=threads if device == "cpu" else args.threads,
                        **{"num_prompts": args.num_prompts, "max_completion_length": args.max_completion,
-                          "bf16": True if args.bf16 else None, **overrides})
+                          "prompt_words": args.prompt_words, "bf16": True if args.bf16 else None, **overrides})
 
         def measure(j: Job, label: str) -> dict[str, Any]:
             log(f"{label}: {j.impl} ...")
