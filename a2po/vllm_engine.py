@@ -25,8 +25,8 @@ elsewhere the setting is refused.
 A GPU engine is shut down at the end of `train()` (`release_engine`), so a notebook gets its GPU memory back; the next
 sampling starts a new one. A CPU engine is kept for the process (below).
 
-vLLM builds its model from a config folder private to the user (`config_folder`): mode 0700 under the user's cache
-folder, since vLLM reads it (with `trust_remote_code`, runs its code) and a shared, predictable name could be planted
+vLLM builds its model from a config folder private to the user (`config_folder`): mode 0700 under the cache folder
+(`$A2PO_CACHE_DIR`, else `~/.cache/a2po`), since vLLM reads it (with `trust_remote_code`, runs its code) and a shared, predictable name could be planted
 by another user first.
 
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights then reach the worker as tensors,
@@ -222,9 +222,11 @@ def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
 
 
 def cache_root() -> Path:
-    """Where this user's engine config folders live: `$XDG_CACHE_HOME/a2po/vllm`, else `~/.cache/a2po/vllm`."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "a2po" / "vllm"
+    """Where this user's engine config folders live: `vllm` in the cache folder (`$A2PO_CACHE_DIR`, else
+    `~/.cache/a2po`; `a2po.models.default_cache_dir`)."""
+    from a2po.models import default_cache_dir
+
+    return default_cache_dir() / "vllm"
 
 
 def _private_folder(path: Path) -> Path:
@@ -241,7 +243,7 @@ def _private_folder(path: Path) -> Path:
         problem = f"can be entered or written by others (mode {stat.S_IMODE(found.st_mode):o})"
     if problem:
         raise PermissionError(f"vLLM's config folder {path} {problem}: vLLM reads it (with trust_remote_code, runs "
-                              "its code). Remove it, or set XDG_CACHE_HOME to a folder of your own.")
+                              "its code). Remove it, or set A2PO_CACHE_DIR to a folder of your own.")
     return path
 
 

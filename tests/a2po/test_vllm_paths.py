@@ -129,7 +129,7 @@ class FakeEngine:
 
 def vllm_trainer(tmp_path, monkeypatch, engine):
     monkeypatch.setattr(vllm_engine, "engine_for", lambda settings: engine)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("A2PO_CACHE_DIR", str(tmp_path / "cache"))
     make_tiny_model(tmp_path / "m")
     args = A2POConfig(output_dir=str(tmp_path / "out"), num_value_samples=2, max_steps=1, use_cpu=True,
                       per_device_train_batch_size=4, max_completion_length=6, filter_all_incorrect=False,
@@ -159,9 +159,9 @@ def test_decode_seconds_leave_out_the_weight_push(tmp_path, monkeypatch):
 
 
 def test_the_engine_config_folder_is_private_to_the_user(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("A2PO_CACHE_DIR", str(tmp_path))
     folder = vllm_engine.config_folder('{"a": 1}')
-    assert folder.parent == tmp_path / "a2po" / "vllm" and (folder / "config.json").read_text() == '{"a": 1}'
+    assert folder.parent == tmp_path / "vllm" and (folder / "config.json").read_text() == '{"a": 1}'
     for path in (folder, folder.parent):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     assert vllm_engine.config_folder('{"a": 1}') == folder  # reused as it is
@@ -170,7 +170,7 @@ def test_the_engine_config_folder_is_private_to_the_user(tmp_path, monkeypatch):
 
 
 def test_a_planted_config_folder_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("A2PO_CACHE_DIR", str(tmp_path))
     text = '{"b": 2}'
     folder = vllm_engine.config_folder(text)
     folder.chmod(0o777)  # as another user (or a umask of 0) could have left it: anyone may add files
