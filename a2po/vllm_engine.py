@@ -26,8 +26,8 @@ A GPU engine is shut down at the end of `train()` (`release_engine`), so a noteb
 sampling starts a new one. A CPU engine is kept for the process (below).
 
 vLLM builds its model from a config folder private to the user (`config_folder`): mode 0700 under the cache folder
-(`$A2PO_CACHE_DIR`, else `~/.cache/a2po`), since vLLM reads it (with `trust_remote_code`, runs its code) and a shared, predictable name could be planted
-by another user first.
+(`$A2PO_CACHE_DIR`, else `~/.cache/a2po`), since vLLM reads it (with `trust_remote_code`, runs its code) and a shared,
+predictable name could be planted by another user first.
 
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights then reach the worker as tensors,
 without serialization. One engine lives per process (`engine_for`): vLLM does not free a CPU engine's memory

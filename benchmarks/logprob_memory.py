@@ -2,10 +2,11 @@
 
     python -m benchmarks.logprob_memory [--vocab 151936] [--completion 256] [--batch 8]
 
-A one-layer Qwen2 model of q05's width and vocabulary, bf16 autocast over fp32 weights (the trainers' default under
-`bf16`), one process per measurement: the growth of peak memory (the CUDA allocator's peak on a GPU, peak RSS on the
-CPU) over a forward and backward pass of `per_token_logprobs` on `batch` completions, with the model's forward
-(`lean_head=False`: full-vocabulary logits, their float32 copy, their gradient) and with the lean head.
+A one-layer Qwen2 model of q05's width and vocabulary, prepared by accelerate as the Trainer prepares the policy (bf16
+autocast over fp32 weights, outputs cast to float32: the trainers' default under `bf16`), one process per
+measurement: the growth of peak memory (the CUDA allocator's peak on a GPU, peak RSS on the CPU) over a forward and
+backward pass of `per_token_logprobs` on `batch` completions, with the model's forward (`lean_head=False`:
+full-vocabulary logits, their float32 copy, their gradient) and with the lean head.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(vocab: int, completion: int, batch: int, lean: bool, cuda: bool) -> dict[str, Any]:
     """One pass in this process: peak memory before and after, in GiB."""
     import torch
+    from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from a2po.rollout import per_token_logprobs
@@ -34,6 +36,8 @@ def measure(vocab: int, completion: int, batch: int, lean: bool, cuda: bool) -> 
                          num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).train()
+    # As the Trainer prepares the policy: its forward under bf16 autocast, its outputs cast to float32.
+    model = Accelerator(cpu=not cuda, mixed_precision="bf16").prepare_model(model)
     prompt = torch.randint(3, vocab, (batch, 16), device=device)
     completion_ids = torch.randint(3, vocab, (batch, completion), device=device)
     ones = torch.ones_like
@@ -42,10 +46,8 @@ def measure(vocab: int, completion: int, batch: int, lean: bool, cuda: bool) -> 
         return torch.cuda.max_memory_allocated() / 2**30 if cuda else peak_rss_gib()
 
     before = peak()
-    autocast = torch.autocast(device, dtype=torch.bfloat16)
-    with torch.autocast(device, enabled=False) if lean else autocast:  # the trainer's wrapper, for the forward
-        logps = per_token_logprobs(model, prompt, ones(prompt), completion_ids, ones(completion_ids),
-                                   lean_head=lean, autocast_dtype=torch.bfloat16)
+    logps = per_token_logprobs(model, prompt, ones(prompt), completion_ids, ones(completion_ids), lean_head=lean,
+                               autocast_dtype=torch.bfloat16)
     logps.sum().backward()
     return {"lean_head": lean, "peak_before_gib": before, "peak_after_gib": peak(), "growth_gib": peak() - before}
 

@@ -36,9 +36,12 @@
 #     .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 #     PYTHON=python3 || exit; scripts/gpu_check.sh
 #
-# Then fill docs/benchmarks.md's GPU table from training.json and learning.json, and give the machine back. Only 8
-# files come back from $OUT: a set's JSON files and the log are at most seven (engines adds engines.md). To rerun one
-# step: name it (`scripts/gpu_check.sh learning`); lora and engines read training.json from an earlier run in $OUT.
+# Then fill docs/benchmarks.md's GPU table from training.json and learning.json, and give the machine back. If a step
+# was cut, rerun it alone (`scripts/gpu_check.sh learning`). Only 8 files come back from $OUT: a set's JSON files and
+# the log are at most seven (engines adds engines.md). The `more` set (a later lease) reads the core call's
+# training.json from $OUT (lora's and engines' TRL figures): keep it in an ignored folder that travels (carry it) and
+# start with `cp gpu-core/training.json "$OUT"/ && scripts/gpu_check.sh more`; without it engines measures ours and
+# TRL again and runs past its share.
 set -u
 cd "$(dirname "$0")/.."
 
