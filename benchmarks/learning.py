@@ -3,12 +3,13 @@ task's format (2-digit sums, `a2po.data`'s question, the answer then `<|end|>`) 
 some held-back sums, then trained from that checkpoint by A*-PO and by GRPO on other sums; greedy accuracy on sums
 that neither saw, before and after.
 
-    python -m benchmarks.learning --out learning.json [--size tiny|gpu] [--seconds 100]
+    python -m benchmarks.learning --out learning.json [--size gpu|cpu|tiny] [--seconds 100]
 
 `gpu` (the default where CUDA is) is a 4-layer, 256-wide Llama with the character tokenizer of `a2po.testing`,
-trained in bf16 autocast over fp32 weights (the trainers' default precision); `tiny` is the CPU's size for the test
-suite. Kept for each method: the loss, reward and log-ratio history (A*-PO's log pi/pi_ref; GRPO's KL to its
-reference, beta 0.001), and on a GPU the CUDA allocator's figures. `--seconds` bounds the whole run: supervised
+trained in bf16 autocast over fp32 weights (the trainers' default precision); `cpu` a 3-layer, 128-wide one that
+learns on a small CPU in minutes (`--seconds 1000`); `tiny` is the test suite's size (the pipeline, not learning).
+Kept for each method: the loss, reward and log-ratio history (A*-PO's log pi/pi_ref; GRPO's KL to its reference,
+beta 0.001), and on a GPU the CUDA allocator's figures. `--seconds` bounds the whole run: supervised
 steps stop at their share of it, and each method's training at its own. The JSON is written after every phase, so
 a run cut short keeps what it measured.
 """
@@ -53,6 +54,10 @@ SIZES = {
     "gpu": Shape(hidden=256, layers=4, heads=4, kv_heads=2, sft_batch=256, sft_lr=1e-3, sft_target=0.35,
                  sft_max_steps=100_000, eval_prompts=256, probe_prompts=128, train_prompts=512, rl_steps=32,
                  rl_batch=16, num_samples=8, rl_lr=1e-4),
+    # What this 2-core CPU shows in about 7 minutes (docs/benchmarks.md, "GPU").
+    "cpu": Shape(hidden=128, layers=3, heads=4, kv_heads=2, sft_batch=64, sft_lr=2e-3, sft_target=0.35,
+                 sft_max_steps=100_000, eval_prompts=128, probe_prompts=64, train_prompts=128, rl_steps=16,
+                 rl_batch=8, num_samples=8, rl_lr=1e-4),
     "tiny": Shape(hidden=64, layers=2, heads=4, kv_heads=2, sft_batch=32, sft_lr=3e-3, sft_target=0.35,
                   sft_max_steps=60, eval_prompts=16, probe_prompts=8, train_prompts=16, rl_steps=2, rl_batch=4,
                   num_samples=2, rl_lr=1e-4),
@@ -225,7 +230,7 @@ def run(size: str, cuda: bool, seconds: float, workdir: Path, report: Callable[[
     result: dict[str, Any] = {"size": size, "shape": asdict(shape), "device": "cuda" if cuda else "cpu",
                               "prompts": {k: len(v) for k, v in split.items()}, "seconds_budget": seconds}
     model, tokenizer = make_tiny_model(None, hidden_size=shape.hidden, num_layers=shape.layers,
-                                       num_heads=shape.heads, num_kv_heads=shape.kv_heads)
+                                       num_heads=shape.heads, num_kv_heads=shape.kv_heads, initializer_range=0.02)
     model.to("cuda" if cuda else "cpu")
     result["params"] = sum(p.numel() for p in model.parameters())
     result["eval_accuracy_untrained"] = accuracy(model, tokenizer, split["eval"], autocast)
