@@ -60,8 +60,8 @@ BUDGETS = {"gpu": 340, "cpu": 300}
 # seconds). A busy CPU slows the --cpu steps several times over: the test gives them a larger budget.
 SHARES = {"gpu": {"training": 57, "learning": 38, "decode": 8, "lora": 15, "studio": 22, "methods": 32, "engines": 18},
           "cpu": {"training": 18, "learning": 14, "decode": 5, "lora": 8, "studio": 12, "methods": 12, "engines": 26}}
-# The training step's work on the GPU: q05's shape, half its prompts (two optimizer steps): TRL's A2POTrainer then
-# takes about half of the 94.6 s measured for 32 (shared/reference/anchors.md), and the ratios are unchanged.
+# The training step's work on the GPU: q05's shape with half its prompts (two optimizer steps), so that four epochs
+# fit the step's share; the ratios between the implementations are what the step reports.
 GPU_TRAINING_PROMPTS = 16
 # The issue's targets, against the anchors measured on an H200 (docs/benchmarks.md, "GPU").
 TARGETS = {"wall_vs_trl_a2po": 0.2, "wall_vs_trl_grpo": 0.5, "memory_vs_trl_a2po": 0.8, "lora_vs_trl_a2po": 0.5,
