@@ -178,7 +178,10 @@ def train_method(method: str, model_dir: Path, split: dict[str, list], shape: Sh
                           save_values=False, **common)
         trainer_class = A2POTrainer
     else:
-        args = GRPOConfig(num_generations=shape.num_samples, beta=0.001, **common)
+        # A GRPO micro-batch counts completions: G micro-batches of `rl_batch` make `rl_batch` prompts a step, as
+        # A*-PO's (benchmarks.training's GRPO settings).
+        args = GRPOConfig(num_generations=shape.num_samples, gradient_accumulation_steps=shape.num_samples,
+                          beta=0.001, **common)
         trainer_class = GRPOTrainer
     if cuda:
         torch.cuda.reset_peak_memory_stats()
