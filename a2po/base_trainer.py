@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import gc
+import logging
 import math
 import resource
 import sys
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from a2po.vllm_engine import VLLMEngine
 
 RewardFunc = Callable[..., list[float]]
+logger = logging.getLogger(__name__)
 
 
 def frozen_gc(method: Callable) -> Callable:
@@ -92,6 +94,25 @@ def autocast_dtype(accelerator: Any) -> torch.dtype | None:
     if not getattr(accelerator, "native_amp", False):
         return None
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(accelerator.mixed_precision))
+
+
+def cast_reference_matmuls(reference: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Store the reference's linear layers (weights and biases) in `dtype`, the autocast dtype the policy computes
+    its matmuls in; returns the bytes this frees. Exact: autocast casts an fp32 weight to `dtype` (round to nearest)
+    before each matmul, which is the cast done here once, so the reference computes what the fp32 copy computed,
+    and log pi/pi_ref is 0 before the first update. Everything else stays fp32: embeddings (a linear layer tied to
+    one too: the embedding's fp32 output feeds the residual stream), norms and buffers."""
+    shared = {id(p) for module in reference.modules() if not isinstance(module, torch.nn.Linear)
+              for p in module.parameters(recurse=False)}
+    freed = 0
+    for module in reference.modules():
+        if not isinstance(module, torch.nn.Linear) or id(module.weight) in shared:
+            continue
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.dtype == torch.float32:
+                freed += param.numel() * (4 - torch.finfo(dtype).bits // 8)
+                setattr(module, name, torch.nn.Parameter(param.detach().to(dtype), requires_grad=False))
+    return freed
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -189,6 +210,9 @@ class BaseTrainer(Trainer):
                  eval_dataset: Dataset | dict[str, Dataset] | None = None,
                  processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
                  optimizers=(None, None), peft_config=None):
+        from a2po.device import warn_unused_gpu
+
+        warn_unused_gpu(bool(args.use_cpu), stacklevel=2)
         if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
             raise ValueError(problem)
         self.model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
@@ -215,7 +239,8 @@ class BaseTrainer(Trainer):
                 model.enable_input_require_grads()
         elif self._needs_reference(args):
             # A frozen copy in the policy's dtype: a bf16 copy of fp32 weights computes another function (bf16
-            # norms and residual stream), so log pi - log pi_ref would not start at 0.
+            # norms and residual stream), so log pi - log pi_ref would not start at 0. Under autocast its matmul
+            # weights are then stored in the autocast dtype (`cast_reference_matmuls`, below), which is exact.
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
         half = sorted({str(p.dtype) for p in model.parameters()
@@ -252,10 +277,13 @@ class BaseTrainer(Trainer):
         if getattr(args, "eval_every_seconds", None) and eval_dataset is None:
             raise ValueError("eval_every_seconds evaluates held-out prompts: pass an eval_dataset, or set "
                              "eval_every_seconds to None.")
+        self.reference_bytes_saved = 0
         if self.ref_model is not None:
             if self.is_deepspeed_enabled or self.is_fsdp_enabled:
                 self.ref_model.to(self.accelerator.device)
             else:
+                if (compute := autocast_dtype(self.accelerator)) is not None:
+                    self.reference_bytes_saved = cast_reference_matmuls(self.ref_model, compute)
                 # Wrapped as the Trainer wraps the policy (the same autocast, outputs cast to fp32), as in TRL: the
                 # reference computes in the policy's precision.
                 self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
@@ -433,14 +461,15 @@ class BaseTrainer(Trainer):
         # policy trains in, fp16 included.
         dtype = autocast_dtype(self.accelerator)
         autocast = torch.autocast(self.accelerator.device.type, dtype=dtype) if dtype else nullcontext()
+        # The engine's start and the weight push are timed apart (`_vllm_for`): `seconds` is sampling alone.
+        engine = self._vllm_for(model, phase, dtype) if uses_vllm(args) else None
         start = time.perf_counter()
         settings = dict(max_new_tokens=self.max_completion_length, eos_token_ids=self.eos_token_ids,
                         pad_token_id=self.pad_token_id, num_samples=num_samples, do_sample=not greedy,
                         temperature=args.temperature, top_k=args.sampling_top_k, top_p=args.top_p,
                         row_keys=None if greedy else row_keys, greedy_samples=greedy_samples)
         sampling_logps = None
-        if uses_vllm(args):
-            engine = self._vllm_for(model, phase, dtype)
+        if engine is not None:
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             out, sampling_logps = engine.generate(prompts, logprobs=logprobs, **settings)
             out = out.to(prompt_ids.device)
@@ -466,7 +495,10 @@ class BaseTrainer(Trainer):
         tokens = sequence_tokens(prompt_mask, completion_mask)
         per_token = self.flops_per_token.train if grad else self.flops_per_token.forward
         self.rollout_stats[phase]["flops"] += per_token(tokens)
-        return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, **kwargs)
+        # One process without DeepSpeed or FSDP: no full-vocabulary logits (`per_token_logprobs`' `lean_head`).
+        lean = self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, lean_head=lean,
+                                  autocast_dtype=autocast_dtype(self.accelerator), **kwargs)
 
     def _vllm_for(self, model: torch.nn.Module, phase: str, dtype: torch.dtype | None) -> VLLMEngine:
         """The vLLM engine, holding `model`'s current weights (pushed when it holds others).
@@ -475,18 +507,25 @@ class BaseTrainer(Trainer):
         or the policy's at this optimizer step, for this trainer and this `train()` call. A new key (the step
         after an optimizer step, a resume, another trainer sharing the process's engine) pushes them again.
         """
+        stats = self.rollout_stats[phase]
         if self._vllm is None:
             from a2po.vllm_engine import engine_for, engine_settings
 
+            start = time.perf_counter()
             policy = self.accelerator.unwrap_model(self.model)
             dtype = dtype or next(policy.parameters()).dtype
             self._vllm = engine_for(engine_settings(self.args, policy.config, dtype))
+            stats["engine_start_seconds"] += time.perf_counter() - start
         role = "reference" if phase == "values" else "policy"
         key = (self._vllm_owner, role, None if role == "reference" else self.state.global_step)
         if self._vllm.weights_key != key:
             from a2po.vllm_engine import merged_weights
 
+            start = time.perf_counter()
             self._vllm.load_weights(merged_weights(self.accelerator.unwrap_model(model)), key)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            stats["weight_push_seconds"] += time.perf_counter() - start
         return self._vllm
 
     def _rollout_and_score(self, model: torch.nn.Module, rows: Sequence[dict[str, Any]], greedy: bool = False,
@@ -602,6 +641,9 @@ class BaseTrainer(Trainer):
         # Training starts from the run seed whatever ran before it in this process (stage 1 sampled, resumed or was
         # read from a store); a resumed run then takes the generator states of its checkpoint.
         set_seed(self.args.seed)
+        from a2po.device import precision_summary
+
+        logger.info("Training on %s", precision_summary(self))
         # The engine's weights are never trusted across a `train()` call: a resume restores other weights.
         self._vllm_owner = object()
         # The step-0 evaluation (`eval_on_start`) measures the model before training: a resumed run had it already,
@@ -615,6 +657,15 @@ class BaseTrainer(Trainer):
                                  ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
         finally:
             self.args.eval_on_start = eval_on_start
+            self._release_vllm()
+
+    def _release_vllm(self) -> None:
+        """Give a GPU engine's memory back once training is over (`a2po.vllm_engine.release_engine`)."""
+        if self._vllm is not None:
+            from a2po.vllm_engine import release_engine
+
+            if release_engine(self._vllm):
+                self._vllm = None
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         before = self.rollout_stats["train"]["flops"]

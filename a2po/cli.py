@@ -33,6 +33,7 @@ from transformers import HfArgumentParser
 
 from a2po.checkpoints import checkpoint_folders, newest_complete
 from a2po.config import A2POConfig, GRPOConfig
+from a2po.device import precision_summary, warn_unused_gpu
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
 from a2po.recipes import RECIPES
@@ -297,6 +298,7 @@ def launch_command(num_processes: int, argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, script, config, fields = parse(argv)
+    warn_unused_gpu(bool(config.use_cpu))  # before any data or model is loaded
     output_dir = config.output_dir or str(Path("outputs") / (fields.get("run_name") or f"{command}-run"))
     # Checked before anything is written: a wrong folder must not start a fresh run that overwrites the checkpoints.
     resume = resume_checkpoint(command, fields.pop("resume_from_checkpoint", None), output_dir)
@@ -313,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = spec.build_trainer(output_dir=output_dir)
     main_process = trainer.accelerator.is_main_process  # under several processes, only it writes and prints
     say = print if main_process else (lambda *_, **__: None)
+    say(f"Device and precision: {precision_summary(trainer)}", file=sys.stderr, flush=True)
     if command == "values":
         for split in ["train", *trainer.eval_sets()]:
             table = trainer.estimate_optimal_values(split=split)

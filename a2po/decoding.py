@@ -30,7 +30,9 @@ LLAMA_FAMILY = {"LlamaForCausalLM": "LlamaDecoderLayer", "Qwen2ForCausalLM": "Qw
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a PEFT wrapper (PEFT's forward hides the model's signature and modules)."""
+    """The transformers model under a `torch.compile` wrapper (`torch_compile=True`) and a PEFT wrapper: both hide the
+    model's signature and modules."""
+    model = getattr(model, "_orig_mod", model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 

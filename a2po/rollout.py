@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from a2po.core import token_entropies, token_logprobs
-from a2po.decoding import accepts, decoder_for, positions_from_mask
+from a2po.decoding import LlamaDecoder, accepts, base_model, decoder_for, positions_from_mask
+
+# Logits a chunk of the lean head holds at once (`per_token_logprobs`): 128 MiB in float32, 220 positions at a 152k
+# vocabulary.
+HEAD_CHUNK_ELEMENTS = 2**25
 
 
 @contextmanager
@@ -151,7 +156,8 @@ def sample_completions(model: PreTrainedModel, input_ids: torch.Tensor, attentio
 
 def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                       temperature: float = 1.0, with_entropy: bool = False):
+                       temperature: float = 1.0, with_entropy: bool = False, lean_head: bool = False,
+                       autocast_dtype: torch.dtype | None = None):
     """log pi(y_t | x, y_<t) of each completion token, 0 where `completion_mask` is 0; shape (batch, T). With
     `with_entropy`, also the entropy of pi(. | x, y_<t) at each position (same shape, no gradient), as a pair.
 
@@ -159,10 +165,22 @@ def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_
     ratios, as in TRL). Only the completion positions' logits are computed (`logits_to_keep`), and the log-softmax
     is gathered in chunks (`core.token_logprobs`), so the full-vocabulary float32 log-softmax never exists for the
     whole sequence.
+
+    `lean_head` (a single process's plain Llama-family model, `lean_head_supported`): no full-vocabulary tensor at
+    all. The model's body gives the hidden states, and the output layer turns a chunk of positions at a time into
+    logits (`HEAD_CHUNK_ELEMENTS`), recomputed in the backward pass rather than kept: the model's forward would hold
+    the completion's bf16 logits, their float32 copy (accelerate's autocast wrapper) and, backward, their float32
+    gradient, several GiB at a 152k vocabulary. The body runs under `autocast_dtype`'s autocast, as the trainer's
+    wrapper would run the whole model; the same operations on the same values, chunk by chunk.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     num_completion = completion_ids.shape[1]
+    if lean_head and lean_head_supported(model):
+        logps, entropies = _lean_head_logprobs(model, input_ids, attention_mask, completion_ids, temperature,
+                                               with_entropy, autocast_dtype)
+        logps = logps * completion_mask
+        return (logps, entropies * completion_mask) if with_entropy else logps
     kwargs = {"logits_to_keep": num_completion + 1} if accepts(model, "logits_to_keep") else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=positions_from_mask(attention_mask), use_cache=False, **kwargs).logits
@@ -174,6 +192,55 @@ def per_token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_
         return logps
     with torch.no_grad():
         return logps, token_entropies(logits) * completion_mask
+
+
+def lean_head_supported(model: torch.nn.Module) -> bool:
+    """Whether `per_token_logprobs(lean_head=True)` may call `model`'s body and output layer apart: a plain
+    Llama-family model (their logits are the output layer's product, unscaled; `LlamaDecoder.supports`), maybe under
+    PEFT, not wrapped by `torch.compile` (whose compiled forward it would skip) or for several processes (whose
+    wrapper's forward synchronises the gradients)."""
+    if hasattr(model, "_orig_mod") or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return False
+    return LlamaDecoder.supports(model)
+
+
+def _lean_head_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        completion_ids: torch.Tensor, temperature: float, with_entropy: bool,
+                        autocast_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    base = base_model(model)
+    head = base.get_output_embeddings()
+    autocast = (torch.autocast(input_ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
+                else nullcontext())
+    num_completion = completion_ids.shape[1]
+    with autocast:
+        hidden = base.model(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=positions_from_mask(attention_mask), use_cache=False).last_hidden_state
+    hidden = hidden[:, -num_completion - 1:-1]
+    flat_hidden, flat_tokens = hidden.reshape(-1, hidden.shape[-1]), completion_ids.reshape(-1)
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else base.config.vocab_size
+
+    def chunk_logprobs(h: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast:
+            logits = head(h)
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        with torch.no_grad():
+            entropy = token_entropies(logits) if with_entropy else torch.zeros_like(tokens, dtype=torch.float32)
+        return token_logprobs(logits, tokens), entropy
+
+    size = max(1, HEAD_CHUNK_ELEMENTS // vocab)
+    logps, entropies = [], []
+    for start in range(0, flat_tokens.shape[0], size):
+        h, tokens = flat_hidden[start:start + size], flat_tokens[start:start + size]
+        if torch.is_grad_enabled() and h.requires_grad:  # recompute the chunk's logits in the backward pass
+            part, entropy = checkpoint(chunk_logprobs, h, tokens, use_reentrant=False)
+        else:
+            part, entropy = chunk_logprobs(h, tokens)
+        logps.append(part)
+        entropies.append(entropy)
+    shape = completion_ids.shape
+    return torch.cat(logps).reshape(shape), (torch.cat(entropies).reshape(shape) if with_entropy else None)
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -451,6 +451,7 @@ class RunSpec:
     def value_fingerprint(self) -> str:
         """Identifies a V* set: the same model, dataset, rewards, sampling settings and seed give the same V*
         samples (each is a function of the seed, the prompt and the sample index)."""
+        from a2po.device import bf16_by_default
         from a2po.values import loading_key
 
         defaults = self.config_class.__dataclass_fields__
@@ -463,7 +464,10 @@ class RunSpec:
                     **({"sha256": r["source"].get("sha256")} if isinstance(r.get("source"), dict) else {})}
                    for r in self.rewards]
         key = {"model": self.model, "dataset": self.dataset, "rewards": rewards, "sampling": sampling}
-        if loading := loading_key(self.config.get):  # how the model loads (revision, dtype, ...) and its precision
+        # How the model loads (revision, dtype, ...), the sampler and the precision it samples in, `bf16`'s default
+        # resolved as the run will (on a GPU: bf16), so a CPU set and a GPU set of one spec are two sets.
+        resolved = {**self.config, "bf16": bf16_by_default(self.config)}
+        if loading := loading_key(resolved.get):
             key["loading"] = loading
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -38,19 +38,21 @@ def make_char_tokenizer() -> PreTrainedTokenizerFast:
 
 def make_tiny_model(path: str | Path | None = None, arch: str = "llama", hidden_size: int = 64,
                     num_layers: int = 2, seed: int = 0, num_heads: int = 4, num_kv_heads: int = 2,
-                    tie_word_embeddings: bool = True):
+                    tie_word_embeddings: bool = True, initializer_range: float = 0.2):
     """Build a random-init causal LM (`arch` "llama" or "qwen2") and its tokenizer.
 
     `num_heads` / `num_kv_heads` set the grouped-query ratio and `tie_word_embeddings=False` gives the model its own
-    output matrix: the shapes the decoder must handle. Returns `(model, tokenizer)`; with `path`, also saves both
-    there so the path works as a model id.
+    output matrix: the shapes the decoder must handle. The large default `initializer_range` makes an untrained
+    model's samples varied; a model to be trained wants the usual 0.02. Returns `(model, tokenizer)`; with `path`,
+    also saves both there so the path works as a model id.
     """
     tokenizer = make_char_tokenizer()
     config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     config = config_cls(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                        max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings, initializer_range=0.2,
-                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                        max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings,
+                        initializer_range=initializer_range, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id,
                         bos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

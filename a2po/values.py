@@ -24,8 +24,9 @@ from a2po.core import optimal_value, pass_at_k
 PROMPT_IS_JSON = "prompt_is_json"  # a parquet V* table's column: the prompt is a JSON list of messages
 VALUE_COLUMNS = ("prompt_id", "prompt", "prompt_text", "v_star", "rewards", "completions", "num_correct", "filtered")
 # Beyond the sampling settings, what changes the reference's samples: how the model is loaded (revision, dtype,
-# attention, remote code) and the precision it samples in.
-LOADING_FIELDS = ("model_init_kwargs", "trust_remote_code", "bf16", "fp16")
+# attention, remote code), the precision it samples in and the sampler (vLLM draws other streams than the native
+# decoder).
+LOADING_FIELDS = ("model_init_kwargs", "trust_remote_code", "bf16", "fp16", "use_vllm")
 
 
 def loading_key(setting: Callable[[str], Any]) -> dict[str, Any]:

@@ -4,10 +4,11 @@ The trainer hands it prompt token ids and gets completion token ids back in the 
 (`a2po.rollout.sample_completions`): rows grouped by prompt, padded after each row's first EOS. Everything else
 (rewards, V*, filters, the loss's log-probabilities) stays the trainer's own.
 
-Each sampled sequence is its own vLLM request, seeded from its random-stream key (`a2po.rollout.stream_seed`):
-as with the native decoder, a sequence's tokens depend on its key and not on the batch around it (the streams
-differ from the native decoder's, so the samples do too). vLLM's prefix cache still prefills a prompt once for
-its samples.
+Each sampled sequence is its own vLLM request, seeded from its random-stream key (`a2po.rollout.stream_seed`), so
+its random draws depend on its key alone (the streams differ from the native decoder's). Its tokens are not
+batch-invariant as the native decoder's are: vLLM's batched kernels may round a sequence's logits differently with
+the batch around it, and a draw near a boundary can then pick another token, unless vLLM's batch-invariant mode is
+on (`VLLM_BATCH_INVARIANT=1`, slower). vLLM's prefix cache still prefills a prompt once for its samples.
 
 The engine holds one set of weights. The trainer pushes the ones it samples from (`load_weights`): the policy's
 after each optimizer step and after a resume, the reference's for stage 1; a LoRA policy is pushed merged
@@ -17,7 +18,16 @@ runs the model's own checkpoint loader on the given tensors (on vLLM's CPU build
 
 Sleep mode (`vllm_enable_sleep_mode`, as TRL does it): the engine sleeps at level 2 (weights and KV cache freed)
 after each sampling, so the optimizer step has the GPU's memory; the next push wakes the weights, the next sampling
-the KV cache. vLLM has sleep mode on CUDA (and ROCm, XPU) only: elsewhere the setting is refused.
+the KV cache, each after `torch.cuda.empty_cache()` (as TRL: the caching allocator still holds the step's freed
+activations, which vLLM's wake-up would otherwise not find). vLLM has sleep mode on CUDA (and ROCm, XPU) only:
+elsewhere the setting is refused.
+
+A GPU engine is shut down at the end of `train()` (`release_engine`), so a notebook gets its GPU memory back; the next
+sampling starts a new one. A CPU engine is kept for the process (below).
+
+vLLM builds its model from a config folder private to the user (`config_folder`): mode 0700 under the cache folder
+(`$A2PO_CACHE_DIR`, else `~/.cache/a2po`), since vLLM reads it (with `trust_remote_code`, runs its code) and a shared,
+predictable name could be planted by another user first.
 
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights then reach the worker as tensors,
 without serialization. One engine lives per process (`engine_for`): vLLM does not free a CPU engine's memory
@@ -26,11 +36,12 @@ reliably, and successive trainers in one process (chunked runs, tests) reuse it.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
 import random
-import tempfile
+import stat
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +89,7 @@ class VLLMEngine:
         with torch.random.fork_rng():
             self.llm = self._start(settings)
         VLLMEngine.started += 1
+        self.device = current_platform.device_type  # "cuda", "cpu", ...: whether `release_engine` frees a GPU
         random.setstate(python_state)
         np.random.set_state(numpy_state)
         # What the engine holds: a key the trainer chooses (`BaseTrainer._vllm_for`), None until weights are pushed.
@@ -106,11 +118,29 @@ class VLLMEngine:
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]], key: Hashable) -> None:
         """Replace the engine's weights by `weights` (transformers names and layout, any dtype)."""
         if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+            self._wake_up("weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         # Cached prompt keys and values were computed with the old weights.
         self.llm.reset_prefix_cache()
         self.weights_key = key
+
+    def _wake_up(self, tag: str) -> None:
+        """Wake `tag` ("weights", "kv_cache") up, after handing the caching allocator's free blocks back to CUDA: the
+        training step's freed activations stay reserved by torch otherwise, and vLLM's wake-up runs out of memory."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=[tag])
+
+    def shutdown(self) -> None:
+        """Stop the engine and free what it holds on the GPU (weights, KV cache)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        self.llm = None
+        self.weights_key = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def sleep(self) -> None:
         """Free the weights and KV cache until the next sampling (vllm_enable_sleep_mode; level 2, as TRL)."""
@@ -132,7 +162,7 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         if self.asleep:  # the weights were pushed (and woken) by `load_weights`; the KV cache comes back now
-            self.llm.wake_up(tags=["kv_cache"])
+            self._wake_up("kv_cache")
             self.asleep = False
         total = len(prompts) * num_samples
         if row_keys is not None and len(row_keys) != total:
@@ -183,18 +213,52 @@ def engine_settings(args, model_config, dtype: torch.dtype) -> EngineSettings:
     # neither change the directory nor start another engine.
     shape = {k: v for k, v in model_config.to_diff_dict().items() if k not in _NOT_SHAPE}
     text = json.dumps(shape, indent=2, sort_keys=True)
-    folder = Path(tempfile.gettempdir()) / f"a2po-vllm-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    if not (folder / "config.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f"config.json.{os.getpid()}"
-        partial.write_text(text)
-        partial.replace(folder / "config.json")  # atomic: another process never reads half a file
+    folder = config_folder(text)
     arguments = engine_arguments(args)
     if arguments["max_model_len"] is None and args.max_prompt_length is not None and \
             args.max_completion_length is not None:
         arguments["max_model_len"] = args.max_prompt_length + args.max_completion_length
     return EngineSettings(model=str(folder), dtype=str(dtype).removeprefix("torch."),
                           options=tuple(sorted(arguments.items())), trust_remote_code=args.trust_remote_code)
+
+
+def cache_root() -> Path:
+    """Where this user's engine config folders live: `vllm` in the cache folder (`$A2PO_CACHE_DIR`, else
+    `~/.cache/a2po`; `a2po.models.default_cache_dir`)."""
+    from a2po.models import default_cache_dir
+
+    return default_cache_dir() / "vllm"
+
+
+def _private_folder(path: Path) -> Path:
+    """`path` as a folder only this user can enter (created with mode 0700), or an error naming what is wrong with
+    one found there: a link, another owner, or rights for others (anyone could have put files in it)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = os.lstat(path)
+    problem = None
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        problem = "is not a plain folder (a link?)"
+    elif found.st_uid != os.geteuid():
+        problem = f"belongs to another user (uid {found.st_uid})"
+    elif found.st_mode & 0o077:
+        problem = f"can be entered or written by others (mode {stat.S_IMODE(found.st_mode):o})"
+    if problem:
+        raise PermissionError(f"vLLM's config folder {path} {problem}: vLLM reads it (with trust_remote_code, runs "
+                              "its code). Remove it, or set A2PO_CACHE_DIR to a folder of your own.")
+    return path
+
+
+def config_folder(config_text: str) -> Path:
+    """The folder vLLM builds the model from, holding `config_text` as its config.json: private to this user
+    (`_private_folder`) and named by the text's hash, so equal models share a folder and an engine."""
+    root = _private_folder(cache_root())
+    folder = _private_folder(root / hashlib.sha256(config_text.encode()).hexdigest()[:16])
+    target = folder / "config.json"
+    if not target.is_file() or target.read_text() != config_text:
+        partial = folder / f"config.json.{os.getpid()}"
+        partial.write_text(config_text)
+        partial.replace(target)  # atomic: another process never reads half a file
+    return folder
 
 
 _ENGINE: VLLMEngine | None = None
@@ -204,39 +268,100 @@ def engine_for(settings: EngineSettings) -> VLLMEngine:
     """The process's engine for `settings`: the live one when its settings are equal, else a new one."""
     global _ENGINE
     if _ENGINE is None or _ENGINE.settings != settings:
-        _ENGINE = None  # the old engine goes before the new one takes memory
+        if _ENGINE is not None:  # the old engine goes before the new one takes memory
+            _ENGINE.shutdown()
+        _ENGINE = None
         _ENGINE = VLLMEngine(settings)
     return _ENGINE
+
+
+def release_engine(engine: VLLMEngine) -> bool:
+    """After `train()`: shut a GPU engine down, so its memory (0.3 of the GPU by default) goes back to the user; the
+    next sampling starts another. A CPU engine stays for the process's next trainer (vLLM does not free a CPU
+    engine's memory reliably). Returns whether it was shut down."""
+    global _ENGINE
+    if getattr(engine, "device", "cpu") == "cpu":
+        return False
+    engine.shutdown()
+    if _ENGINE is engine:
+        _ENGINE = None
+    return True
 
 
 def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """`model`'s weights under transformers' names, as a plain model of its architecture would hold them.
 
-    For a peft (LoRA) model, each adapted layer's weight is its base weight plus the active adapters' delta, or the
-    base weight alone where adapters are disabled (the reference, `disable_adapter()`); the model is not changed
-    (no `merge_adapter`). Tensors are detached, in the model's dtype; vLLM casts them to its own.
+    A `torch.compile`d model (`torch_compile=True`) gives its original module's names, without `_orig_mod.`. For a
+    peft (LoRA) model, each adapted layer's weight is what peft's own merge gives (`merge_and_unload`): the base
+    weight plus the active adapters' delta, DoRA's magnitude scaling included; a `modules_to_save` module gives its
+    trained copy, or its original where adapters are disabled (the reference, `disable_adapter()`). The model is not
+    changed (no `merge_adapter`). Tensors are detached, in the model's dtype; vLLM casts them to its own.
     """
     from peft import PeftModel
-    from peft.tuners.lora import LoraLayer
 
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     if not isinstance(model, PeftModel):
         for name, tensor in model.state_dict().items():
             yield name, tensor.detach()
         return
     base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.disable_adapters and not module.merged:
-            adapters = [a for a in module.active_adapters if a in module.lora_A]
-            if adapters:
-                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+    merged, copies = _merged_lora_layers(base), _modules_to_save(base)
     for name, tensor in base.state_dict().items():
-        if ".lora_" in name or ".original_module." in name:
+        if ".lora_" in name:
             continue
-        if ".modules_to_save." in name:  # a fully trained copy of a module: it replaces the original
-            head, _, tail = name.partition(".modules_to_save.")
-            name = f"{head}.{tail.split('.', 1)[1]}"
-        tensor = tensor.detach()
-        if name in deltas:
-            tensor = tensor + deltas[name].to(tensor.dtype)
-        yield name.replace(".base_layer.", "."), tensor
+        wrapper = next((prefix for prefix in copies if name.startswith(prefix + ".")), None)
+        if wrapper is not None:  # `<wrapper>.original_module.<p>` or `<wrapper>.modules_to_save.<adapter>.<p>`
+            tail = name[len(wrapper) + 1:]
+            if not tail.startswith(copies[wrapper]):
+                continue
+            name = f"{wrapper}.{tail[len(copies[wrapper]):]}"
+        if name in merged:
+            tensor = merged[name]
+        yield name.replace(".base_layer.", "."), tensor.detach()
+
+
+def _merged_lora_layers(base: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The merged weight (and bias) of every LoRA layer with active adapters, by state-dict name, computed as peft's
+    `merge(safe_merge=True)` computes it, on copies: plain LoRA adds `get_delta_weight`; a variant (DoRA) merges
+    through its own `merge_safe`."""
+    from peft.tuners.lora import LoraLayer
+
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer) or module.disable_adapters or module.merged:
+                continue
+            adapters = [a for a in module.active_adapters if a in module.lora_A]
+            if not adapters:
+                continue
+            layer = module.get_base_layer()
+            weight, bias = layer.weight.detach().clone(), getattr(layer, "bias", None)
+            for adapter in adapters:
+                variant = getattr(module, "lora_variant", {}).get(adapter)
+                if variant is not None:
+                    weight = variant.merge_safe(module, adapter, weight)
+                elif getattr(module, "use_dora", {}).get(adapter):
+                    raise NotImplementedError(f"{name}: this peft version merges DoRA adapters without "
+                                              "`lora_variant`; upgrade peft (>= 0.17), or set use_vllm=False.")
+                else:
+                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+                if getattr(module, "lora_bias", {}).get(adapter) and bias is not None:
+                    bias = bias + module.lora_B[adapter].bias * module.scaling[adapter]
+            out[f"{name}.base_layer.weight"] = weight
+            if bias is not None:
+                out[f"{name}.base_layer.bias"] = bias.to(layer.bias.dtype)
+    return out
+
+
+def _modules_to_save(base: torch.nn.Module) -> dict[str, str]:
+    """peft's `modules_to_save` wrappers, by module name: the state-dict infix of the module they compute with now,
+    "modules_to_save.<adapter>." (the trained copy) or "original_module." (adapters disabled: the reference)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    out = {}
+    for name, module in base.named_modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            active = [a for a in module.active_adapters if a in module.modules_to_save]
+            trained = not module.disable_adapters and active
+            out[name] = f"modules_to_save.{active[0]}." if trained else "original_module."
+    return out

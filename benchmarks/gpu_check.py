@@ -1,28 +1,31 @@
-"""The GPU check's steps (issue 30), one subcommand each; `scripts/gpu_check.sh` runs them in order.
+"""The GPU check's steps (issues 30 and 46), one subcommand each; `scripts/gpu_check.sh` runs them in order.
 
-    python -m benchmarks.gpu_check STEP --out DIR [--workdir DIR] [--cpu]
+    python -m benchmarks.gpu_check STEP --out DIR [--workdir DIR] [--timeout S] [--cpu]
+    python -m benchmarks.gpu_check plan [--cpu] [STEP | core | more | all ...]
 
-Steps, each writing `DIR/<step>.json` and one summary line to stdout (everything else goes to stderr):
+On a GPU one call runs one set (`SETS`), each step under a share of the call's budget (`SHARES`, `BUDGETS`), so that
+one call fits 6 minutes of the lent machine and a full rerun fits its 15 (`GPU_CALL_LIMIT_S`; a test checks the
+shares). `core`, the default, is what users get:
 
-1. `training`: `python -m benchmarks.training` once, ours against TRL's A2POTrainer and GRPOTrainer when `trl`
-   imports (`trl_measured` says which were), with the issue's targets as ratios.
-2. `decode`: the rollout engine's ms per decode step (batch 64, 256 new tokens on a GPU) against the bandwidth floor,
-   weight bytes / the device's copy bandwidth measured here; `generate` beside it.
-3. `lora`: ours with LoRA on step 1's work: peak memory against TRL A2PO's and ours without LoRA (from step 1).
-4. `studio`: one studio job through `app.runtime.worker` and a SQLite store, on a random-init model of
-   SmolLM2-135M's shape: time to the first V* rows, steps per second (from the store's timestamps).
-5. `methods`: ours A*-PO and GRPO on step 1's work under the paper's protocol (`filter_all_incorrect` off, the same
-   prompts a step, G = N): time, tokens, memory per step.
-6. `engines`: the samplers side by side on step 1's work (ours with the native decoder and with vLLM colocated, with
-   and without sleep mode; TRL A2PO and GRPO from step 1), and one step from a checkpoint stored in bf16 at 1e-6:
-   one table, `DIR/engines.md`, with "not measured: <why>" for an engine that is not there (docs/benchmarks.md,
-   "The engines side by side (CPU)").
+1. `training`: `python -m benchmarks.training` once at q05, 16 prompts: ours at the default precision (fp32 master
+   weights, bf16 autocast), ours with bf16 weights, TRL's A2POTrainer and GRPOTrainer when `trl` imports
+   (`trl_measured` says which were): epoch time, peak memory, tokens per second, bytes held per parameter; the
+   verdict against TRL A2PO for the default.
+2. `learning` (`benchmarks.learning`): a small transformer built and taught 2-digit sums by supervised steps, then
+   A*-PO and GRPO on other sums: held-out accuracy before and after, loss, reward and log-ratio histories, CUDA's
+   allocator figures.
 
-`--cpu` (or no GPU) runs every step at a tiny size on the CPU, which `tests/a2po/test_gpu_check.py` does so the check
-cannot rot. `failed STEP --rc N` is what the script calls after a step that failed or ran out of time: it keeps
-what the step wrote, marks it failed and prints its line.
+`more`, a later call's: `decode` (the rollout engine's ms per decode step against the bandwidth floor), `lora` (ours
+with LoRA, peak memory against TRL A2PO's), `studio` (one studio job through `app.runtime.worker` and SQLite),
+`methods` (ours A*-PO against ours GRPO under the paper's protocol), `engines` (the samplers side by side, and one
+step from a bf16 checkpoint; docs/benchmarks.md, "The engines side by side (CPU)").
 
-Only the standard library is imported at the top, so that `failed` answers at once.
+Each step writes `DIR/<step>.json` as it goes (a step cut by its limit keeps what it measured) and one summary line
+to stdout (everything else goes to stderr). `--cpu` (or no GPU) runs every step at a tiny size on the CPU, which
+`tests/a2po/test_gpu_check.py` does so the check cannot rot. `failed STEP --rc N` is what the script calls after a
+step that failed or ran out of time: it keeps what the step wrote, marks it failed and prints its line.
+
+Only the standard library is imported at the top, so that `plan` and `failed` answer at once.
 """
 
 from __future__ import annotations
@@ -43,7 +46,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("training", "decode", "lora", "studio", "methods", "engines")
+CORE = ("training", "learning")
+MORE = ("decode", "lora", "studio", "methods", "engines")
+STEPS = (*CORE, *MORE)
+# A call's sets: on the GPU the core (the default), or the rest in a later lease; on the CPU everything at once.
+SETS = {"gpu": {"core": CORE, "more": MORE}, "cpu": {"all": STEPS}}
+# One call on the lent GPU: 6 minutes of its 15, which also pay the machine's start and a full rerun. The steps share
+# BUDGETS["gpu"] seconds; `timeout` kills a step at most KILL_GRACE_S after its limit.
+GPU_CALL_LIMIT_S = 360
+KILL_GRACE_S = 10
+BUDGETS = {"gpu": 340, "cpu": 300}
+# Each step's limit in percent of the budget; within a set they add up to at most 100 (the rest: the script's own
+# seconds). A busy CPU slows the --cpu steps several times over: the test gives them a larger budget.
+SHARES = {"gpu": {"training": 57, "learning": 38, "decode": 8, "lora": 15, "studio": 22, "methods": 32, "engines": 18},
+          "cpu": {"training": 18, "learning": 14, "decode": 5, "lora": 8, "studio": 12, "methods": 12, "engines": 26}}
+# The training step's work on the GPU: q05's shape with half its prompts (two optimizer steps), so that four epochs
+# fit the step's share; the ratios between the implementations are what the step reports.
+GPU_TRAINING_PROMPTS = 16
 # The issue's targets, against the anchors measured on an H200 (docs/benchmarks.md, "GPU").
 TARGETS = {"wall_vs_trl_a2po": 0.2, "wall_vs_trl_grpo": 0.5, "memory_vs_trl_a2po": 0.8, "lora_vs_trl_a2po": 0.5,
            "decode_vs_floor": 10.0}
@@ -139,8 +158,8 @@ class Setting:
 
 def train_run(setting: Setting, method: str, *, lora: bool = False, filter_all_incorrect: bool = True
               ) -> dict[str, Any]:
-    """One epoch of ours (`method` "a2po" or "grpo") on benchmarks.training's work and settings, measured."""
-    import torch
+    """One epoch of ours (`method` "a2po" or "grpo") on benchmarks.training's work and settings, measured, at the
+    trainers' default precision (fp32 master weights, bf16 autocast on a GPU)."""
     from datasets import Dataset
 
     from a2po import A2POConfig, A2POTrainer, GRPOConfig, GRPOTrainer
@@ -152,7 +171,7 @@ def train_run(setting: Setting, method: str, *, lora: bool = False, filter_all_i
                   per_device_train_batch_size=8, num_train_epochs=1, logging_steps=1, report_to="none",
                   save_strategy="no", bf16=setting.cuda, use_cpu=not setting.cuda,
                   max_completion_length=shape.max_completion, learning_rate=1e-6, gradient_checkpointing=True,
-                  seed=0, model_init_kwargs={"dtype": getattr(torch, setting.dtype_name)}, disable_tqdm=True)
+                  seed=0, disable_tqdm=True)
     peft_config = None
     if lora:
         from peft import LoraConfig
@@ -225,10 +244,15 @@ def run_child(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
 def step_training(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any], str]:
     from benchmarks import training
 
-    partial = setting.workdir / "training-partial.json"
+    # benchmarks.training writes its report here after every run: a step cut short leaves the runs it finished.
+    partial = Path(args.out) / "training.json"
     argv = ["--size", setting.size, "--device", setting.device, "--repeats", "1", "--wait", "0", "--retries", "0",
-            "--workdir", str(setting.workdir), "--out", str(partial)]
-    if not setting.cuda:
+            "--workdir", str(setting.workdir), "--out", str(partial),
+            # The verdict's pair first: the default against TRL A2PO.
+            "--impl", "ours", "trl-a2po", "ours-bf16", "trl-grpo"]
+    if setting.cuda:
+        argv += ["--num-prompts", str(GPU_TRAINING_PROMPTS)]
+    else:
         argv += ["--threads", str(torch_threads())]
     result: dict[str, Any] = {"argv": argv}
     try:
@@ -243,22 +267,52 @@ def step_training(args: argparse.Namespace, setting: Setting) -> tuple[dict[str,
     summary = result["summary"]
     result["trl_installed"] = _importable("trl")
     result["trl_measured"] = {impl: impl in summary for impl in training.TRL_IMPLS}
-    ours, a2po, grpo = (summary.get(k, {}) for k in ("ours", "trl-a2po", "trl-grpo"))
-    result["targets"] = {
-        "wall_vs_trl_a2po": _ratio(ours.get("wall_s"), a2po.get("wall_s")),
-        "wall_vs_trl_grpo": _ratio(ours.get("wall_s"), grpo.get("wall_s")),
-        "memory_vs_trl_a2po": _ratio(ours.get("peak_memory_gib"), a2po.get("peak_memory_gib")),
-        "limits": {k: TARGETS[k] for k in ("wall_vs_trl_a2po", "wall_vs_trl_grpo", "memory_vs_trl_a2po")}}
-    result["ok"] = "error" not in result and bool(ours)
-    parts = [f"{impl} {s['wall_s']:.1f} s {_gib(s['peak_memory_gib'])}" for impl, s in summary.items()]
+    limits = {k: TARGETS[k] for k in ("wall_vs_trl_a2po", "wall_vs_trl_grpo", "memory_vs_trl_a2po")}
+    result["targets"] = {**verdict(summary, "ours"), "limits": limits}
+    result["bf16_weights_vs_trl"] = verdict(summary, "ours-bf16")
+    result["ok"] = "error" not in result and "ours" in summary
+    parts = [f"{impl} {s['wall_s']:.1f} s {_gib(s['peak_memory_gib'])} {_fmt(s.get('tokens_per_s'), 0)} tok/s "
+             f"{_fmt((s.get('held') or {}).get('total_bytes_per_param'), 1)} B/param" for impl, s in summary.items()]
     t = result["targets"]
-    if any(result["trl_measured"].values()):
-        parts.append("ours/TRL: wall " + ", ".join(f"{_fmt(t[k])} (<= {TARGETS[k]})" for k in
-                                                  ("wall_vs_trl_a2po", "wall_vs_trl_grpo") if t[k] is not None)
-                     + f", memory {_fmt(t['memory_vs_trl_a2po'])} (<= {TARGETS['memory_vs_trl_a2po']})")
+    if result["trl_measured"]["trl-a2po"]:
+        memory = "met" if met(t["memory_vs_trl_a2po"]) else "NOT met"
+        parts.append(f"default vs TRL A2PO: wall {_fmt(t['wall_vs_trl_a2po'])}x (<= {TARGETS['wall_vs_trl_a2po']}), "
+                     f"memory {_fmt(t['memory_vs_trl_a2po'])}x (<= 1: {memory}; target "
+                     f"{TARGETS['memory_vs_trl_a2po']}), tokens/s {_fmt(t['tokens_per_s_vs_trl_a2po'])}x"
+                     + (f"; vs TRL GRPO: wall {_fmt(t['wall_vs_trl_grpo'])}x" if t["wall_vs_trl_grpo"] else ""))
     else:
         parts.append("TRL not measured (" + ("not installed" if not result["trl_installed"] else "failed") + ")")
     return result, "; ".join(parts)
+
+
+def verdict(summary: dict[str, dict[str, Any]], impl: str) -> dict[str, float | None]:
+    """`impl` against TRL's trainers: wall time, peak memory and tokens per second as ratios (None where one side
+    was not measured)."""
+    ours, a2po, grpo = (summary.get(k, {}) for k in (impl, "trl-a2po", "trl-grpo"))
+    return {"wall_vs_trl_a2po": _ratio(ours.get("wall_s"), a2po.get("wall_s")),
+            "wall_vs_trl_grpo": _ratio(ours.get("wall_s"), grpo.get("wall_s")),
+            "memory_vs_trl_a2po": _ratio(ours.get("peak_memory_gib"), a2po.get("peak_memory_gib")),
+            "tokens_per_s_vs_trl_a2po": _ratio(ours.get("tokens_per_s"), a2po.get("tokens_per_s"))}
+
+
+def met(memory_ratio: float | None) -> bool:
+    """The issue's memory bar for the default: at most TRL A2PO's peak."""
+    return memory_ratio is not None and memory_ratio <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. learning on the GPU, from a model built there
+
+
+def step_learning(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any], str]:
+    from benchmarks import learning
+
+    # The phases' own time, inside the step's limit: building, evaluations and trainers' set-up take the rest.
+    seconds = 0.7 * args.timeout
+    result = learning.run("gpu" if setting.cuda else "tiny", setting.cuda, seconds, setting.workdir / "learning",
+                          lambda so_far: args.save(so_far))
+    result["ok"] = True
+    return result, learning.summary_line(result)
 
 
 def _importable(name: str) -> bool:
@@ -272,7 +326,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. decode ms/step against the bandwidth floor
+# 3. decode ms/step against the bandwidth floor (the `more` set from here on)
 
 
 def copy_bandwidth(setting: Setting) -> dict[str, float]:
@@ -363,7 +417,7 @@ def step_decode(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, A
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. LoRA
+# 4. LoRA
 
 
 def step_lora(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any], str]:
@@ -385,7 +439,7 @@ def step_lora(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. a studio job: the worker module and a SQLite store
+# 5. a studio job: the worker module and a SQLite store
 
 
 def smollm2_shaped(path: Path, full: bool) -> str:
@@ -492,7 +546,7 @@ def step_studio(args: argparse.Namespace, setting: Setting, timeout: float) -> t
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. A*-PO against GRPO, ours
+# 6. A*-PO against GRPO, ours
 
 
 def step_methods(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, Any], str]:
@@ -510,7 +564,7 @@ def step_methods(args: argparse.Namespace, setting: Setting) -> tuple[dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. the engines side by side, and a bf16 checkpoint's first step
+# 7. the engines side by side, and a bf16 checkpoint's first step
 
 # (row, what samples): ours with each sampler, then TRL's trainers (transformers' generate).
 ENGINES = (("native", "ours, native decoder"), ("vllm", "ours, vLLM colocated"),
@@ -718,11 +772,30 @@ def record_failure(out: Path, step: str, rc: int, limit: float | None) -> str:
     return f"{step}: FAILED ({reason}{error}; see gpu_check.log){partial}"
 
 
+def plan(cpu: bool, names: Sequence[str] = ()) -> tuple[int, list[tuple[str, int]]]:
+    """The budget (seconds) and each step to run with its share (percent of the budget), in order: the named steps
+    and sets (`SETS`; none: the first set, the GPU's core). An unknown name is an error naming the known ones."""
+    mode = "cpu" if cpu else "gpu"
+    sets = SETS[mode]
+    chosen: list[str] = []
+    for name in names or [next(iter(sets))]:
+        if name == "all":
+            chosen += STEPS
+        elif name in sets or name in ("core", "more"):
+            chosen += sets.get(name) or SETS["gpu"][name]
+        elif name in STEPS:
+            chosen.append(name)
+        else:
+            raise ValueError(f"unknown step {name!r}: name steps ({', '.join(STEPS)}) or sets (core, more, all)")
+    ordered = [step for step in STEPS if step in chosen]
+    return BUDGETS[mode], [(step, SHARES[mode][step]) for step in ordered]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=(*STEPS, "run", "failed"))
-    parser.add_argument("failed_step", nargs="?", help="failed: the step that failed")
-    parser.add_argument("--out", required=True, help="the results folder (run: the result file)")
+    parser.add_argument("step", choices=(*STEPS, "run", "failed", "plan"))
+    parser.add_argument("names", nargs="*", help="failed: the step that failed; plan: the steps or sets to run")
+    parser.add_argument("--out", help="the results folder (run: the result file)")
     parser.add_argument("--workdir", help="models and run outputs, shared by the steps (default: a temporary one)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU even where a GPU is present")
     parser.add_argument("--timeout", type=float, default=600.0, help="studio: seconds to wait for the job")
@@ -736,8 +809,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.step == "plan":  # for scripts/gpu_check.sh: "budget N", then "step share" lines
+        try:
+            budget, steps = plan(args.cpu, args.names)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
+        print(f"budget {budget}", *(f"{step} {share}" for step, share in steps), sep="\n")
+        return 0
+    if not args.out:
+        print("--out is required", file=sys.stderr)
+        return 2
     if args.step == "failed":
-        print(record_failure(Path(args.out), args.failed_step, args.rc, args.limit), flush=True)
+        print(record_failure(Path(args.out), args.names[0], args.rc, args.limit), flush=True)
         return 0
     with contextlib.ExitStack() as stack:
         if args.workdir is None:
@@ -755,6 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_step(args: argparse.Namespace, setting: Setting) -> int:
     steps: dict[str, Callable[[], tuple[dict[str, Any], str]]] = {
         "training": lambda: step_training(args, setting),
+        "learning": lambda: step_learning(args, setting),
         "decode": lambda: step_decode(args, setting),
         "lora": lambda: step_lora(args, setting),
         "studio": lambda: step_studio(args, setting, args.timeout),
@@ -770,12 +855,22 @@ def run_step(args: argparse.Namespace, setting: Setting) -> int:
     signal.signal(signal.SIGTERM, time_up)
     start = time.perf_counter()
     base = {"step": args.step, "device": setting.device, "size": setting.size, "machine": setting.info()}
+    saved: dict[str, Any] = {}
+
+    def save(so_far: dict[str, Any]) -> None:
+        """What a step measured so far, written at once: kept if the step is cut."""
+        saved.clear()
+        saved.update(so_far)
+        write_json(out / f"{args.step}.json", {**base, **so_far, "ok": False, "partial": True,
+                                                "step_s": time.perf_counter() - start})
+
+    args.save = save
     try:
         with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout is for the step's line
             result, line = steps[args.step]()
-    except Exception:  # recorded; the script's `failed` prints the step's line
+    except Exception:  # recorded with what the step saved; the script's `failed` prints the step's line
         traceback.print_exc()
-        result, line = {"ok": False, "error": traceback.format_exc()}, ""
+        result, line = {**saved, "ok": False, "partial": bool(saved), "error": traceback.format_exc()}, ""
     result = {**base, **result, "step_s": time.perf_counter() - start, "line": line}
     write_json(out / f"{args.step}.json", result)
     if not result.get("ok"):

@@ -1,25 +1,31 @@
 """One epoch of A*-PO, ours against TRL's `A2POTrainer` and `GRPOTrainer`: same model, prompts, reward, settings.
 
-    python -m benchmarks.training --size small                          # ours vs TRL A2PO vs TRL GRPO, 3 interleaved
-    repeats python -m benchmarks.training --size small --scaling                # ours only: wall time vs N,
-    completion length, prompts python -m benchmarks.training --size q05 --out results.json --markdown results.md   #
-    on a GPU (bf16)
+    python -m benchmarks.training --size small          # ours, ours-bf16, TRL A2PO, TRL GRPO: 3 interleaved repeats
+    python -m benchmarks.training --size small --scaling    # ours only: wall time vs N, completion length, prompts
+    python -m benchmarks.training --size q05 --out results.json --markdown results.md    # on a GPU (bf16)
+    python -m benchmarks.training --size q05 --device cpu --bf16 --impl ours ours-bf16 trl-a2po --repeats 1 \
+        --num-prompts 8 --prompt-words 16 --max-completion 8   # what each holds at the q05 shape, on the CPU
 
 The set-up is the peers' benchmark one (docs/benchmarks.md): a random-init Qwen2 model (tiny / small on the CPU in fp32,
-Qwen2.5-0.5B-shaped `q05` on a GPU in bf16), a word-level tokenizer built in code, random prompts and a
+Qwen2.5-0.5B-shaped `q05` on a GPU, stored in bf16), a word-level tokenizer built in code, random prompts and a
 deterministic binary reward (md5 of the completion text, ~40% ones); batch 8, 8 value samples / generations,
-gradient checkpointing, one epoch. TRL's trainers are the optional `bench` extra; they are skipped with a note when
-`trl` is not installed.
+gradient checkpointing, one epoch. `ours` is the trainer at its default precision (fp32 master weights, computed in
+bf16 under `bf16`), `ours-bf16` keeps the checkpoint's bf16 weights as TRL does. TRL's trainers are the optional
+`bench` extra; they are skipped with a note when `trl` is not installed.
 
 Each run is its own subprocess, so its peak memory is its own (peak RSS from `getrusage` on the CPU,
 `torch.cuda.max_memory_allocated` on a GPU), and every implementation gets the same torch thread count. Runs are
-interleaved (ours, trl-a2po, trl-grpo, ours, ...) and medians are reported. What is timed:
+interleaved (ours, ours-bf16, trl-a2po, trl-grpo, ours, ...) and medians are reported. What is timed and counted:
 
-- `wall`: `trainer.train()`, end to end (for A*-PO: stage 1 + stage 2).
+- `wall`: `trainer.train()`, end to end (for A*-PO: stage 1 + stage 2); `tokens_per_s`: completion tokens sampled in
+  it (both stages) per second of it.
 - `stage 1`: the value-estimation method, wrapped from outside (ours: `estimate_optimal_values`, TRL:
   `_estimate_optimal_values`); `stage 2` is the rest of `train()`.
 - decoding: ours reports `trainer.rollout_stats`; for TRL every `model.generate` call is timed (prefill included,
   as in ours). `ms/step` is the time per batched decode step, `tok/s` counts completion tokens up to the first EOS.
+  With vLLM its engine start, its weight pushes and (on a GPU) the memory it holds are reported apart.
+- `held`: what the trainer holds at its first optimizer step, per parameter: weights, gradients, optimizer state and
+  the reference's copy (`held_bytes`).
 
 CPU fairness: on 2 shared cores OpenMP threads spin-wait, so a competing process slows a run many times. Before each
 run the bench waits until the machine is idle (CPU busy fraction from /proc/stat, measured over 2 s, below
@@ -51,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-IMPLS = ("ours", "trl-a2po", "trl-grpo")
+IMPLS = ("ours", "ours-bf16", "trl-a2po", "trl-grpo")
 TRL_IMPLS = ("trl-a2po", "trl-grpo")
 EOS_ID, PAD_ID = 1, 0
 PHASES = ("values", "train")  # stage-1 rollouts, stage-2 (GRPO: all) rollouts
@@ -97,17 +103,19 @@ class Job:
     num_prompts: int | None = None  # None: the size's default
     use_vllm: bool = False  # ours only: sample with a colocated vLLM engine (the config's `use_vllm`)
     vllm_enable_sleep_mode: bool = False
+    bf16: bool | None = None  # bf16 autocast; None: on a GPU (the CPU runs compute in fp32 unless asked)
+    prompt_words: int | None = None  # None: the size's default
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The workload (the peers' benchmark set-up, docs/benchmarks.md)
 
 
-def make_prompts(size: str, count: int | None = None) -> list[str]:
-    """Random word prompts; the first ones are the same whatever `count` is."""
+def make_prompts(size: str, count: int | None = None, words: int | None = None) -> list[str]:
+    """Random word prompts (`words` each, default the size's); the first ones are the same whatever `count` is."""
     shape = SIZES[size]
     rng = random.Random(0)
-    return [" ".join(f"t{rng.randrange(3, shape.vocab)}" for _ in range(shape.prompt_words))
+    return [" ".join(f"t{rng.randrange(3, shape.vocab)}" for _ in range(words or shape.prompt_words))
             for _ in range(count or shape.num_prompts)]
 
 
@@ -210,6 +218,53 @@ def _time_generate(stats: dict[str, dict[str, float]], phase: Callable[[], str])
     return undo
 
 
+def tensor_bytes(tensors: Any, seen: set[int]) -> int:
+    """Bytes of the storages under `tensors` not already in `seen` (tied weights count once)."""
+    total = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def held_bytes(model: Any, optimizer: Any, reference: Any) -> dict[str, Any]:
+    """What a trainer holds for its model right after an optimizer step, in bytes and in bytes per parameter of the
+    model: weights, gradients, optimizer state, the reference's copy (none with LoRA: the adapters switched off)."""
+    import torch
+
+    seen: set[int] = set()
+    params = list(model.parameters())
+    count = sum(p.numel() for p in {id(p): p for p in params}.values())
+    parts = {"weights": tensor_bytes(params, seen),
+             "grads": tensor_bytes([p.grad for p in params if p.grad is not None], seen),
+             "optimizer": tensor_bytes([v for state in optimizer.state.values() for v in state.values()
+                                        if isinstance(v, torch.Tensor) and v.dim() > 0], seen),
+             "reference": tensor_bytes(list(reference.parameters()), seen) if reference is not None else 0}
+    return {"params": count, "bytes": parts, "total_bytes": sum(parts.values()),
+            "bytes_per_param": {k: v / count for k, v in parts.items()},
+            "total_bytes_per_param": sum(parts.values()) / count,
+            "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params if p.requires_grad})}
+
+
+def held_bytes_callback() -> Any:
+    """A callback that records `held_bytes` at the first optimizer step (`.summary`); set `.trainer` after building
+    the trainer (the reference is the trainer's `ref_model`, ours and TRL's alike)."""
+    from transformers import TrainerCallback
+
+    class HeldBytes(TrainerCallback):
+        trainer: Any = None
+        summary: dict[str, Any] | None = None
+
+        def on_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+            if self.summary is None and self.trainer is not None:
+                trainer = self.trainer
+                self.summary = held_bytes(trainer.model, trainer.optimizer, getattr(trainer, "ref_model", None))
+
+    return HeldBytes()
+
+
 def run_job(job: Job) -> dict[str, Any]:
     """Train one epoch with `job.impl` and measure it. Runs in a fresh process (see `run_isolated`)."""
     started = time.perf_counter()
@@ -218,7 +273,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    if job.impl == "ours":
+    if job.impl in ("ours", "ours-bf16"):
         from a2po import A2POCallback, A2POConfig, A2POTrainer
     elif job.impl == "trl-a2po":
         from trl.experimental.a2po import A2POConfig, A2POTrainer
@@ -226,7 +281,7 @@ def run_job(job: Job) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
     else:
         raise ValueError(f"unknown implementation {job.impl!r}; choose from {IMPLS}")
-    if job.use_vllm and job.impl != "ours":
+    if job.use_vllm and job.impl not in ("ours", "ours-bf16"):
         raise ValueError(f"use_vllm is measured for ours only (got impl {job.impl!r}); TRL's trainers here use "
                          "transformers' generate")
     rss_after_import = current_rss_gib()
@@ -234,14 +289,17 @@ def run_job(job: Job) -> dict[str, Any]:
 
     shape = SIZES[job.size]
     cuda = job.device == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    bf16 = cuda if job.bf16 is None else job.bf16
     max_completion = job.max_completion_length or shape.max_completion
     tokenizer = make_tokenizer(job.size)
-    dataset = Dataset.from_dict({"prompt": make_prompts(job.size, job.num_prompts)})
+    dataset = Dataset.from_dict({"prompt": make_prompts(job.size, job.num_prompts, job.prompt_words)})
+    # Ours at the default precision loads no dtype (fp32 master weights, computed in bf16 under `bf16`); "ours-bf16"
+    # and TRL keep the checkpoint's bf16 weights, as TRL does by default (fp32 on the CPU without `bf16`).
+    weights = {"model_init_kwargs": {"dtype": torch.bfloat16 if bf16 else torch.float32}}
     common = dict(output_dir=job.output_dir, per_device_train_batch_size=8, num_train_epochs=1, logging_steps=1,
-                  report_to="none", save_strategy="no", bf16=cuda, use_cpu=not cuda,
+                  report_to="none", save_strategy="no", bf16=bf16, use_cpu=not cuda,
                   max_completion_length=max_completion, learning_rate=1e-6, gradient_checkpointing=True, seed=0,
-                  model_init_kwargs={"dtype": dtype}, disable_tqdm=True)
+                  disable_tqdm=True, **({} if job.impl == "ours" else weights))
 
     stats: dict[str, dict[str, float]] = {}
     stage1: dict[str, Any] = {"seconds": 0.0, "running": False, "peak_rss_gib": None}
@@ -262,42 +320,44 @@ def run_job(job: Job) -> dict[str, Any]:
         return wrapper
 
     undo = None
-    engine_start = {"seconds": 0.0}
-    if job.impl == "ours":
+    engine_memory = {"bytes": 0}
+    held = held_bytes_callback()
+    if job.impl in ("ours", "ours-bf16"):
         class RecordRuntime(A2POCallback):
             def on_values_end(self, args, state, control, *, split, values, summary, **kwargs):
                 values_runtime.append(float(summary.get("runtime", float("nan"))))
 
-        if job.use_vllm:  # the engine starts at the first sampling, inside train(): its start is timed apart
+        if job.use_vllm and cuda:  # what vLLM holds (weights and its KV pool), apart from the trainer's own
             from a2po.vllm_engine import VLLMEngine
 
             start_engine = VLLMEngine._start
 
-            def timed_start(settings: Any) -> Any:
-                start = time.perf_counter()
+            def measured_start(settings: Any) -> Any:
+                before = torch.cuda.memory_allocated()
                 try:
                     return start_engine(settings)
                 finally:
-                    engine_start["seconds"] += time.perf_counter() - start
+                    engine_memory["bytes"] += torch.cuda.memory_allocated() - before
 
-            VLLMEngine._start = staticmethod(timed_start)
+            VLLMEngine._start = staticmethod(measured_start)
         args = A2POConfig(num_value_samples=job.num_value_samples, beta1=0.5, beta2=1e-3, max_prompt_length=512,
                           use_vllm=job.use_vllm, vllm_enable_sleep_mode=job.vllm_enable_sleep_mode, **common)
         trainer = A2POTrainer(model=job.model_dir, reward_funcs=binary_reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[RecordRuntime()])
+                              processing_class=tokenizer, callbacks=[RecordRuntime(), held])
         trainer.estimate_optimal_values = timed_stage1(trainer.estimate_optimal_values)
     elif job.impl == "trl-a2po":
         args = A2POConfig(num_value_samples=job.num_value_samples, beta1=0.5, beta2=1e-3, max_prompt_length=512,
                           **common)
         trainer = A2POTrainer(model=job.model_dir, reward_funcs=binary_reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
+                              processing_class=tokenizer, callbacks=[held])
         trainer._estimate_optimal_values = timed_stage1(trainer._estimate_optimal_values)
         undo = _time_generate(stats, lambda: "values" if stage1["running"] else "train")
     else:
         args = GRPOConfig(num_generations=8, gradient_accumulation_steps=8, beta=0.001, **common)
         trainer = GRPOTrainer(model=job.model_dir, reward_funcs=binary_reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
+                              processing_class=tokenizer, callbacks=[held])
         undo = _time_generate(stats, lambda: "train")
+    held.trainer = trainer
     rss_after_init = current_rss_gib()
     peak_rss_before_train = peak_rss_gib()
 
@@ -312,10 +372,12 @@ def run_job(job: Job) -> dict[str, Any]:
     if undo is not None:
         undo()
 
-    if job.impl == "ours":
+    engine_start_s = push_s = None
+    if job.impl in ("ours", "ours-bf16"):
         stats = {phase: {**_empty_phase(), **dict(values)} for phase, values in trainer.rollout_stats.items()}
-        if job.use_vllm and "values" in stats:  # the engine starts in the first sampling, stage 1's: not decoding
-            stats["values"]["seconds"] -= engine_start["seconds"]
+        # The trainer times vLLM's start and its weight pushes apart from sampling (`seconds`).
+        engine_start_s = sum(v.pop("engine_start_seconds", 0.0) for v in stats.values())
+        push_s = sum(v.pop("weight_push_seconds", 0.0) for v in stats.values())
     phases = {}
     for phase in PHASES:
         entry = stats.get(phase)
@@ -331,16 +393,22 @@ def run_job(job: Job) -> dict[str, Any]:
 
         vllm = {"version": vllm_package.__version__, "device": current_platform.device_name,
                 "sleep_mode_available": current_platform.is_sleep_mode_available()}
+    peak_gpu = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    tokens = sum(entry["tokens"] for entry in phases.values())
     return {
-        "impl": job.impl, "size": job.size, "device": job.device,
-        "engine_start_s": engine_start["seconds"] if job.use_vllm else None, "vllm": vllm,
+        "impl": job.impl, "size": job.size, "device": job.device, "bf16": bf16,
+        "engine_start_s": engine_start_s if job.use_vllm else None, "vllm": vllm,
+        "weight_push_s": push_s if job.use_vllm else None,
+        "engine_gpu_gib": engine_memory["bytes"] / 2**30 if job.use_vllm and cuda else None,
+        "trainer_peak_gpu_gib": peak_gpu - engine_memory["bytes"] / 2**30 if job.use_vllm and cuda else None,
+        "held": held.summary, "tokens_per_s": tokens / wall if wall else None,
         "wall_s": wall,
         "stage1_s": stage1["seconds"] if has_stage1 else None,
         "stage2_s": wall - stage1["seconds"] if has_stage1 else None,
         "values_runtime_s": values_runtime[0] if values_runtime else None,
         "phases": phases,
         "peak_rss_gib": peak_rss_gib(),
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "peak_gpu_gib": peak_gpu,
         "rss_after_import_gib": rss_after_import, "rss_after_init_gib": rss_after_init,
         "peak_rss_before_train_gib": peak_rss_before_train, "peak_rss_after_stage1_gib": stage1["peak_rss_gib"],
         "import_s": import_s, "steps": output.global_step, "threads": torch.get_num_threads(),
@@ -464,9 +532,10 @@ def _median(values: Sequence[float | None]) -> float | None:
 def summarize_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Medians over repeats of one implementation (or one scaling point)."""
     keys = ("wall_s", "stage1_s", "stage2_s", "values_runtime_s", "peak_rss_gib", "peak_gpu_gib",
-            "rss_after_import_gib", "rss_after_init_gib", "load_average", "foreign_cpu")
+            "rss_after_import_gib", "rss_after_init_gib", "load_average", "foreign_cpu", "tokens_per_s")
     out: dict[str, Any] = {key: _median([run.get(key) for run in runs]) for key in keys}
     out["repeats"] = len(runs)
+    out["held"] = runs[0].get("held")  # the same dtypes and shapes in every repeat
     out["phases"] = {}
     for phase in PHASES:
         entries = [run["phases"][phase] for run in runs if phase in run.get("phases", {})]
@@ -509,7 +578,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown
 def comparison_table(summary: dict[str, dict[str, Any]], markdown: bool = False) -> str:
     memory = "peak GPU GiB" if any(s.get("peak_gpu_gib") is not None for s in summary.values()) else "peak RSS GiB"
     headers = ["implementation", "epoch s", "stage 1 s", "stage 2 s", "S1 decode ms/step", "S1 tok/s",
-               "S2 decode ms/step", "S2 tok/s", memory, "ours/this wall", "ours/this memory"]
+               "S2 decode ms/step", "S2 tok/s", "epoch tok/s", "held B/param", memory, "ours/this wall",
+               "ours/this memory"]
     rel = ratios(summary)
     rows = []
     for impl, s in summary.items():
@@ -518,6 +588,7 @@ def comparison_table(summary: dict[str, dict[str, Any]], markdown: bool = False)
         rows.append([impl, _fmt(s["wall_s"]), _fmt(s["stage1_s"]), _fmt(s["stage2_s"]),
                      _fmt(stage1.get("ms_per_step"), 1), _fmt(stage1.get("tokens_per_s"), 0),
                      _fmt(stage2.get("ms_per_step"), 1), _fmt(stage2.get("tokens_per_s"), 0),
+                     _fmt(s.get("tokens_per_s"), 0), _fmt((s.get("held") or {}).get("total_bytes_per_param"), 1),
                      _fmt(s["peak_memory_gib"], 3), _fmt(r.get("wall_s")), _fmt(r.get("peak_memory_gib"))])
     return format_table(headers, rows, markdown)
 
@@ -569,6 +640,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scaling", action="store_true",
                         help="Ours only: wall time vs num_value_samples, max_completion_length and num_prompts.")
     parser.add_argument("--repeats", type=int, default=3, help="Interleaved runs per implementation (medians).")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="Prompts in the epoch (default: the size's; 8 a step).")
+    parser.add_argument("--max-completion", type=int, default=None,
+                        help="Completion tokens (default: the size's); a short one measures held memory on the CPU.")
+    parser.add_argument("--prompt-words", type=int, default=None, help="Prompt tokens (default: the size's).")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 autocast on the CPU too, as on a GPU (slow: for memory figures).")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda for q05 (bf16), cpu (fp32) for tiny and small.")
     parser.add_argument("--threads", type=int, default=None,
@@ -626,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                            "max_foreign": args.max_foreign, "bandwidth_tbs": args.bandwidth}}
     try:
         log(f"building the {size} model (load average {load_average():.2f}) ...")
-        model_dir = build_model(size, workdir, "bfloat16" if device == "cuda" else "float32")
+        model_dir = build_model(size, workdir, "bfloat16" if device == "cuda" or args.bf16 else "float32")
         counter = iter(range(10**6))
         completed: list[dict[str, Any]] = []
 
@@ -634,7 +712,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             index = next(counter)
             return Job(impl=impl, size=size, model_dir=model_dir, output_dir=str(workdir / f"run{index}"),
                        result_path=str(workdir / f"run{index}.json"), device=device,
-                       threads=threads if device == "cpu" else args.threads, **overrides)
+                       threads=threads if device == "cpu" else args.threads,
+                       **{"num_prompts": args.num_prompts, "max_completion_length": args.max_completion,
+                          "prompt_words": args.prompt_words, "bf16": True if args.bf16 else None, **overrides})
 
         def measure(j: Job, label: str) -> dict[str, Any]:
             log(f"{label}: {j.impl} ...")

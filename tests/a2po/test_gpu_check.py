@@ -1,7 +1,7 @@
 """`scripts/gpu_check.sh --cpu` end to end (benchmarks/gpu_check.py): every step of the GPU check runs at a tiny size
-on the CPU and writes its JSON with sane figures, so the check is ready the day a GPU is lent. With or without TRL and
-vLLM (.venv-vllm, vLLM's CPU build): the JSON says which engines were measured, and why not the others. Times are in
-docs/benchmarks.md ("The engines side by side (CPU)")."""
+on the CPU and writes its JSON with sane figures, so the check is ready the day a GPU is lent; and its GPU call fits
+the lent machine's time (issue 46). With or without TRL and vLLM (.venv-vllm, vLLM's CPU build): the JSON says which
+engines were measured, and why not the others. Times are in docs/benchmarks.md ("The engines side by side (CPU)")."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import gpu_check
 from benchmarks.gpu_check import STEPS, record_failure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_gpu_check_on_the_cpu(tmp_path):
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{log[-4000:]}"
     lines = proc.stdout.splitlines()
     assert [line.split(" ")[0] for line in lines] == [*STEPS, "gpu_check:"], lines
-    assert lines[-1].startswith("gpu_check: 6 of 6 steps ok")
+    assert lines[-1].startswith(f"gpu_check: {len(STEPS)} of {len(STEPS)} steps ok")
     results = {step: json.loads((out / f"{step}.json").read_text()) for step in STEPS}
     for step, result in results.items():
         assert result["ok"] and result["step"] == step and result["device"] == "cpu" and result["size"] == "tiny"
@@ -44,11 +45,26 @@ def test_gpu_check_on_the_cpu(tmp_path):
     trl = importlib.util.find_spec("trl") is not None
     assert training["trl_installed"] is trl
     assert training["trl_measured"] == {"trl-a2po": trl, "trl-grpo": trl}
-    ours = training["summary"]["ours"]
-    assert positive(ours["wall_s"], ours["stage1_s"], ours["peak_memory_gib"])
+    impls = ["ours", "trl-a2po", "ours-bf16", "trl-grpo"] if trl else ["ours", "ours-bf16"]
+    assert list(training["summary"]) == impls
+    for impl in ("ours", "ours-bf16"):
+        run = training["summary"][impl]
+        assert positive(run["wall_s"], run["stage1_s"], run["peak_memory_gib"], run["tokens_per_s"])
+        held = run["held"]  # what the trainer holds per parameter (fp32 weights on the CPU without bf16)
+        assert held["bytes_per_param"] == {"weights": 4.0, "grads": 4.0, "optimizer": 8.0, "reference": 4.0}
     targets = training["targets"]
     assert all(positive(targets[k]) if trl else targets[k] is None
-               for k in ("wall_vs_trl_a2po", "wall_vs_trl_grpo", "memory_vs_trl_a2po"))
+               for k in ("wall_vs_trl_a2po", "wall_vs_trl_grpo", "memory_vs_trl_a2po", "tokens_per_s_vs_trl_a2po"))
+    assert ("default vs TRL A2PO: wall" in training["line"]) is trl
+
+    learning = results["learning"]  # the tiny size: the pipeline, not the learning
+    assert learning["device"] == "cpu" and learning["prompts"]["eval"] == 16 and positive(learning["params"])
+    assert learning["supervised"]["steps"] > 0 and learning["supervised"]["history"]
+    assert 0 <= learning["eval_accuracy_before"] <= 1
+    for run in learning["methods"].values():
+        assert run["steps"] == 2 and 0 <= run["eval_accuracy_after"] <= 1 and run["weights_dtype"] == "float32"
+        assert len(run["history"]["loss"]) == len(run["history"]["reward"]) == len(run["history"]["log_ratio"]) == 2
+    assert list(learning["methods"]) == ["a2po", "grpo"]
 
     decode = results["decode"]
     assert decode["decoder"] == "LlamaDecoder" and decode["cuda_graph"] is None
@@ -111,6 +127,46 @@ def test_gpu_check_on_the_cpu(tmp_path):
     assert master["weights_dtype"] == "float32" and kept["weights_dtype"] == "bfloat16"
     assert master["steps"] == kept["steps"] == 1
     assert master["share_changed"] > 0.9 and kept["share_changed"] < 0.1
+
+
+def test_one_gpu_call_fits_six_minutes_and_each_sets_shares_add_up_to_at_most_all_of_it():
+    """The issue's budget: 15 minutes of the lent machine, its start included, hold a call and a full rerun."""
+    for mode, sets in gpu_check.SETS.items():
+        for name, steps in sets.items():
+            budget, plan = gpu_check.plan(mode == "cpu", [name])
+            assert [step for step, _ in plan] == list(steps) and sum(share for _, share in plan) <= 100, (mode, name)
+    budget, _ = gpu_check.plan(False)
+    assert budget + gpu_check.KILL_GRACE_S <= gpu_check.GPU_CALL_LIMIT_S == 6 * 60
+    assert [step for step, _ in gpu_check.plan(False)[1]] == ["training", "learning"]  # the default: core
+    assert set(gpu_check.SETS["gpu"]["core"]) | set(gpu_check.SETS["gpu"]["more"]) == set(STEPS)
+    with pytest.raises(ValueError, match="unknown step 'bogus'"):
+        gpu_check.plan(False, ["bogus"])
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()  # its header's instructions for the next session
+    assert "timeout_s of 420" in text and "340 s of steps" in text
+
+
+def test_a_step_cut_by_its_limit_keeps_what_it_saved(tmp_path):
+    """SIGTERM (the script's `timeout`) mid-step: the step's JSON holds what it saved before."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    code = ("import sys, time; from benchmarks import gpu_check\n"
+            "def slow(args, setting):\n"
+            "    args.save({'runs': ['first']})\n"
+            "    time.sleep(60)\n"
+            "gpu_check.step_learning = slow\n"
+            "sys.exit(gpu_check.main(['learning', '--out', sys.argv[1], '--cpu']))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (out / "learning.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert json.loads((out / "learning.json").read_text())["partial"] is True
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1
+    result = json.loads((out / "learning.json").read_text())
+    assert result["runs"] == ["first"] and not result["ok"] and "TimeUp: learning ran out of time" in result["error"]
 
 
 def test_a_failed_step_keeps_what_it_measured(tmp_path):

@@ -200,3 +200,50 @@ def test_a_decode_step_reads_the_device_at_most_once(monkeypatch):
     assert len(set(lengths.tolist())) > 2 and out.shape[1] > 3  # rows were dropped at several steps
     assert marks[0] <= 2  # the prefill's padding check and the first step's rows
     assert max(b - a for a, b in zip(marks, marks[1:])) <= 1
+
+
+@pytest.mark.parametrize("setting", ["fp32", "bf16-autocast", "lora", "temperature-entropy"])
+def test_the_lean_head_gives_the_forwards_logprobs_and_gradients(monkeypatch, setting):
+    """`lean_head` (issue 46): the body's hidden states, then the output layer a few positions at a time, recomputed
+    in the backward pass: the same log-probabilities, entropies and gradients as the model's own forward."""
+    import a2po.rollout as rollout
+
+    monkeypatch.setattr(rollout, "HEAD_CHUNK_ELEMENTS", 3 * 100)  # 3 positions a chunk: several chunks per row
+    model, _ = make_tiny_model(None, arch="qwen2", tie_word_embeddings=setting != "lora")
+    if setting == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                 modules_to_save=["lm_head"]))
+    model.train()
+    dtype = torch.bfloat16 if setting == "bf16-autocast" else None
+    temperature, entropy = (0.7, True) if setting == "temperature-entropy" else (1.0, False)
+    torch.manual_seed(0)
+    prompt = torch.randint(7, 40, (3, 5))
+    prompt_mask = torch.ones_like(prompt)
+    prompt_mask[0, :2] = 0  # a left-padded row
+    completion = torch.randint(7, 40, (3, 6))
+    mask = torch.ones_like(completion)
+    mask[1, 4:] = 0
+    assert rollout.lean_head_supported(model) and not rollout.lean_head_supported(torch.compile(model))
+
+    def run(lean):
+        model.zero_grad()
+        context = torch.autocast("cpu", dtype=dtype) if dtype and not lean else torch.autocast("cpu", enabled=False)
+        with context:
+            out = rollout.per_token_logprobs(model, prompt, prompt_mask, completion, mask, temperature=temperature,
+                                             with_entropy=entropy, lean_head=lean, autocast_dtype=dtype)
+        logps, entropies = out if entropy else (out, None)
+        (logps.sum() * 0.5).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logps.detach(), entropies, grads
+
+    plain, plain_entropy, plain_grads = run(lean=False)
+    lean, lean_entropy, lean_grads = run(lean=True)
+    tolerance = 2e-2 if dtype else 1e-5  # bf16 matmuls: the same operations, summed in another order by chunk
+    assert torch.allclose(lean, plain, atol=tolerance, rtol=0) and (lean[mask == 0] == 0).all()
+    assert set(lean_grads) == set(plain_grads) and len(lean_grads) > 2
+    for name, grad in plain_grads.items():
+        assert torch.allclose(lean_grads[name], grad, atol=tolerance, rtol=tolerance), name
+    if entropy:
+        assert torch.allclose(lean_entropy, plain_entropy, atol=1e-5)

@@ -602,20 +602,55 @@ def test_parquet_values_keep_text_prompts_that_look_like_json(tmp_path):
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_policy_and_reference_agree_before_the_first_update_in_every_precision(tmp_path, tiny_model_dir, bf16, lora):
-    """log pi/pi_ref of every step-1 completion is 0: the reference computes in the policy's precision (with bf16,
-    bf16 autocast on the CPU here), not in bf16 weights beside an fp32 policy."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-weights"])
+def test_policy_and_reference_agree_before_the_first_update_in_every_precision(tmp_path, tiny_model_dir, precision,
+                                                                                lora):
+    """log pi/pi_ref of every step-1 completion is exactly 0: the reference computes in the policy's precision (with
+    bf16, bf16 autocast on the CPU here, its linear layers stored in bf16; with bf16 weights, a bf16 copy)."""
     from peft import LoraConfig
 
     recorder = Recorder()
-    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, bf16=bf16, beta2=1.0, max_steps=1,
-                                                            max_completion_length=16, filter_all_incorrect=False),
+    precise = {"fp32": {}, "bf16": {"bf16": True},
+               "bf16-weights": {"bf16": True, "model_init_kwargs": {"dtype": torch.bfloat16}}}[precision]
+    trainer = A2POTrainer(tiny_model_dir, coin, args=config(tmp_path, beta2=1.0, max_steps=1, max_completion_length=16,
+                                                            filter_all_incorrect=False, **precise),
                           train_dataset=prompts(4), callbacks=[recorder],
                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None)
     trainer.train()
     log_ratios = [s["implicit_reward"] for kw in recorder.of("samples") for s in kw["samples"] if s["split"] == "train"]
-    assert len(log_ratios) == 4 and max(map(abs, log_ratios)) < 1e-5  # implicit reward = beta2 * log_ratio
+    assert len(log_ratios) == 4 and all(r == 0.0 for r in log_ratios)  # implicit reward = beta2 * log_ratio
+
+
+def test_under_bf16_autocast_the_reference_stores_its_matmuls_in_bf16_and_samples_as_before(tmp_path, monkeypatch):
+    """The fp32 reference's linear layers in bf16 (a tied output layer and the embeddings, norms stay fp32): stage 1
+    samples exactly what it sampled with the fp32 copy, and the copy holds about half the bytes."""
+    import a2po.base_trainer as base_trainer
+
+    make_tiny_model(tmp_path / "untied", tie_word_embeddings=False)
+    make_tiny_model(tmp_path / "tied")
+
+    def stage_one(model, cast):
+        if not cast:
+            monkeypatch.setattr(base_trainer, "cast_reference_matmuls", lambda reference, dtype: 0)
+        trainer = A2POTrainer(str(tmp_path / model), coin, train_dataset=prompts(4),
+                              args=config(tmp_path / model / str(cast), bf16=True, max_completion_length=8))
+        monkeypatch.undo()
+        table = trainer.estimate_optimal_values()
+        return trainer, [c for row in table.to_list() for c in row["completions"]]
+
+    for model in ("untied", "tied"):
+        cast, samples = stage_one(model, cast=True)
+        _, fp32_samples = stage_one(model, cast=False)
+        assert samples == fp32_samples
+        ref = cast.accelerator.unwrap_model(cast.ref_model)
+        dtypes = {name: p.dtype for name, p in ref.named_parameters(remove_duplicate=False)}
+        assert dtypes["model.layers.0.self_attn.q_proj.weight"] == torch.bfloat16
+        assert dtypes["model.embed_tokens.weight"] == dtypes["model.norm.weight"] == torch.float32
+        assert dtypes["lm_head.weight"] == (torch.bfloat16 if model == "untied" else torch.float32)
+        held = sum(p.numel() * p.element_size() for p in ref.parameters())
+        assert cast.reference_bytes_saved == sum(p.numel() * 2 for p in ref.parameters() if p.dtype == torch.bfloat16)
+        assert held + cast.reference_bytes_saved == 4 * sum(p.numel() for p in ref.parameters())
+        assert all(p.dtype == torch.float32 for p in cast.model.parameters())  # the policy keeps fp32 weights
 
 
 def test_a_checkpoint_stored_in_bf16_trains_fp32_master_weights(tmp_path):

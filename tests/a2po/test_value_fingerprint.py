@@ -35,3 +35,48 @@ def test_the_librarys_fingerprint_counts_model_init_kwargs_and_precision(tmp_pat
     default = fingerprint()
     assert fingerprint(model_init_kwargs={}) == default
     assert len({default, fingerprint(model_init_kwargs={"dtype": "bfloat16"}), fingerprint(bf16=True)}) == 3
+
+
+def test_the_fingerprint_counts_the_sampler_and_the_precision_a_gpu_resolves(tmp_path, monkeypatch):
+    """vLLM samples other streams than the native decoder, and `bf16`'s default (None) turns bf16 on where a GPU
+    trains the run: a CPU set and a GPU set of one spec, or a native and a vLLM set, are separate sets (issue 46)."""
+    import importlib.util
+
+    import torch
+
+    from a2po import device
+
+    def fingerprint(**config) -> str:
+        return RunSpec.from_dict({"model": "m", "config": {"seed": 3, **config}}).value_fingerprint()
+
+    real = importlib.util.find_spec  # a spec with use_vllm validates only where vLLM is installed: say it is
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(device, "PROC_GPUS", tmp_path / "no-driver")
+    monkeypatch.setattr(device, "DEVICE_FILES", tmp_path / "no-dev")
+    on_cpu = fingerprint()
+    assert fingerprint(use_vllm=True) != on_cpu and fingerprint(use_vllm=False) == on_cpu
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)  # the NVIDIA driver lists a GPU
+    monkeypatch.setattr(device, "PROC_GPUS", tmp_path / "gpus")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    on_gpu = fingerprint()
+    assert on_gpu != on_cpu and on_gpu == fingerprint(bf16=True)  # the same samples as bf16 set explicitly
+    assert fingerprint(use_cpu=True) == fingerprint(bf16=False) == on_cpu
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a run given no GPU trains on the CPU
+    assert fingerprint() == on_cpu
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build of torch on a GPU machine
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert fingerprint() == on_cpu
+    spec = {"model": "m", "config": {"use_vllm": True}}
+    assert value_fingerprint_of(spec) != value_fingerprint_of({**spec, "config": {}})
+
+
+def test_the_librarys_fingerprint_counts_the_sampler(tmp_path):
+    path = tmp_path / "tiny"
+    make_tiny_model(path)
+    args = A2POConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none")
+    trainer = A2POTrainer(str(path), lambda completions, **kw: [1.0] * len(completions), args=args)
+    before = trainer.value_fingerprint()
+    trainer.args.use_vllm = True  # set past the config's "is vLLM installed" check
+    assert trainer.value_fingerprint() != before

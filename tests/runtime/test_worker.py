@@ -118,6 +118,8 @@ def test_stop_and_resume_lose_and_duplicate_nothing(env, tiny_model_dir):
         row["prompt_id"] for row in store.get_values(value_set_id, "train")}
     logs = [r["message"] for r in store.get_logs(run_id)]
     assert any(f"{16 - len(sampled_before)} of 16 prompts to sample" in m for m in logs), logs
+    # Where it trains, said in the run's log (issue 46).
+    assert any(m.startswith("Training on cpu; weights float32; compute") for m in logs), logs
 
     # 3. Resume again: stage 2 continues from the checkpoint and finishes.
     manager.resume(run_id)
