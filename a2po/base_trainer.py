@@ -47,6 +47,7 @@ from a2po.completions import completions_file, print_completions, unique_prompts
 from a2po.compute import FlopsPerToken, sequence_tokens
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
+from a2po.device import autocast_dtype, precision_summary, warn_unused_gpu
 from a2po.rewards import as_given, call_on_rows, row_columns, tasks_of
 from a2po.rollout import per_token_logprobs, sample_completions
 from a2po.settings import uses_vllm, vllm_run_problem
@@ -85,15 +86,6 @@ def frozen_gc(method: Callable) -> Callable:
         finally:
             gc.unfreeze()
     return wrapper
-
-
-def autocast_dtype(accelerator: Any) -> torch.dtype | None:
-    """The dtype that the Trainer's mixed precision (accelerate's autocast around the policy's forward) computes in,
-    or None where the forward runs in its weights' dtype: no `bf16`/`fp16`, or `fp16` on a CPU, which accelerate
-    leaves in fp32."""
-    if not getattr(accelerator, "native_amp", False):
-        return None
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(accelerator.mixed_precision))
 
 
 def cast_reference_matmuls(reference: torch.nn.Module, dtype: torch.dtype) -> int:
@@ -210,8 +202,6 @@ class BaseTrainer(Trainer):
                  eval_dataset: Dataset | dict[str, Dataset] | None = None,
                  processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
                  optimizers=(None, None), peft_config=None):
-        from a2po.device import warn_unused_gpu
-
         warn_unused_gpu(bool(args.use_cpu), stacklevel=2)
         if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
             raise ValueError(problem)
@@ -641,8 +631,6 @@ class BaseTrainer(Trainer):
         # Training starts from the run seed whatever ran before it in this process (stage 1 sampled, resumed or was
         # read from a store); a resumed run then takes the generator states of its checkpoint.
         set_seed(self.args.seed)
-        from a2po.device import precision_summary
-
         logger.info("Training on %s", precision_summary(self))
         # The engine's weights are never trusted across a `train()` call: a resume restores other weights.
         self._vllm_owner = object()

@@ -80,12 +80,19 @@ def warn_unused_gpu(use_cpu: bool, stacklevel: int = 2) -> str | None:
     return message
 
 
+def autocast_dtype(accelerator: Any) -> torch.dtype | None:
+    """The dtype that the Trainer's mixed precision (accelerate's autocast around the policy's forward) computes in,
+    or None where the forward runs in its weights' dtype: no `bf16`/`fp16`, or `fp16` on a CPU, which accelerate
+    leaves in fp32."""
+    if not getattr(accelerator, "native_amp", False):
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(accelerator.mixed_precision))
+
+
 def precision_summary(trainer: Any) -> str:
     """One line for a run's log: the device it trains on, its weights' dtype, the compute precision and the
     reference's storage, e.g. "cuda:0 (NVIDIA H200); weights float32; compute bfloat16 (autocast); reference
     linear layers bfloat16"."""
-    from a2po.base_trainer import autocast_dtype
-
     device = trainer.accelerator.device
     where = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     weights = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.model.parameters() if p.requires_grad})

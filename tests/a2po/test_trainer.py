@@ -686,7 +686,7 @@ def test_a_checkpoint_stored_in_bf16_trains_fp32_master_weights(tmp_path):
 def test_autocast_dtype_is_the_policys_mixed_precision():
     from types import SimpleNamespace
 
-    from a2po.base_trainer import autocast_dtype
+    from a2po.device import autocast_dtype
 
     def accelerator(native_amp, mixed_precision):
         return SimpleNamespace(native_amp=native_amp, mixed_precision=mixed_precision)

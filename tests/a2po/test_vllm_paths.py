@@ -52,7 +52,7 @@ class RecordingLLM:
 def sleeping_engine(calls):
     engine = object.__new__(vllm_engine.VLLMEngine)  # no vLLM here: the engine without its start
     engine.llm, engine.asleep, engine.weights_key = RecordingLLM(calls), True, None
-    engine.settings = vllm_engine.EngineSettings("m", "bfloat16", 64, 0.3, 1, "vllm", enable_sleep_mode=True)
+    engine.settings = vllm_engine.EngineSettings("m", "bfloat16", options=(("enable_sleep_mode", True),))
     return engine
 
 
