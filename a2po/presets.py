@@ -94,9 +94,10 @@ PRESET_DESCRIPTIONS = {
                         "problems (reasoning-gym gsm_symbolic, <answer> tags, 512 tokens); needs the hub model (or its "
                         "folder) and a GPU.",
     "custom": "Custom: start from the demo's settings and change anything.",
-    "teaching-demo-lora": "Teaching demo with LoRA: the demo training a LoRA adapter (r 16) instead of every "
-                          "weight; the default on a ZeroGPU Space, where each short GPU call restores and saves what "
-                          "it trains.",
+    "teaching-demo-lora": "Teaching demo with LoRA: the demo training a LoRA adapter (r 16, learning rate 2e-4) "
+                          "instead of every weight; the default on a ZeroGPU Space, where each short GPU call restores "
+                          "and saves what it trains. Measured as such a Space runs it: held-out accuracy 0% -> 66% "
+                          "(median of 3 seeds; every weight: 59%) in about 6 minutes on a 2-core CPU.",
     "none": "No preset: the library's own defaults for every setting (A2POConfig's, which are TRL's: 256 "
             "completion tokens, learning rate 5e-5, gradient checkpointing).",
 }
