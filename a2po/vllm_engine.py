@@ -68,6 +68,10 @@ class EngineSettings:
     def arguments(self) -> dict[str, Any]:
         return dict(self.options)
 
+    @property
+    def enable_sleep_mode(self) -> bool:
+        return bool(self.arguments.get("enable_sleep_mode", False))
+
 
 class VLLMEngine:
     """A colocated `vllm.LLM`: `generate` completions, `load_weights` of the model to sample from."""
@@ -79,7 +83,7 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm.platforms import current_platform
 
-        sleeps = settings.arguments.get("enable_sleep_mode", False)
+        sleeps = settings.enable_sleep_mode
         if sleeps and not current_platform.is_sleep_mode_available():
             raise ValueError(f"vllm_enable_sleep_mode needs a GPU (vLLM has no sleep mode on "
                              f"{current_platform.device_name}): set vllm_enable_sleep_mode=False.")
@@ -181,7 +185,7 @@ class VLLMEngine:
                     temperature=0.0 if greedy else temperature, top_k=top_k or 0, top_p=top_p,
                     seed=None if key is None else stream_seed(key)))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        if self.settings.arguments.get("enable_sleep_mode"):  # the optimizer step that comes next gets the memory back
+        if self.settings.enable_sleep_mode:  # the optimizer step that comes next gets the memory back
             self.sleep()
         rows = [list(output.outputs[0].token_ids) for output in outputs]
         width = max((len(row) for row in rows), default=0)
