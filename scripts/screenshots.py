@@ -3,12 +3,16 @@
     python scripts/screenshots.py DATA_DIR RUN_ID [--out docs/screenshots] [--port 7874]
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID    # an "A*-PO vs GRPO" pair instead
     python scripts/screenshots.py DATA_DIR --study NAME                     # a sweep's Studies page
+    python scripts/screenshots.py DATA_DIR --study NAME --study-file recipe-search-studies.png   # named so
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID --duel NAME   # Compare on a whole study
 
 Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
-writes `teaching-run.png` and `teaching-explain.png`; with `--pair`, the Compare page with both runs picked
-(`teaching-compare.png`) and the Explain page's cost section for them (`teaching-explain-costs.png`); with
-`--study`, the Studies page of the study named NAME (`teaching-studies.png`: its table, heatmap and curves); with
+writes `teaching-run.png`, `teaching-run-compute.png` (its curves against compute) and `teaching-explain.png`; with
+`--pair`, the Compare page with both runs picked
+(`teaching-compare.png`; its accuracy against compute, `teaching-compare-compute.png`) and the Explain page's cost
+section for them (`teaching-explain-costs.png`); with
+`--study`, the Studies page of the study named NAME (`teaching-studies.png`, or `--study-file`: its table, heatmap
+and curves); with
 `--duel` as well as `--pair`, Compare shows the "A*-PO vs GRPO" study named NAME (every seed, the medians and the
 per-seed table) instead of the two runs, and Explain the pair.
 """
@@ -32,6 +36,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7874)
     parser.add_argument("--pair", type=int, help="a GRPO run to show beside RUN_ID on Compare and Explain")
     parser.add_argument("--study", help="the name of a study to show on the Studies page instead")
+    parser.add_argument("--study-file", default="teaching-studies.png", help="the Studies page's screenshot's name")
     parser.add_argument("--duel", help="with --pair: the A*-PO vs GRPO study to pick on Compare")
     args = parser.parse_args()
     if (args.run_id is None) == (args.study is None):
@@ -44,7 +49,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         if args.pair is not None or args.study is not None:
             if args.study is not None:
-                study_screenshot(page, args.study, args.out)
+                study_screenshot(page, args.study, args.out, args.study_file)
             else:
                 pair_screenshots(page, args.run_id, args.pair, args.out, args.duel)
             return
@@ -56,6 +61,10 @@ def main() -> None:
         playwright.expect(page.locator("#training-plot").get_by_text("Eval accuracy", exact=True)).to_be_visible()
         time.sleep(1.5)
         page.screenshot(path=str(args.out / "teaching-run.png"), full_page=True)
+        page.locator("#chart-x-axis").get_by_text("compute", exact=True).click()
+        playwright.expect(page.locator("#training-plot")).to_contain_text("compute (TFLOP")
+        time.sleep(1.5)
+        page.locator("#training-plot").screenshot(path=str(args.out / "teaching-run-compute.png"))
         page.get_by_role("tab", name="Explain", exact=True).first.click()
         page.locator("#explain-run input").click()
         page.get_by_role("option", name=f"#{args.run_id} ", exact=False).first.click()
@@ -71,7 +80,7 @@ def pick_runs(page, picker: str, run_ids: list[int]) -> None:
     page.keyboard.press("Escape")
 
 
-def study_screenshot(page, name: str, out: Path) -> None:
+def study_screenshot(page, name: str, out: Path, filename: str = "teaching-studies.png") -> None:
     """The Studies page of the study named `name`, once its table, heatmap and curves are drawn."""
     page.set_viewport_size({"width": 1400, "height": 1100})
     page.get_by_role("tab", name="Studies", exact=True).first.click()
@@ -81,7 +90,7 @@ def study_screenshot(page, name: str, out: Path) -> None:
     page.wait_for_selector("#study-heatmap .js-plotly-plot")
     page.wait_for_selector("#study-curves .js-plotly-plot")
     time.sleep(2.0)
-    page.screenshot(path=str(out / "teaching-studies.png"), full_page=True)
+    page.screenshot(path=str(out / filename), full_page=True)
 
 
 def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path, study: str | None = None) -> None:
@@ -99,6 +108,9 @@ def pair_screenshots(page, a2po_id: int, grpo_id: int, out: Path, study: str | N
     playwright.expect(page.locator("#compare-time .js-plotly-plot")).to_be_visible()
     time.sleep(2.0)
     page.screenshot(path=str(out / "teaching-compare.png"), full_page=True)
+    compute = page.locator("#compare-compute")
+    compute.scroll_into_view_if_needed()
+    compute.screenshot(path=str(out / "teaching-compare-compute.png"))
     page.get_by_role("tab", name="Explain", exact=True).first.click()
     pick_runs(page, "#explain-pair", [a2po_id, grpo_id])
     costs = page.locator("#explain-costs")
