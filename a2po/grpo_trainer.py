@@ -26,11 +26,13 @@ from a2po.answers import prompt_question
 from a2po.base_trainer import RewardFunc, Rollout, with_prompt_ids
 from a2po.config import A2POConfig, GRPOConfig
 from a2po.core import (
-    CLIPPED_LOSS_TYPES,
+    LOSS_TYPES,
+    GRPOLossSettings,
     decoupled_advantages,
     group_advantages,
     grpo_loss,
     high_entropy_mask,
+    statistic_mean,
     vllm_importance_weights,
 )
 from a2po.rollout import eval_mode
@@ -77,9 +79,10 @@ class GRPOTrainer(ValueEstimation):
     Each optimizer step samples `num_generations` (G) completions for each of its prompts from the current policy,
     scores them, and gives each completion its advantage relative to its group: A = (r - mean) / std. The loss is
     the clipped policy-gradient surrogate -min(ratio * A, clip(ratio) * A) per token, plus beta times a per-token
-    KL to the reference, aggregated as `loss_type` says (`a2po.core.grpo_loss`, which also holds TRL's variants:
-    CISPO, SAPO, LUSPO, VESPO, GSPO's sequence-level ratio, two-sided clipping, the off-policy mask, high-entropy
-    tokens; GDPO's advantages are `a2po.core.decoupled_advantages`). With `num_iterations` > 1 a
+    KL to the reference, aggregated as `loss_type` says (`a2po.core.LOSS_TYPES`: TRL's loss types, CISPO, SAPO,
+    LUSPO and VESPO among them, each its policy term, aggregation and statistics; `a2po.core.grpo_loss` also holds
+    GSPO's sequence-level ratio, two-sided clipping, the off-policy mask, high-entropy tokens; GDPO's advantages are
+    `a2po.core.decoupled_advantages`). With `num_iterations` > 1 a
     generation trains that many optimizer steps, the ratio taken to the policy that sampled it. With `use_vllm`
     each completion's policy term is also weighted by pi_old / pi_vllm, TRL's correction for vLLM's own sampling
     distribution (`vllm_importance_sampling_*` in `GRPOConfig`).
@@ -111,8 +114,6 @@ class GRPOTrainer(ValueEstimation):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config)
-        self.epsilon_low = args.epsilon
-        self.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         self._buffer: list[dict[str, torch.Tensor]] | None = None  # the current generation, one dict per micro-batch
         self._step: int | None = None  # micro-batches trained, counted from the run's step 0 (set as training starts)
 
@@ -338,16 +339,11 @@ class GRPOTrainer(ValueEstimation):
         # dapo's normaliser counts the tokens of the whole optimizer step: per micro-batch, it is that over their
         # number, so that the Trainer's division leaves each token of the step one share.
         num_items = batch["num_items"] / self.current_gradient_accumulation_steps
-        loss, stats = grpo_loss(
-            logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
-            loss_type=args.loss_type, beta=args.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
-            max_completion_length=self.max_completion_length, num_items=num_items,
-            bias_correction_kl=args.use_bias_correction_kl, sampling_weights=batch.get("sampling_weights"),
-            importance_sampling_level=args.importance_sampling_level, delta=args.delta,
-            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg, off_policy_mask_threshold=args.off_policy_mask_threshold,
-            sampling_logps=batch.get("sampling_logps"), token_mask=token_mask)
+        # Read from the config at each call: a setting changed on `args` acts from the next micro-batch on.
+        settings = GRPOLossSettings.from_config(args, self.max_completion_length)
+        loss, stats = grpo_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
+                                settings, num_items=num_items, sampling_weights=batch.get("sampling_weights"),
+                                sampling_logps=batch.get("sampling_logps"), token_mask=token_mask)
         self._record_loss_stats(stats, mask.float(), entropies)
         return loss
 
@@ -362,39 +358,15 @@ class GRPOTrainer(ValueEstimation):
 
     def _record_loss_stats(self, stats: dict[str, torch.Tensor], mask: torch.Tensor,
                            entropies: torch.Tensor | None) -> None:
-        """TRL's metrics of the loss on this micro-batch: a statistic per completion, (rows, 1), is averaged over
-        the completions, one per token over the counted tokens, as TRL's."""
-        def mean(values: torch.Tensor) -> float:
-            values = values.float()
-            if values.shape[1] == 1:
-                return values.mean().item()
-            return ((values * mask).sum() / mask.sum().clamp(min=1.0)).item()
-
-        def per_completion(values: torch.Tensor) -> torch.Tensor:
-            values = values.float()
-            if values.shape[1] == 1:
-                return values[:, 0]
-            lengths = mask.sum(-1)
-            return (values * mask).sum(-1)[lengths > 0] / lengths[lengths > 0]  # empty completions have no share
-
+        """TRL's metrics of the loss on this micro-batch: the KL, the entropy, and the loss type's own
+        (`LossType.statistics`)."""
         m = self._metrics
         if "kl" in stats:
-            m["kl"].append(mean(stats["kl"]))
+            m["kl"].append(statistic_mean(stats["kl"], mask))
         if entropies is not None:
-            m["entropy"].append(mean(entropies))
-        if self.args.loss_type in CLIPPED_LOSS_TYPES:
-            low, high = stats["low_clipped"], stats["high_clipped"]
-            m["clip_ratio/low_mean"].append(mean(low))
-            m["clip_ratio/high_mean"].append(mean(high))
-            m["clip_ratio/region_mean"].append(mean(low | high))
-            low_share, high_share = per_completion(low), per_completion(high)
-            if len(low_share):
-                m["clip_ratio/low_min"].append(low_share.min().item())
-                m["clip_ratio/high_max"].append(high_share.max().item())
-        elif self.args.loss_type == "cispo":
-            m["cispo_clip_ratio"].append(mean(stats["cispo_clipped"]))
-        elif self.args.loss_type == "vespo":
-            m["vespo/phi_seq_mean"].append(mean(stats["phi"]))
+            m["entropy"].append(statistic_mean(entropies, mask))
+        for name, value in LOSS_TYPES[self.args.loss_type].statistics(stats, mask).items():
+            m[name].append(value)
 
     # ----------------------------------------------------------------------------------------------------------
     # Checkpoints: a checkpoint between the iterations of a generation holds that generation

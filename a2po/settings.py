@@ -22,6 +22,7 @@ METHODS = ("a2po", "grpo")
 
 # ------------------------------------------------------------------------------------------------ vocabularies
 
+# GRPO's loss types, computed by `a2po.core.LOSS_TYPES` (a test holds the two equal).
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
