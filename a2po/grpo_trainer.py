@@ -23,8 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from a2po._faults import fault_point
 from a2po.answers import prompt_question
-from a2po.base_trainer import RewardFunc, Rollout, with_prompt_ids
-from a2po.config import A2POConfig, GRPOConfig
+from a2po.base_trainer import BaseTrainer, RewardFunc
+from a2po.config import GRPOConfig
 from a2po.core import (
     LOSS_TYPES,
     GRPOLossSettings,
@@ -35,9 +35,10 @@ from a2po.core import (
     statistic_mean,
     vllm_importance_weights,
 )
-from a2po.rollout import eval_mode
-from a2po.settings import samples_stage_one, uses_vllm
-from a2po.trainer import ValueEstimation
+from a2po.rollout import Rollout, eval_mode
+from a2po.settings import config_default, uses_vllm
+from a2po.stage_one import StageOne
+from a2po.values import with_prompt_ids
 
 BUFFER_FILE = "generation_buffer"
 
@@ -73,7 +74,7 @@ class PromptChunkSampler(Sampler[int]):
         return self.num_prompts // self.chunk_size * self.chunk_size * self.repeats
 
 
-class GRPOTrainer(ValueEstimation):
+class GRPOTrainer(BaseTrainer):
     """Trainer for GRPO (group relative policy optimization), arXiv 2402.03300, as TRL 1.16 implements it.
 
     Each optimizer step samples `num_generations` (G) completions for each of its prompts from the current policy,
@@ -101,6 +102,7 @@ class GRPOTrainer(ValueEstimation):
         args: a `GRPOConfig`.
     """
 
+    _method = "grpo"
     _tag_names = ["grpo"]
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
@@ -114,22 +116,14 @@ class GRPOTrainer(ValueEstimation):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config)
+        # Stage 1 only for the pass rates (`pass_rate_band`): no prompt is filtered, and its rows' V* (which GRPO
+        # never reads) is A*-PO's at its default beta1, as the shared V* set shows it.
+        self.stage_one = StageOne(self, beta1=config_default("beta1", "a2po"), filter_all_incorrect=False)
         self._buffer: list[dict[str, torch.Tensor]] | None = None  # the current generation, one dict per micro-batch
         self._step: int | None = None  # micro-batches trained, counted from the run's step 0 (set as training starts)
 
     def _needs_reference(self, args: GRPOConfig) -> bool:
         return args.beta != 0.0
-
-    # ----------------------------------------------------------------------------------------------------------
-    # Stage 1, only to select prompts by pass rate (`pass_rate_band`; `a2po.trainer.ValueEstimation`)
-
-    @property
-    def samples_stage_one(self) -> bool:
-        return samples_stage_one("grpo", self.args)
-
-    def value_rules(self) -> tuple[float, bool]:
-        # GRPO reads only the pass rates; its V* rows take A*-PO's default beta1, and no prompt is filtered.
-        return A2POConfig.__dataclass_fields__["beta1"].default, False
 
     @contextmanager
     def _reference_policy(self) -> Iterator[torch.nn.Module]:
@@ -187,10 +181,7 @@ class GRPOTrainer(ValueEstimation):
         self.train_dataset = with_prompt_ids(self.train_dataset)  # the stream keys name prompts by id
         if self.samples_stage_one:
             # Stage 1 before the first step, on the run's clock: A*-PO's, on the same V* set.
-            self.train_dataset = self.select_by_pass_rate(self.train_dataset)
-            if len(self.train_dataset) == 0:
-                raise ValueError(f"No training prompt has a reference pass rate in pass_rate_band "
-                                 f"{list(self.args.pass_rate_band)}: widen the band, or set it to None.")
+            self.train_dataset = self.stage_one.training_prompts(self.train_dataset)
         if len(self.train_dataset) < self.args.prompts_per_step:
             raise ValueError(f"An optimizer step trains on {self.args.prompts_per_step} prompts (batch size x "
                              f"accumulation x processes / num_generations) but the train set has "

@@ -47,7 +47,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass
 class StageOneSettings:
-    """Stage 1 (`a2po.trainer.ValueEstimation`): A*-PO's V* set; GRPO samples it only to select prompts by pass
+    """Stage 1 (`a2po.stage_one.StageOne`): A*-PO's V* set; GRPO samples it only to select prompts by pass
     rate (`pass_rate_band`, `samples_stage_one`)."""
 
     num_value_samples: int = field(default=8, metadata=_help("Reference samples per prompt for V*."))
