@@ -1,66 +1,49 @@
 """`BaseTrainer`: what `A2POTrainer` and `GRPOTrainer` share, on top of `transformers.Trainer`.
 
-Everything that is not the method: the model, its reference policy and LoRA; prompts (rendering, left padding,
-left truncation); the rollout engine (`a2po.rollout`: wide KV-cached decodes, a prompt's keys and values shared by
-its samples, one reproducible random stream per sampled sequence); rewards and their checks; callbacks and the
-agreement of several processes on a stop; evaluation (greedy accuracy on held-out prompts, with the method's own
-extra terms through `_eval_batch`); logging; checkpoints and their fail points.
+Everything that is not the method: the model, its reference policy and LoRA (`a2po.policy`); prompts (rendering,
+left padding, left truncation); the rollout engine (`a2po.rollout`: wide KV-cached decodes, a prompt's keys and
+values shared by its samples, one reproducible random stream per sampled sequence); rewards and their checks;
+stage 1's public face (each method holds its own `a2po.stage_one.StageOne`); callbacks and the agreement of several
+processes on a stop; evaluation (greedy accuracy on held-out prompts, with the method's own extra terms through
+`_eval_batch`); logging; checkpoints and their fail points.
 
-Read top to bottom: set-up, prompts and rewards, sampling, callbacks, training, evaluation, logging. A method
-subclass adds its loss (`compute_loss`) and what its evaluation reports.
+Read top to bottom: set-up, prompts and rewards, sampling, stage 1, callbacks, training, evaluation, logging. A method
+subclass adds its stage 1 (`stage_one`), its loss (`compute_loss`) and what its evaluation reports.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import gc
 import logging
 import math
-import resource
-import sys
 import time
 import warnings
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
-from transformers import (
-    AutoModelForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Trainer,
-    TrainerState,
-    TrainingArguments,
-    set_seed,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerState, TrainingArguments, set_seed
 
 from a2po._faults import fault_point
 from a2po.answers import CORRECT_THRESHOLD, prompt_question
-from a2po.callbacks import RunCounters, StageInterrupted, TimedCheckpoints
+from a2po.callbacks import RunCounters, TimedCheckpoints
 from a2po.completions import completions_file, print_completions, unique_prompts, write_completions
 from a2po.compute import FlopsPerToken, sequence_tokens
 from a2po.config import resolve_max_completion_length
 from a2po.core import completion_mask
-from a2po.device import autocast_dtype, precision_summary, warn_unused_gpu
+from a2po.device import autocast_dtype, frozen_gc, peak_memory_gb, precision_summary, warn_unused_gpu
+from a2po.evaluation import evaluate_split, scored_mean
+from a2po.policy import cast_reference_matmuls, load_policy, with_reference
 from a2po.rewards import as_given, call_on_rows, row_columns, tasks_of
-from a2po.rollout import per_token_logprobs, sample_completions
-from a2po.settings import uses_vllm, vllm_run_problem
+from a2po.rollout import Rollout, Scores, completion_token_lists, per_token_logprobs, sample_completions
+from a2po.settings import samples_stage_one, uses_vllm, vllm_run_problem
 from a2po.shown import shown
-from a2po.tokens import (
-    decode_completions,
-    encode_prompt,
-    end_token_ids,
-    load_tokenizer,
-    prepare_tokenizer,
-    render_prompt,
-)
-from a2po.values import prompt_id_for
+from a2po.stage_one import StageOne
+from a2po.tokens import decode_completions, encode_prompt, end_token_ids, render_prompt
+from a2po.values import with_prompt_ids
 
 if TYPE_CHECKING:
     from a2po.vllm_engine import VLLMEngine
@@ -69,186 +52,65 @@ RewardFunc = Callable[..., list[float]]
 logger = logging.getLogger(__name__)
 
 
-def frozen_gc(method: Callable) -> Callable:
-    """Run `method` with the objects alive at its start exempt from Python's cyclic garbage collector.
-
-    A process that has imported torch, transformers and datasets holds millions of objects, and each full
-    collection scans them all, a noticeable pause several times an epoch (docs/benchmarks.md, "Design figures"),
-    for nothing, since those objects live until the end. Objects created during the call are collected as usual.
-    """
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if gc.get_freeze_count():  # already inside a frozen call
-            return method(*args, **kwargs)
-        gc.freeze()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            gc.unfreeze()
-    return wrapper
-
-
-def cast_reference_matmuls(reference: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Store the reference's linear layers (weights and biases) in `dtype`, the autocast dtype the policy computes
-    its matmuls in; returns the bytes this frees. Exact: autocast casts an fp32 weight to `dtype` (round to nearest)
-    before each matmul, which is the cast done here once, so the reference computes what the fp32 copy computed,
-    and log pi/pi_ref is 0 before the first update. Everything else stays fp32: embeddings (a linear layer tied to
-    one too: the embedding's fp32 output feeds the residual stream), norms and buffers."""
-    shared = {id(p) for module in reference.modules() if not isinstance(module, torch.nn.Linear)
-              for p in module.parameters(recurse=False)}
-    freed = 0
-    for module in reference.modules():
-        if not isinstance(module, torch.nn.Linear) or id(module.weight) in shared:
-            continue
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.dtype == torch.float32:
-                freed += param.numel() * (4 - torch.finfo(dtype).bits // 8)
-                setattr(module, name, torch.nn.Parameter(param.detach().to(dtype), requires_grad=False))
-    return freed
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process in GiB: the CUDA allocator's peak on a GPU, else the peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
-
-
-@dataclass
-class Rollout:
-    """Completions sampled for a batch of prompts, decoded and scored: row i * num_samples + j of the completion
-    tensors is sample j of prompt i."""
-
-    rows: list[dict[str, Any]]         # the dataset rows, one per prompt
-    prompt_ids: torch.Tensor           # (prompts, P), left-padded
-    prompt_mask: torch.Tensor
-    prompt_texts: list[str]            # what the model saw (chat template applied)
-    completion_ids: torch.Tensor       # (prompts * num_samples, T)
-    completion_mask: torch.Tensor      # 1 up to and including each row's first EOS
-    completions: list[str]
-    rewards: torch.Tensor              # (prompts * num_samples,) float64: the weighted sum of the reward functions
-    rewards_per_func: torch.Tensor     # (prompts * num_samples, F)
-    clipped: torch.Tensor              # rows that never ended within max_completion_length
-    num_samples: int = 1
-    # (prompts * num_samples, T): each token's log-prob as the sampler drew it, where asked (vLLM only), else None
-    sampling_logps: torch.Tensor | None = None
-    # The reward functions' `log_extra` columns: one value per completion, in the order of `completions`.
-    extra_columns: dict[str, list] = field(default_factory=dict)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(-1).float()
-
-    def extra(self, k: int) -> dict[str, Any]:
-        """Completion `k`'s `log_extra` values, by column (the `"extra"` of a sample)."""
-        return {column: values[k] for column, values in self.extra_columns.items()}
-
-
-class Scores(NamedTuple):
-    """The reward functions' verdict on a batch of completions (`BaseTrainer._score`)."""
-
-    total: torch.Tensor                 # (completions,) float64: the weighted sum, NaN where no function applied
-    per_func: torch.Tensor              # (completions, F), NaN where a function returned None
-    extra_columns: dict[str, list]      # `log_extra`: one value per completion
-
-
-def completion_token_lists(completion_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
-    """Each completion's token ids up to and including its first end token, without padding: the `completion_ids`
-    TRL passes to reward functions."""
-    return [ids[keep.bool()].tolist() for ids, keep in zip(completion_ids.cpu(), mask.cpu())]
-
-
-def load_policy(model: PreTrainedModel | str, args: TrainingArguments,
-                processing_class: PreTrainedTokenizerBase | None = None
-                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy (`model`, or loaded from its name with `model_init_kwargs`) and its tokenizer, padding on the
-    left."""
-    model_path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-    if isinstance(model, str):
-        from a2po.models import resolve_model
-
-        model_path = resolve_model(model)
-        init_kwargs = dict(args.model_init_kwargs or {})
-        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        if "dtype" not in init_kwargs and "torch_dtype" not in init_kwargs:
-            # transformers 5 loads a checkpoint in its stored dtype (bf16 for most hub models), and an optimizer
-            # step on bf16 weights rounds away every update under half a bf16 step (2**-9 to 2**-8 of the weight),
-            # most of them at a small learning rate: fp32 master weights, computed in bf16 or fp16 by autocast
-            # (`bf16`, `fp16`). A dtype the user sets is their choice and is kept (TRL keeps the checkpoint's dtype
-            # by default).
-            init_kwargs["dtype"] = torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
-    if processing_class is None:
-        revision = (args.model_init_kwargs or {}).get("revision")
-        processing_class = load_tokenizer(model_path, revision=revision, trust_remote_code=args.trust_remote_code)
-    else:
-        prepare_tokenizer(processing_class)
-    return model, processing_class
-
-
 class BaseTrainer(Trainer):
     """The shared part of `A2POTrainer` and `GRPOTrainer`; see their docstrings for the arguments."""
 
+    _method: str  # "a2po" or "grpo" (`a2po.settings.METHODS`)
     _tag_names: list[str] = []
     _eval_extra_metrics: tuple[str, ...] = ()  # per-prompt terms `_eval_batch` returns, averaged as eval metrics
     _non_binary_note = "accuracy counts only r >= 1 as correct."
     # Why the method cannot use a completion that no reward function scored (an error), or None: it gets reward NaN
     # and a warning, as in TRL (see `_score`).
     _unscored_error: str | None = None
+    stage_one: StageOne  # the method's stage 1, with its own rules: set by its `__init__`
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
                  args: TrainingArguments, train_dataset: Dataset | None = None,
                  eval_dataset: Dataset | dict[str, Dataset] | None = None,
                  processing_class: PreTrainedTokenizerBase | None = None, callbacks=None,
                  optimizers=(None, None), peft_config=None):
-        warn_unused_gpu(bool(args.use_cpu), stacklevel=2)
-        if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
-            raise ValueError(problem)
+        self._check_run(args, eval_dataset)
         self.model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
         model, processing_class = load_policy(model, args, processing_class)
+        self._set_rewards(reward_funcs, args.reward_weights)
+        self.use_peft = peft_config is not None
+        model, self.ref_model = with_reference(model, args, peft_config, self._needs_reference(args))
+        self.eos_token_ids = end_token_ids(model, processing_class)
+        self.pad_token_id = processing_class.pad_token_id
+        self.max_completion_length = resolve_max_completion_length(args.max_completion_length,
+                                                                   getattr(model, "generation_config", None))
+        super().__init__(model=model, args=args, data_collator=_identity_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers)
+        self._adapt_trainer(args)
+        self._place_reference()
+        self._start_run_state(args)
 
+    def _check_run(self, args: TrainingArguments, eval_dataset: Any) -> None:
+        """What the settings ask of this process, checked before the model loads: a GPU torch can use (else a
+        warning), vLLM in one process, held-out prompts for timed evaluations."""
+        warn_unused_gpu(bool(args.use_cpu), stacklevel=3)
+        if uses_vllm(args) and (problem := vllm_run_problem(args.world_size)):
+            raise ValueError(problem)
+        if getattr(args, "eval_every_seconds", None) and eval_dataset is None:
+            raise ValueError("eval_every_seconds evaluates held-out prompts: pass an eval_dataset, or set "
+                             "eval_every_seconds to None.")
+
+    def _set_rewards(self, reward_funcs: RewardFunc | list[RewardFunc], weights: list[float] | None) -> None:
+        """The reward functions, their names and weights (`reward_weights`; None: 1.0 each)."""
         self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
             raise TypeError("reward_funcs must be a callable or a non-empty list of callables "
                             "f(prompts, completions, **columns) -> list[float].")
         self.reward_names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(self.reward_funcs)]
-        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
+        weights = weights if weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values but there are {len(self.reward_funcs)} "
                              "reward functions; give one weight per function (or None for 1.0 each).")
         self.reward_weights = torch.tensor(weights, dtype=torch.float64)
 
-        self.use_peft = peft_config is not None
-        self.ref_model = None
-        if self.use_peft:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
-            if args.gradient_checkpointing:
-                model.enable_input_require_grads()
-        elif self._needs_reference(args):
-            # A frozen copy in the policy's dtype: a bf16 copy of fp32 weights computes another function (bf16
-            # norms and residual stream), so log pi - log pi_ref would not start at 0. Under autocast its matmul
-            # weights are then stored in the autocast dtype (`cast_reference_matmuls`, below), which is exact.
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-
-        half = sorted({str(p.dtype) for p in model.parameters()
-                       if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
-        explicit = {"dtype", "torch_dtype"} & set(args.model_init_kwargs or {})
-        if half and not explicit:
-            warnings.warn(f"The model's trainable weights are {', '.join(half)}: the optimizer updates them in that "
-                          "precision, where small updates round away. Load the model in float32 (bf16=True or "
-                          "fp16=True still computes in half precision).", stacklevel=2)
-
-        gen_config = getattr(model, "generation_config", None)
-        self.eos_token_ids = end_token_ids(model, processing_class)
-        self.pad_token_id = processing_class.pad_token_id
-        self.max_completion_length = resolve_max_completion_length(args.max_completion_length, gen_config)
-
-        super().__init__(model=model, args=args, data_collator=_identity_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers)
+    def _adapt_trainer(self, args: TrainingArguments) -> None:
+        """What this engine changes of the Trainer it is: how a loss is scaled, and the run's callbacks."""
         # Our losses are micro-batch means, which the Trainer divides by the number of micro-batches. Older
         # transformers 5 releases (5.17, vLLM's pin) have no `loss_is_scaled_for_ga` and divide unless the model
         # takes loss kwargs and the batch counts labels: a model said to take none is divided by every version.
@@ -257,26 +119,31 @@ class BaseTrainer(Trainer):
         if getattr(self, "is_fsdp_enabled", False):
             warnings.warn(f"{type(self).__name__} has not been tested under FSDP (only DDP, and single processes): "
                           "sampling runs on the unwrapped model, and each process may stop decoding at another step.",
-                          stacklevel=2)
+                          stacklevel=3)
         if args.save_every_seconds:
             self.add_callback(TimedCheckpoints(args.save_every_seconds))
         # The clock goes first: a budget or time-grid evaluation it asks for is seen by the callbacks after it (a
         # chunk's recorder defers an evaluation that would not end before its deadline).
         flow = [cb for cb in self.callback_handler.callbacks if type(cb).__name__ == "DefaultFlowCallback"]
         self.callback_handler.callbacks.insert(len(flow), RunCounters())
-        if getattr(args, "eval_every_seconds", None) and eval_dataset is None:
-            raise ValueError("eval_every_seconds evaluates held-out prompts: pass an eval_dataset, or set "
-                             "eval_every_seconds to None.")
+
+    def _place_reference(self) -> None:
+        """The reference copy on the policy's device, in the policy's precision (`reference_bytes_saved`: what
+        storing its matmul weights in the autocast dtype freed)."""
         self.reference_bytes_saved = 0
-        if self.ref_model is not None:
-            if self.is_deepspeed_enabled or self.is_fsdp_enabled:
-                self.ref_model.to(self.accelerator.device)
-            else:
-                if (compute := autocast_dtype(self.accelerator)) is not None:
-                    self.reference_bytes_saved = cast_reference_matmuls(self.ref_model, compute)
-                # Wrapped as the Trainer wraps the policy (the same autocast, outputs cast to fp32), as in TRL: the
-                # reference computes in the policy's precision.
-                self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        if self.ref_model is None:
+            return
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            self.ref_model.to(self.accelerator.device)
+            return
+        if (compute := autocast_dtype(self.accelerator)) is not None:
+            self.reference_bytes_saved = cast_reference_matmuls(self.ref_model, compute)
+        # Wrapped as the Trainer wraps the policy (the same autocast, outputs cast to fp32), as in TRL: the
+        # reference computes in the policy's precision.
+        self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    def _start_run_state(self, args: TrainingArguments) -> None:
+        """The run's metrics, decoding figures, vLLM engine and completion rows, empty."""
         self._metrics: dict[str, list[float]] = defaultdict(list)
         # Where the reward functions' `log_metric` values go: the training metrics, or an evaluation's or a stage 1's
         # own (`_reward_metrics_into`).
@@ -383,7 +250,7 @@ class BaseTrainer(Trainer):
         for part in parts:
             for name, values in part.items():
                 merged[name].extend(values)
-        return {name: _scored_mean(values) for name, values in merged.items()}
+        return {name: scored_mean(values) for name, values in merged.items()}
 
     def _report_unscored(self, rows: Sequence[dict[str, Any]], completions: Sequence[str], index: list[int]) -> None:
         """Completions no reward function scored (rows `index`): an error naming the functions and tasks where the
@@ -397,13 +264,6 @@ class BaseTrainer(Trainer):
                              "return 0.0 where no check applies.")
         warnings.warn(f"{what}: their reward is NaN, left out of the reward means and stds, and their advantage is 0. "
                       "Make sure at least one reward function scores each completion.", stacklevel=3)
-
-    def _state_before_training(self) -> TrainerState:
-        """The trainer state as reward functions see it before training (global_step 0): what stage 1 gives them
-        whenever it runs (an eval set's V* may be estimated mid-training), so V* never depends on that moment."""
-        state = copy.copy(self.state)
-        state.global_step, state.epoch = 0, 0.0
-        return state
 
     # ----------------------------------------------------------------------------------------------------------
     # Sampling
@@ -594,6 +454,37 @@ class BaseTrainer(Trainer):
         print_completions(shown, step, self.reward_names, self.args.num_completions_to_print, seed=self.args.seed)
 
     # ----------------------------------------------------------------------------------------------------------
+    # Stage 1: the method's `stage_one` (`a2po.stage_one.StageOne`), the same public face on both trainers
+
+    @property
+    def samples_stage_one(self) -> bool:
+        """Whether training needs stage 1: A*-PO always, GRPO only to select prompts by pass rate
+        (`a2po.settings.samples_stage_one`)."""
+        return samples_stage_one(self._method, self.args)
+
+    @property
+    def value_tables(self) -> dict[str, Dataset]:
+        """The V* tables estimated (or read) so far, by split."""
+        return self.stage_one.tables
+
+    def value_fingerprint(self) -> str:
+        """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
+        return self.stage_one.fingerprint()
+
+    def set_optimal_values(self, records: Dataset | Sequence[dict[str, Any]], split: str = "train") -> None:
+        """Give stage 1 rows it already has (e.g. from a database), with their rewards and completions: those
+        prompts are not sampled again, and V* is recomputed from the rewards with this run's beta1."""
+        self.stage_one.set_known(records, split)
+
+    def estimate_optimal_values(self, dataset: Dataset | None = None, split: str = "train") -> Dataset:
+        """Stage 1: the V* table (see `a2po.values.VALUE_COLUMNS`) for `dataset` (default: the train set).
+
+        Rows with a `v_star` value, or already in `values_path` or this run's saved table, are not sampled again.
+        Under several processes each samples its shard and every process gets the whole table.
+        """
+        return self.stage_one.estimate(dataset, split)
+
+    # ----------------------------------------------------------------------------------------------------------
     # Callbacks
 
     def _notify(self, event: str, **kwargs) -> None:
@@ -712,13 +603,13 @@ class BaseTrainer(Trainer):
         for split, dataset in sets.items():
             prefix = metric_key_prefix if split == "eval" else f"{metric_key_prefix}_{split[len('eval_'):]}"
             prepared, context = self._eval_rows(dataset, split)
-            metrics.update(self._evaluate_split(prepared, split, prefix, context))
+            metrics.update(evaluate_split(self, prepared, split, prefix, context))
         self.control.should_training_stop = stop_before
         metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
         counters = self.run_counters
         counters.eval_seconds += time.time() - start
         # Where on the run's clock this evaluation stands: comparisons draw accuracy against these.
-        metrics.update(self._clock_metrics())
+        metrics.update(counters.clock_metrics())
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -740,64 +631,6 @@ class BaseTrainer(Trainer):
         """The method's split-level evaluation metrics."""
         return {}
 
-    @torch.no_grad()
-    def _evaluate_split(self, dataset: Dataset, split: str, prefix: str, context: Any = None) -> dict[str, float]:
-        rows = dataset.to_list()
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        mine = rows[rank::world]
-        batch_size = self.args.per_device_eval_batch_size
-        results, samples = [], []
-        logged: dict[str, list[float]] = defaultdict(list)  # the reward functions' `log_metric` values
-        policy = self.accelerator.unwrap_model(self.model)
-        # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
-        # shard is done: each batch ends in a collective (the stop agreed) that every rank joins.
-        num_batches = -(-len(rows[0::world]) // batch_size)
-        for index in range(num_batches):
-            batch = mine[index * batch_size:(index + 1) * batch_size]
-            if batch:
-                prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch])
-                with self._reward_metrics_into(logged):
-                    greedy_ids, extra = self._eval_batch(policy, batch, prompt_ids, prompt_mask)
-                    greedy_completions, greedy_mask = self._decode(greedy_ids)
-                    greedy = self._score(batch, greedy_completions, completion_token_lists(greedy_ids, greedy_mask))
-                for i, row in enumerate(batch):
-                    reward = float(greedy.total[i])
-                    correct = math.nan if math.isnan(reward) else float(reward >= CORRECT_THRESHOLD)
-                    results.append({"correct": correct, "reward": reward,
-                                    "length": float(greedy_mask[i].sum()), "task": row.get("task"),
-                                    **{name: values[i] for name, values in extra.items()}})
-                    samples.append({"step": self.state.global_step, "split": split, "prompt_id": row["prompt_id"],
-                                    "sample_index": 0, "prompt_text": texts[i],
-                                    "question": prompt_question(row["prompt"]), "completion": greedy_completions[i],
-                                    "reward": reward, **self._eval_sample_fields(row, reward),
-                                    "completion_length": int(greedy_mask[i].sum()),
-                                    "extra": {c: values[i] for c, values in greedy.extra_columns.items()}})
-            done = min(len(rows), (index + 1) * batch_size * world)
-            fault_point("evaluate_batch")
-            self._notify("on_evaluate_batch", split=split, done=done, total=len(rows))
-            self._agree_on_control("should_training_stop")
-            if self.control.should_training_stop:
-                raise StageInterrupted(f"Evaluation ({split}) stopped after {done} of {len(rows)} prompts.")
-        if world > 1:
-            results, samples = gather_object(results), gather_object(samples)
-        self._notify("on_samples", samples=samples)
-        n = max(len(results), 1)
-        # Accuracy and reward over the scored prompts: an unscored one (NaN, see `_score`) is neither right nor wrong.
-        out = {f"{prefix}_accuracy": _scored_mean(r["correct"] for r in results),
-               f"{prefix}_reward": _scored_mean(r["reward"] for r in results)}
-        for name in self._eval_extra_metrics:
-            out[f"{prefix}_{name}"] = sum(r[name] for r in results) / n
-        out[f"{prefix}_completion_length"] = sum(r["length"] for r in results) / n
-        # A mix of tasks (a `task` column, e.g. reasoning-gym mixes): accuracy per task too.
-        tasks = sorted({r["task"] for r in results if isinstance(r["task"], str)})
-        if len(tasks) > 1:
-            for task in tasks:
-                out[f"{prefix}_accuracy/{task}"] = _scored_mean(r["correct"] for r in results if r["task"] == task)
-        out.update(self._eval_summary(prefix, rows, context))
-        # The reward functions' own metrics under the evaluation's prefix, as TRL's "eval_<name>"; a built-in wins.
-        metrics = self._reward_metric_means(logged)
-        return {**{f"{prefix}_{name}": value for name, value in metrics.items()}, **out}
-
     # ----------------------------------------------------------------------------------------------------------
     # Logging
 
@@ -811,7 +644,7 @@ class BaseTrainer(Trainer):
                 gathered = self.accelerator.gather(local[None])
                 averaged = dict(zip(names, gathered[:, :-1].mean(0).tolist()))
                 peak = gathered[:, -1].max().item()
-            logs = {**logs, **averaged, **self._clock_metrics(), "peak_memory_gb": round(peak, 4)}
+            logs = {**logs, **averaged, **self.run_counters.clock_metrics(), "peak_memory_gb": round(peak, 4)}
             self._metrics.clear()
         logs = {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in logs.items()}
         super().log(logs, start_time)
@@ -819,36 +652,10 @@ class BaseTrainer(Trainer):
             self._write_completions()
 
 
-    def _clock_metrics(self) -> dict[str, float]:
-        """The run's clock (`RunCounters`) as logged with every training log and evaluation."""
-        counters = self.run_counters
-        clock = {"completion_tokens": counters.completion_tokens, "train_seconds": round(counters.train_seconds, 4),
-                 "eval_seconds": round(counters.eval_seconds, 4), "train_flops": counters.train_flops,
-                 "compute_flops": counters.compute}
-        if counters.step_seconds is not None:
-            clock["step_seconds"] = round(counters.step_seconds, 4)
-        return clock
-
-
-def with_prompt_ids(dataset: Dataset) -> Dataset:
-    """`dataset` with a `prompt_id` column: its own, else a hash of each row (`a2po.values.prompt_id_for`)."""
-    if "prompt_id" in dataset.column_names:
-        return dataset
-    return dataset.add_column("prompt_id", [prompt_id_for(row) for row in dataset.to_list()])
-
-
 def _finite_or_none(value: torch.Tensor) -> float | None:
     """A reward as stored: None where the function did not apply (NaN)."""
     number = float(value)
     return number if math.isfinite(number) else None
-
-
-def _scored_mean(values: Iterable[float]) -> float:
-    """The mean of the values that are not NaN (unscored completions, see `BaseTrainer._score`); NaN when every one
-    is, 0.0 when there are none."""
-    values = list(values)
-    scored = [v for v in values if not math.isnan(v)]
-    return sum(scored) / len(scored) if scored else math.nan if values else 0.0
 
 
 def _identity_collator(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -143,6 +143,15 @@ class RunCounters(TrainerCallback, ExportableState):
         """The run's compute in FLOPs (`a2po.compute`): the train split's stage 1 and the training steps."""
         return self.values_flops.get("train", 0.0) + self.train_flops
 
+    def clock_metrics(self) -> dict[str, float]:
+        """The run's clock as the trainers log it with every training log and evaluation."""
+        clock = {"completion_tokens": self.completion_tokens, "train_seconds": round(self.train_seconds, 4),
+                 "eval_seconds": round(self.eval_seconds, 4), "train_flops": self.train_flops,
+                 "compute_flops": self.compute}
+        if self.step_seconds is not None:
+            clock["step_seconds"] = round(self.step_seconds, 4)
+        return clock
+
     def budget_reached(self, args) -> bool:
         """Whether a budget of `args` (`max_train_seconds`, `max_train_flops`), or this run's share of it
         (`budget_share`: of what the train split's stage 1 leaves), is spent."""

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import TrainingArguments
 
+from a2po.core import LOSS_TYPES, describe_loss_types
 from a2po.settings import (
     GRPO_LOSS_TYPES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -452,13 +453,9 @@ class GRPOConfig(GRPOSettings, _BaseConfig):
         scale_rewards (defaults to "group"): how advantages r - mean(group) are scaled: "group" (or True) divides by
             the group's standard deviation, "batch" by the standard deviation over the whole generation batch,
             "none" (or False) not at all (Dr. GRPO).
-        loss_type (defaults to "dapo"): the policy term and its aggregation (formulas in `a2po.core.grpo_loss`):
-            "grpo" (per sequence over its length, then over sequences), "dr_grpo" (over batch size times
-            max_completion_length), "dapo" (over the tokens of the optimizer step's whole batch), "bnpo" (over the
-            tokens of the micro-batch); "cispo" (MiniMax-M1: the capped ratio, without gradient, weights A log pi;
-            aggregated as dapo), "sapo" (a smooth temperature gate instead of the clip; aggregated as grpo),
-            "luspo" (GSPO's loss with each completion weighted by its length), "vespo" (a Gamma-shaped weight of the
-            completion's ratio, without gradient, weights A log pi; aggregated as dapo).
+        loss_type (defaults to "dapo"): the policy term, its aggregation over tokens and the metrics it logs: one
+            entry of `a2po.core.LOSS_TYPES` each, whose formulas are there:
+{loss_types}
         mask_truncated_completions (defaults to False): leave completions that never ended (no EOS) out of the loss.
         top_entropy_quantile (defaults to 1.0): rho of "Beyond the 80/20 rule": only the top-rho quantile of each
             micro-batch's tokens by entropy of the policy's next-token distribution stays in the policy term (0.0:
@@ -520,17 +517,6 @@ class GRPOConfig(GRPOSettings, _BaseConfig):
                 ("epsilon_high", lambda v: v is None or v >= 0, "epsilon_high must be >= 0 or None (got {})"),
                 ("delta", lambda v: v is None or v > 1,
                  "delta must be > 1 or None (got {}): it caps the ratio pi / pi_old from above"),
-                *(in_range(name, 0.0, 1e4, "the loss clips the ratio pi / pi_old with it")
-                  for name in ("epsilon", "epsilon_high", "delta")),
-                in_range("beta", 0.0, 1e4, "the loss multiplies the KL term by it"),
-                *(in_range(name, 1e-3, 1e3, "SAPO's gate divides by it")
-                  for name in ("sapo_temperature_pos", "sapo_temperature_neg")),
-                *(in_range(name, 0.0, 1e3, "VESPO raises the ratio to it") for name in ("vespo_k_pos", "vespo_k_neg")),
-                *(in_range(name, 1e-3, 1e3, "VESPO scales the ratio's exponent by it")
-                  for name in ("vespo_lambda_pos", "vespo_lambda_neg")),
-                in_range("off_policy_mask_threshold", 0.0, 1e4, "the mask compares a mean log-ratio with it"),
-                *(in_range(name, 0.0, 1e6, "the importance weights are clamped to it")
-                  for name in ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")),
                 ("sapo_temperature_neg", lambda v: v > 0, "sapo_temperature_neg must be > 0 (got {})"),
                 ("sapo_temperature_pos", lambda v: v > 0, "sapo_temperature_pos must be > 0 (got {})"),
                 ("vespo_k_pos", lambda v: v >= 0, "vespo_k_pos must be >= 0 (got {})"),
@@ -553,7 +539,19 @@ class GRPOConfig(GRPOSettings, _BaseConfig):
                 ("vllm_importance_sampling_clip_max", lambda v: v is None or v > 0,
                  "vllm_importance_sampling_clip_max must be > 0 or None (got {})"),
                 ("vllm_importance_sampling_clip_min", lambda v: v is None or v >= 0,
-                 "vllm_importance_sampling_clip_min must be >= 0 or None (got {})"))
+                 "vllm_importance_sampling_clip_min must be >= 0 or None (got {})"),
+                # The ranges the math stays finite in, after the signs: a field's first broken rule names it.
+                *(in_range(name, 0.0, 1e4, "the loss clips the ratio pi / pi_old with it")
+                  for name in ("epsilon", "epsilon_high", "delta")),
+                in_range("beta", 0.0, 1e4, "the loss multiplies the KL term by it"),
+                *(in_range(name, 1e-3, 1e3, "SAPO's gate divides by it")
+                  for name in ("sapo_temperature_pos", "sapo_temperature_neg")),
+                *(in_range(name, 0.0, 1e3, "VESPO raises the ratio to it") for name in ("vespo_k_pos", "vespo_k_neg")),
+                *(in_range(name, 1e-3, 1e3, "VESPO scales the ratio's exponent by it")
+                  for name in ("vespo_lambda_pos", "vespo_lambda_neg")),
+                in_range("off_policy_mask_threshold", 0.0, 1e4, "the mask compares a mean log-ratio with it"),
+                *(in_range(name, 0.0, 1e6, "the importance weights are clamped to it")
+                  for name in ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")))
 
     def _cross_problems(self) -> dict[str, str]:
         problems = {}
@@ -572,29 +570,28 @@ class GRPOConfig(GRPOSettings, _BaseConfig):
             problems["vllm_importance_sampling_mode"] = (
                 f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} clamps the ratio to "
                 "[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]: set at least one of them")
-        if (self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
+        if (LOSS_TYPES[self.loss_type].takes_sampling_weights and self.use_vllm
+                and self.vllm_importance_sampling_correction
                 and not self.vllm_importance_sampling_mode.startswith("token")):
             problems["vllm_importance_sampling_mode"] = (
-                f"loss_type 'vespo' takes vLLM's per-token weights into its sequence weight: "
+                f"loss_type {self.loss_type!r} takes vLLM's per-token weights into its policy term: "
                 f"vllm_importance_sampling_mode must be 'token_truncate' or 'token_mask' (got "
                 f"{self.vllm_importance_sampling_mode!r}), as in TRL")
         return problems
 
     def _warn_about_combinations(self) -> None:
-        """The combinations TRL 1.16 warns about: accepted, but not the papers' setups."""
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            warnings.warn("loss_type 'luspo' is GSPO's loss weighted by length: set importance_sampling_level="
-                          "'sequence' to mirror the paper's setup.", stacklevel=3)
-        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
-            warnings.warn("loss_type 'vespo' computes its own sequence-level weights: importance_sampling_level "
-                          "should be 'token' (the default).", stacklevel=3)
-        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
-            warnings.warn(f"With importance_sampling_level='sequence', loss_type {self.loss_type!r} sums per-token "
-                          "terms, which weights each completion by its length; GSPO's setup is loss_type='grpo'.",
-                          stacklevel=3)
+        """The combinations TRL 1.16 warns about: accepted, but not the papers' setups (`LossType.level`)."""
+        loss_type = LOSS_TYPES[self.loss_type]
+        if loss_type.level is not None and self.importance_sampling_level != loss_type.level:
+            warnings.warn(loss_type.level_warning.format(self.loss_type), stacklevel=3)
 
     @property
     def prompts_per_step(self) -> int:
         """Prompts one optimizer step trains on, over every process: `num_generations` completions each."""
         return (self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
                 // self.num_generations)
+
+
+# The docs list the loss types as the table holds them.
+GRPOConfig.__doc__ = GRPOConfig.__doc__.replace(
+    "{loss_types}", "\n".join(" " * 16 + line for line in describe_loss_types().splitlines()))

@@ -21,21 +21,25 @@ GRPO, for comparison (`GRPOTrainer`; G samples y_1..y_G per prompt from the curr
     A_i = (r_i - mean_j r_j) / (std_j r_j + 1e-4)            (`group_advantages`)
     loss = -mean over tokens of min(ratio_t * A_i, clip(ratio_t, 1 - eps, 1 + eps_high) * A_i) + beta * KL_t
 
-with ratio_t = pi(y_t) / pi_old(y_t); the aggregation over tokens is `loss_type`'s (`grpo_loss`, which also holds
-TRL 1.16's variants of the surrogate: CISPO, SAPO, LUSPO, VESPO, GSPO's sequence-level ratio, two-sided clipping,
-off-policy sequence masking and high-entropy token selection; `decoupled_advantages` is GDPO's). Where A*-PO
+with ratio_t = pi(y_t) / pi_old(y_t) (`grpo_loss`). Each of TRL 1.16's loss types is an entry of `LOSS_TYPES`: its
+policy term (the clipped surrogate above, or CISPO's, SAPO's, VESPO's), its aggregation over tokens (the mean above
+is one of several) and the statistics it logs. `grpo_loss` also holds GSPO's sequence-level ratio, two-sided clipping,
+off-policy sequence masking and high-entropy token selection; `decoupled_advantages` is GDPO's. Where A*-PO
 samples once per prompt per step and regresses onto a target fixed before training, GRPO samples G times per prompt
 per step and compares the G samples with each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
-from a2po.settings import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES
+from a2po.settings import IMPORTANCE_SAMPLING_LEVELS, VLLM_IS_MODES, config_default
 
 
 def optimal_value(rewards: torch.Tensor, beta1: float) -> torch.Tensor:
@@ -184,132 +188,98 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return torch.where(count > 1, squares / (count - 1).clamp(min=1), squares.new_tensor(math.nan)).sqrt()
 
 
-CLIPPED_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")  # the PPO-style clipped surrogate
+# ------------------------------------------------------------------------------------------------ GRPO's loss
 
 
-def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
-              advantages: torch.Tensor, mask: torch.Tensor, *, loss_type: str = "dapo", beta: float = 0.0,
-              epsilon_low: float = 0.2, epsilon_high: float = 0.2, max_completion_length: int | None = None,
-              num_items: torch.Tensor | float | None = None, bias_correction_kl: bool = True,
-              sampling_weights: torch.Tensor | None = None, importance_sampling_level: str = "token",
-              delta: float | None = None, sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
-              vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
-              vespo_lambda_neg: float = 2.0, off_policy_mask_threshold: float | None = None,
-              sampling_logps: torch.Tensor | None = None,
-              token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer._compute_loss` computes it.
+@dataclass(frozen=True)
+class GRPOLossSettings:
+    """What `grpo_loss` reads of the config, with `GRPOConfig`'s (TRL 1.16's) names and defaults; a trainer builds
+    them from its config (`from_config`). The clipping range is [1 - epsilon_low, 1 + epsilon_high] (the config's
+    `epsilon`, and `epsilon_high` or else `epsilon`); `max_completion_length` is dr_grpo's normaliser."""
 
-    `logps`, `old_logps`, `ref_logps`: (rows, T) per-token log-probs of the completions under the policy, the
-    policy that sampled them (None: the same, detached: `num_iterations` = 1) and the reference; `advantages`
-    (rows,); `mask` (rows, T), 1 on the completion tokens that count. The importance weight is, per token or per
-    completion (`importance_sampling_level`, "sequence" is GSPO's):
+    loss_type: str = config_default("loss_type", "grpo")
+    beta: float = config_default("beta", "grpo")
+    epsilon_low: float = config_default("epsilon", "grpo")
+    epsilon_high: float = config_default("epsilon", "grpo")
+    delta: float | None = config_default("delta", "grpo")
+    importance_sampling_level: str = config_default("importance_sampling_level", "grpo")
+    use_bias_correction_kl: bool = config_default("use_bias_correction_kl", "grpo")
+    off_policy_mask_threshold: float | None = config_default("off_policy_mask_threshold", "grpo")
+    sapo_temperature_pos: float = config_default("sapo_temperature_pos", "grpo")
+    sapo_temperature_neg: float = config_default("sapo_temperature_neg", "grpo")
+    vespo_k_pos: float = config_default("vespo_k_pos", "grpo")
+    vespo_lambda_pos: float = config_default("vespo_lambda_pos", "grpo")
+    vespo_k_neg: float = config_default("vespo_k_neg", "grpo")
+    vespo_lambda_neg: float = config_default("vespo_lambda_neg", "grpo")
+    max_completion_length: int | None = None
 
-        token:     w_t = exp(log pi(y_t) - log pi_old(y_t))
-        sequence:  w   = exp(sum_t m_t (log pi(y_t) - log pi_old(y_t)) / max(sum_t m_t, 1))
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"Unknown loss_type {self.loss_type!r}: use one of {', '.join(LOSS_TYPES)}.")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(f"Unknown importance_sampling_level {self.importance_sampling_level!r}: use 'token' or "
+                             "'sequence'.")
 
-    With one iteration per generation pi_old is pi detached, so w = 1: GSPO, the clipping, CISPO's cap and SAPO's
-    gate then change only the gradient's scale, not which tokens move (they act off-policy, num_iterations > 1 or
-    vLLM's sampling). The policy term l_t of each `loss_type`, with A the completion's advantage:
+    @classmethod
+    def from_config(cls, args: Any, max_completion_length: int | None = None) -> GRPOLossSettings:
+        """The loss settings of a `GRPOConfig` (its fields of the same names), with the trainer's resolved
+        `max_completion_length`."""
+        epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+        given = {"epsilon_low": args.epsilon, "epsilon_high": epsilon_high,
+                 "max_completion_length": max_completion_length}
+        return cls(**{f.name: given[f.name] if f.name in given else getattr(args, f.name)
+                      for f in dataclasses.fields(cls)})
 
-        grpo, bnpo, dr_grpo, dapo, luspo:  -min(w' A, clip(w, 1 - epsilon_low, 1 + epsilon_high) A)
-                                           w' = min(w, delta) with `delta` (INTELLECT-2's two-sided clip), else w
-        cispo:  -sg(min(w, epsilon_high)) A log pi(y_t)        (MiniMax-M1; sg: no gradient; epsilon_high is the
-                                                                cap itself, ScaleRL recommends 5)
-        sapo:   -sigmoid(tau (w - 1)) 4 / tau A                (tau = sapo_temperature_pos if A > 0, else _neg)
-        vespo:  -sg(phi(W)) A log pi(y_t)                      (`vespo_gamma_weights`: W per completion)
 
-    then, in TRL's order: l_t *= the off-policy sequence mask (`off_policy_mask_threshold`, DeepSeek-V3.2: a
-    completion with A < 0 whose mean log pi_sampling - log pi over its tokens exceeds the threshold leaves the
-    loss; pi_sampling is `sampling_logps`, vLLM's, else pi_old), l_t *= `token_mask` (the high-entropy tokens,
-    `high_entropy_mask`), l_t *= `sampling_weights` (vLLM's correction, `vllm_importance_weights`; VESPO takes
-    them into W instead), and with beta > 0
+class PolicyInputs(NamedTuple):
+    """What a policy term reads of a micro-batch: (rows, T) per token, (rows, 1) per completion."""
 
-        kl_t = exp(log pi_ref(y_t) - log pi(y_t)) - (log pi_ref(y_t) - log pi(y_t)) - 1      (>= 0)
-        l_t += beta * kl_t * w     (or beta * kl_t without `bias_correction_kl`)
+    logps: torch.Tensor                     # log pi(y_t), with gradient
+    log_ratio: torch.Tensor                 # log pi(y_t) - log pi_old(y_t), per token
+    ratio: torch.Tensor                     # w, per token or per completion (`importance_sampling_level`)
+    advantages: torch.Tensor                # A, (rows, 1)
+    mask: torch.Tensor                      # 1 on the tokens that count
+    sampling_weights: torch.Tensor | None   # vLLM's correction (`vllm_importance_weights`), or None
 
-    Over the micro-batch, with m the mask:
 
-        grpo, sapo:          mean_i ( sum_t m l / max(sum_t m, 1) )    each completion weighs the same
-        bnpo:                sum m l / max(sum m, 1)                   each token of the micro-batch weighs the same
-        dr_grpo:             sum m l / (rows * max_completion_length)
-        dapo, cispo, vespo:  sum m l / num_items                       each token of the optimizer step weighs the same
-        luspo:               mean_i ( sum_t m l )                      each completion weighs its length (with
-                                                                       "sequence": GSPO's loss times the length)
+# The policy terms: l_t per token, and their statistics (detached; (rows, T), or (rows, 1) per completion).
 
-    `num_items` (dapo, cispo, vespo): TRL's is the mask tokens of the optimizer step's whole batch (all
-    micro-batches, all processes) divided by the number of processes, so the micro-batch losses add up to the step's
-    token mean; the trainer passes that over the number of micro-batches, since it divides every micro-batch's loss
-    by their number, as it does the others, micro-batch means. `sampling_weights` (None: 1) are
-    `vllm_importance_weights`, (rows, T) per token or (rows, 1) per sequence.
+def clipped_surrogate(x: PolicyInputs, s: GRPOLossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """the clipped surrogate -min(w' A, clip(w, 1 - epsilon_low, 1 + epsilon_high) A)
 
-    Returns the loss and detached statistics, (rows, T), or (rows, 1) where they are per completion: `kl` (beta >
-    0); for the clipped loss types the masks `low_clipped` (w' below 1 - epsilon_low with A < 0) and `high_clipped`
-    (above 1 + epsilon_high with A > 0), whose means TRL logs; `cispo_clipped` (w above epsilon_high with A > 0) for
-    cispo; `phi` for vespo.
-    """
-    if loss_type not in GRPO_LOSS_TYPES:
-        raise ValueError(f"Unknown loss_type {loss_type!r}: use one of {', '.join(GRPO_LOSS_TYPES)}.")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}: use 'token' or "
-                         "'sequence'.")
-    old_logps = logps.detach() if old_logps is None else old_logps
-    advantages = advantages[:, None]
-    mask = mask.to(logps.dtype)
-    log_ratio = logps - old_logps
-    if importance_sampling_level == "sequence":
-        log_ratio_used = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None]
-    else:
-        log_ratio_used = log_ratio
-    ratio = torch.exp(log_ratio_used)
-    stats: dict[str, torch.Tensor] = {}
-    if beta != 0.0:
-        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        if bias_correction_kl:
-            kl = kl * ratio
-        stats["kl"] = kl.detach()
+    w' = min(w, delta) with `delta` (INTELLECT-2's two-sided clip), else w. Statistics: `low_clipped` (w' below
+    1 - epsilon_low with A < 0) and `high_clipped` (above 1 + epsilon_high with A > 0)."""
+    clipped = torch.clamp(x.ratio, 1 - s.epsilon_low, 1 + s.epsilon_high)
+    ratio = x.ratio if s.delta is None else torch.clamp(x.ratio, max=s.delta)
+    per_token = -torch.min(ratio * x.advantages, clipped * x.advantages)
+    return per_token, {"low_clipped": ((ratio < 1 - s.epsilon_low) & (x.advantages < 0)).detach(),
+                       "high_clipped": ((ratio > 1 + s.epsilon_high) & (x.advantages > 0)).detach()}
 
-    if loss_type == "cispo":
-        per_token = -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
-        stats["cispo_clipped"] = ((ratio > epsilon_high) & (advantages > 0)).detach()
-    elif loss_type == "sapo":
-        temperature = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
-        per_token = -torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature * advantages
-    elif loss_type == "vespo":
-        phi = vespo_gamma_weights(advantages, log_ratio, mask, sampling_weights, k_pos=vespo_k_pos,
-                                  lambda_pos=vespo_lambda_pos, k_neg=vespo_k_neg, lambda_neg=vespo_lambda_neg)
-        per_token = -phi * advantages * logps
-        stats["phi"] = phi
-    else:
-        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-        if delta is not None:
-            ratio = torch.clamp(ratio, max=delta)
-        per_token = -torch.min(ratio * advantages, clipped * advantages)
-        stats["low_clipped"] = ((ratio < 1 - epsilon_low) & (advantages < 0)).detach()
-        stats["high_clipped"] = ((ratio > 1 + epsilon_high) & (advantages > 0)).detach()
 
-    if off_policy_mask_threshold is not None:
-        sampled_by = old_logps if sampling_logps is None else sampling_logps
-        divergence = torch.nan_to_num(sampled_by - logps.detach(), nan=0.0)  # a token vLLM did not score: no evidence
-        mean_divergence = (divergence * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
-        per_token = per_token * ((advantages >= 0) | (mean_divergence <= off_policy_mask_threshold)).to(mask.dtype)
-    if token_mask is not None:
-        per_token = per_token * token_mask
-    if sampling_weights is not None and loss_type != "vespo":
-        per_token = per_token * sampling_weights
-    if beta != 0.0:
-        per_token = per_token + beta * kl
+def capped_ratio_term(x: PolicyInputs, s: GRPOLossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO's (MiniMax-M1) -sg(min(w, epsilon_high)) A log pi(y_t)
 
-    if loss_type in ("grpo", "sapo"):
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
-    elif loss_type == "luspo":
-        loss = (per_token * mask).sum(-1).mean()
-    else:  # dapo, cispo, vespo
-        loss = (per_token * mask).sum() / num_items
-    return loss, stats
+    sg: no gradient; epsilon_high is the cap itself (ScaleRL recommends 5). Statistic: `cispo_clipped` (w above the
+    cap with A > 0)."""
+    per_token = -torch.clamp(x.ratio, max=s.epsilon_high).detach() * x.advantages * x.logps
+    return per_token, {"cispo_clipped": ((x.ratio > s.epsilon_high) & (x.advantages > 0)).detach()}
+
+
+def sigmoid_gate_term(x: PolicyInputs, s: GRPOLossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO's smooth gate instead of the clip, -sigmoid(tau (w - 1)) 4 / tau A
+
+    tau = sapo_temperature_pos where A > 0, else sapo_temperature_neg. No statistics."""
+    temperature = torch.where(x.advantages > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
+    return -torch.sigmoid(temperature * (x.ratio - 1)) * 4 / temperature * x.advantages, {}
+
+
+def gamma_weight_term(x: PolicyInputs, s: GRPOLossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """VESPO's -sg(phi(W)) A log pi(y_t), phi a Gamma-shaped weight of the completion's ratio W
+
+    (`vespo_gamma_weights`, which takes vLLM's per-token weights into W). Statistic: `phi`, per completion."""
+    phi = vespo_gamma_weights(x.advantages, x.log_ratio, x.mask, x.sampling_weights, k_pos=s.vespo_k_pos,
+                              lambda_pos=s.vespo_lambda_pos, k_neg=s.vespo_k_neg, lambda_neg=s.vespo_lambda_neg)
+    return -phi * x.advantages * x.logps, {"phi": phi}
 
 
 @torch.no_grad()
@@ -336,6 +306,189 @@ def vespo_gamma_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask:
     lam = torch.where(positive, lambda_pos, lambda_neg).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_weight - lam * torch.exp(log_weight))
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+# The aggregations of the masked terms m l over a micro-batch.
+
+def completion_mean(terms: torch.Tensor, mask: torch.Tensor, s: GRPOLossSettings, num_items: Any) -> torch.Tensor:
+    """mean_i ( sum_t m l / max(sum_t m, 1) ): each completion weighs the same"""
+    return ((terms * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def micro_batch_token_mean(terms: torch.Tensor, mask: torch.Tensor, s: GRPOLossSettings,
+                           num_items: Any) -> torch.Tensor:
+    """sum m l / max(sum m, 1): each token of the micro-batch weighs the same"""
+    return (terms * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def fixed_length_mean(terms: torch.Tensor, mask: torch.Tensor, s: GRPOLossSettings, num_items: Any) -> torch.Tensor:
+    """sum m l / (rows * max_completion_length): Dr. GRPO's constant normaliser"""
+    return (terms * mask).sum() / (terms.shape[0] * s.max_completion_length)
+
+
+def step_token_mean(terms: torch.Tensor, mask: torch.Tensor, s: GRPOLossSettings, num_items: Any) -> torch.Tensor:
+    """sum m l / num_items: each token of the optimizer step weighs the same (DAPO)
+
+    `num_items`: TRL's is the mask tokens of the optimizer step's whole batch (all micro-batches, all processes)
+    over the number of processes, so the micro-batch losses add up to the step's token mean; the trainer passes
+    that over the number of micro-batches, since it divides every micro-batch's loss by their number."""
+    return (terms * mask).sum() / num_items
+
+
+def completion_sum_mean(terms: torch.Tensor, mask: torch.Tensor, s: GRPOLossSettings,
+                        num_items: Any) -> torch.Tensor:
+    """mean_i ( sum_t m l ): each completion weighs its length (with "sequence": GSPO's loss times the length)"""
+    return (terms * mask).sum(-1).mean()
+
+
+# The metrics TRL logs of a policy term's statistics, over the counted tokens (`mask`, float).
+
+def statistic_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """A statistic's mean: over the completions where it is one per completion, (rows, 1), else over the counted
+    tokens, as TRL's."""
+    values = values.float()
+    if values.shape[1] == 1:
+        return values.mean().item()
+    return ((values * mask).sum() / mask.sum().clamp(min=1.0)).item()
+
+
+def _per_completion(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A statistic's mean per completion, leaving out the empty ones (they have no share)."""
+    values = values.float()
+    if values.shape[1] == 1:
+        return values[:, 0]
+    lengths = mask.sum(-1)
+    return (values * mask).sum(-1)[lengths > 0] / lengths[lengths > 0]
+
+
+def clip_ratios(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    low, high = stats["low_clipped"], stats["high_clipped"]
+    out = {"clip_ratio/low_mean": statistic_mean(low, mask), "clip_ratio/high_mean": statistic_mean(high, mask),
+           "clip_ratio/region_mean": statistic_mean(low | high, mask)}
+    low_share, high_share = _per_completion(low, mask), _per_completion(high, mask)
+    if len(low_share):
+        out.update({"clip_ratio/low_min": low_share.min().item(), "clip_ratio/high_max": high_share.max().item()})
+    return out
+
+
+def cispo_clip_ratio(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    return {"cispo_clip_ratio": statistic_mean(stats["cispo_clipped"], mask)}
+
+
+def phi_mean(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    return {"vespo/phi_seq_mean": statistic_mean(stats["phi"], mask)}
+
+
+def no_statistics(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    return {}
+
+
+class LossType(NamedTuple):
+    """One GRPO loss type: its policy term (l_t and its statistics), the aggregation of the masked terms over a
+    micro-batch, and the metrics TRL logs of the statistics. `level`: the `importance_sampling_level` its paper's
+    setup uses, where TRL warns of another (`level_warning`, given the loss type's name); `takes_sampling_weights`:
+    the term takes vLLM's per-token weights itself, instead of l_t being multiplied by them."""
+
+    term: Callable[[PolicyInputs, GRPOLossSettings], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    aggregate: Callable[[torch.Tensor, torch.Tensor, GRPOLossSettings, Any], torch.Tensor]
+    statistics: Callable[[dict[str, torch.Tensor], torch.Tensor], dict[str, float]]
+    level: str | None = None
+    level_warning: str = ""
+    takes_sampling_weights: bool = False
+
+    def describe(self) -> str:
+        """One line for the docs: the first lines of its term's and its aggregation's docstrings."""
+        return f"{self.term.__doc__.splitlines()[0]}; {self.aggregate.__doc__.splitlines()[0]}"
+
+
+SUMS_TOKENS = ("With importance_sampling_level='sequence', loss_type {!r} sums per-token terms, which weights each "
+               "completion by its length; GSPO's setup is loss_type='grpo'.")
+# GRPO's loss types, TRL 1.16's: `a2po.settings.GRPO_LOSS_TYPES` names them without torch (a test holds the two
+# equal). A new loss type is an entry here, with its term or aggregation where it has a new one.
+LOSS_TYPES: dict[str, LossType] = {
+    "grpo": LossType(clipped_surrogate, completion_mean, clip_ratios),
+    "dr_grpo": LossType(clipped_surrogate, fixed_length_mean, clip_ratios, "token", SUMS_TOKENS),
+    "dapo": LossType(clipped_surrogate, step_token_mean, clip_ratios, "token", SUMS_TOKENS),
+    "bnpo": LossType(clipped_surrogate, micro_batch_token_mean, clip_ratios, "token", SUMS_TOKENS),
+    "cispo": LossType(capped_ratio_term, step_token_mean, cispo_clip_ratio, "token", SUMS_TOKENS),
+    "sapo": LossType(sigmoid_gate_term, completion_mean, no_statistics),
+    "luspo": LossType(clipped_surrogate, completion_sum_mean, clip_ratios, "sequence",
+                      "loss_type {!r} is GSPO's loss weighted by length: set importance_sampling_level='sequence' to "
+                      "mirror the paper's setup."),
+    "vespo": LossType(gamma_weight_term, step_token_mean, phi_mean, "token",
+                      "loss_type {!r} computes its own sequence-level weights: importance_sampling_level should be "
+                      "'token' (the default).", takes_sampling_weights=True),
+}
+
+
+def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
+              advantages: torch.Tensor, mask: torch.Tensor, settings: GRPOLossSettings, *,
+              num_items: torch.Tensor | float | None = None, sampling_weights: torch.Tensor | None = None,
+              sampling_logps: torch.Tensor | None = None,
+              token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO's loss on one micro-batch, as TRL 1.16's `GRPOTrainer._compute_loss` computes it.
+
+    `logps`, `old_logps`, `ref_logps`: (rows, T) per-token log-probs of the completions under the policy, the
+    policy that sampled them (None: the same, detached: `num_iterations` = 1) and the reference; `advantages`
+    (rows,); `mask` (rows, T), 1 on the completion tokens that count. The importance weight is, per token or per
+    completion (`importance_sampling_level`, "sequence" is GSPO's):
+
+        token:     w_t = exp(log pi(y_t) - log pi_old(y_t))
+        sequence:  w   = exp(sum_t m_t (log pi(y_t) - log pi_old(y_t)) / max(sum_t m_t, 1))
+
+    With one iteration per generation pi_old is pi detached, so w = 1: GSPO, the clipping, CISPO's cap and SAPO's
+    gate then change only the gradient's scale, not which tokens move (they act off-policy, num_iterations > 1 or
+    vLLM's sampling). The policy term l_t is the loss type's (`LOSS_TYPES`), then, in TRL's order: l_t *= the
+    off-policy sequence mask (`off_policy_mask_threshold`, DeepSeek-V3.2: a completion with A < 0 whose mean
+    log pi_sampling - log pi over its tokens exceeds the threshold leaves the loss; pi_sampling is `sampling_logps`,
+    vLLM's, else pi_old), l_t *= `token_mask` (the high-entropy tokens, `high_entropy_mask`), l_t *=
+    `sampling_weights` (vLLM's correction, `vllm_importance_weights`, (rows, T) per token or (rows, 1) per
+    sequence; a term that takes them itself aside), and with beta > 0
+
+        kl_t = exp(log pi_ref(y_t) - log pi(y_t)) - (log pi_ref(y_t) - log pi(y_t)) - 1      (>= 0)
+        l_t += beta * kl_t * w     (or beta * kl_t without `use_bias_correction_kl`)
+
+    and the loss type aggregates m l over the micro-batch (`num_items`: the step-token normaliser's).
+
+    Returns the loss and detached statistics: `kl` (beta > 0) and the policy term's.
+    """
+    loss_type = LOSS_TYPES[settings.loss_type]
+    old_logps = logps.detach() if old_logps is None else old_logps
+    advantages = advantages[:, None]
+    mask = mask.to(logps.dtype)
+    log_ratio = logps - old_logps
+    if settings.importance_sampling_level == "sequence":
+        ratio = torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None])
+    else:
+        ratio = torch.exp(log_ratio)
+    stats: dict[str, torch.Tensor] = {}
+    if settings.beta != 0.0:
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if settings.use_bias_correction_kl:
+            kl = kl * ratio
+        stats["kl"] = kl.detach()
+
+    per_token, term_stats = loss_type.term(PolicyInputs(logps, log_ratio, ratio, advantages, mask, sampling_weights),
+                                           settings)
+    stats.update(term_stats)
+    if settings.off_policy_mask_threshold is not None:
+        sampled_by = old_logps if sampling_logps is None else sampling_logps
+        divergence = torch.nan_to_num(sampled_by - logps.detach(), nan=0.0)  # a token vLLM did not score: no evidence
+        mean_divergence = (divergence * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        kept = (advantages >= 0) | (mean_divergence <= settings.off_policy_mask_threshold)
+        per_token = per_token * kept.to(mask.dtype)
+    if token_mask is not None:
+        per_token = per_token * token_mask
+    if sampling_weights is not None and not loss_type.takes_sampling_weights:
+        per_token = per_token * sampling_weights
+    if settings.beta != 0.0:
+        per_token = per_token + settings.beta * kl
+    return loss_type.aggregate(per_token, mask, settings, num_items), stats
+
+
+def describe_loss_types() -> str:
+    """The loss types, a line each (`LossType.describe`): what the config's docs list."""
+    return "\n".join(f'"{name}": {entry.describe()}' for name, entry in LOSS_TYPES.items())
 
 
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_entropy_quantile: float,

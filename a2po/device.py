@@ -1,4 +1,5 @@
-"""Where a run trains: an NVIDIA GPU that torch cannot use is said at once, and a run says its device and precision.
+"""Where a run trains: an NVIDIA GPU that torch cannot use is said at once, and a run says its device and precision;
+the process's memory (its peak, and the garbage collector kept off the objects that live all run).
 
 A torch without CUDA (a CPU build, or a CUDA build whose driver is missing or too old) on a machine with an NVIDIA
 GPU trains on the CPU, many times slower, and says nothing; the studio's worker refuses such a run
@@ -8,7 +9,12 @@ CUDA: the driver's `/proc/driver/nvidia/gpus` entries, else the `/dev/nvidiaN` d
 
 from __future__ import annotations
 
+import functools
+import gc
 import os
+import resource
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +112,30 @@ def precision_summary(trainer: Any) -> str:
     elif getattr(trainer, "use_peft", False):
         parts.append("reference: the adapters switched off")
     return "; ".join(parts)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process in GiB: the CUDA allocator's peak on a GPU, else the peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def frozen_gc(method: Callable) -> Callable:
+    """Run `method` with the objects alive at its start exempt from Python's cyclic garbage collector.
+
+    A process that has imported torch, transformers and datasets holds millions of objects, and each full
+    collection scans them all, a noticeable pause several times an epoch (docs/benchmarks.md, "Design figures"),
+    for nothing, since those objects live until the end. Objects created during the call are collected as usual.
+    """
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if gc.get_freeze_count():  # already inside a frozen call
+            return method(*args, **kwargs)
+        gc.freeze()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.unfreeze()
+    return wrapper

@@ -23,19 +23,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from a2po._faults import fault_point
 from a2po.answers import prompt_question
-from a2po.base_trainer import RewardFunc, Rollout, with_prompt_ids
-from a2po.config import A2POConfig, GRPOConfig
+from a2po.base_trainer import BaseTrainer, RewardFunc
+from a2po.config import GRPOConfig
 from a2po.core import (
-    CLIPPED_LOSS_TYPES,
+    LOSS_TYPES,
+    GRPOLossSettings,
     decoupled_advantages,
     group_advantages,
     grpo_loss,
     high_entropy_mask,
+    statistic_mean,
     vllm_importance_weights,
 )
-from a2po.rollout import eval_mode
-from a2po.settings import samples_stage_one, uses_vllm
-from a2po.trainer import ValueEstimation
+from a2po.rollout import Rollout, eval_mode
+from a2po.settings import config_default, uses_vllm
+from a2po.stage_one import StageOne
+from a2po.values import with_prompt_ids
 
 BUFFER_FILE = "generation_buffer"
 
@@ -71,15 +74,16 @@ class PromptChunkSampler(Sampler[int]):
         return self.num_prompts // self.chunk_size * self.chunk_size * self.repeats
 
 
-class GRPOTrainer(ValueEstimation):
+class GRPOTrainer(BaseTrainer):
     """Trainer for GRPO (group relative policy optimization), arXiv 2402.03300, as TRL 1.16 implements it.
 
     Each optimizer step samples `num_generations` (G) completions for each of its prompts from the current policy,
     scores them, and gives each completion its advantage relative to its group: A = (r - mean) / std. The loss is
     the clipped policy-gradient surrogate -min(ratio * A, clip(ratio) * A) per token, plus beta times a per-token
-    KL to the reference, aggregated as `loss_type` says (`a2po.core.grpo_loss`, which also holds TRL's variants:
-    CISPO, SAPO, LUSPO, VESPO, GSPO's sequence-level ratio, two-sided clipping, the off-policy mask, high-entropy
-    tokens; GDPO's advantages are `a2po.core.decoupled_advantages`). With `num_iterations` > 1 a
+    KL to the reference, aggregated as `loss_type` says (`a2po.core.LOSS_TYPES`: TRL's loss types, CISPO, SAPO,
+    LUSPO and VESPO among them, each its policy term, aggregation and statistics; `a2po.core.grpo_loss` also holds
+    GSPO's sequence-level ratio, two-sided clipping, the off-policy mask, high-entropy tokens; GDPO's advantages are
+    `a2po.core.decoupled_advantages`). With `num_iterations` > 1 a
     generation trains that many optimizer steps, the ratio taken to the policy that sampled it. With `use_vllm`
     each completion's policy term is also weighted by pi_old / pi_vllm, TRL's correction for vLLM's own sampling
     distribution (`vllm_importance_sampling_*` in `GRPOConfig`).
@@ -98,6 +102,7 @@ class GRPOTrainer(ValueEstimation):
         args: a `GRPOConfig`.
     """
 
+    _method = "grpo"
     _tag_names = ["grpo"]
 
     def __init__(self, model: PreTrainedModel | str, reward_funcs: RewardFunc | list[RewardFunc],
@@ -111,24 +116,14 @@ class GRPOTrainer(ValueEstimation):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config)
-        self.epsilon_low = args.epsilon
-        self.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+        # Stage 1 only for the pass rates (`pass_rate_band`): no prompt is filtered, and its rows' V* (which GRPO
+        # never reads) is A*-PO's at its default beta1, as the shared V* set shows it.
+        self.stage_one = StageOne(self, beta1=config_default("beta1", "a2po"), filter_all_incorrect=False)
         self._buffer: list[dict[str, torch.Tensor]] | None = None  # the current generation, one dict per micro-batch
         self._step: int | None = None  # micro-batches trained, counted from the run's step 0 (set as training starts)
 
     def _needs_reference(self, args: GRPOConfig) -> bool:
         return args.beta != 0.0
-
-    # ----------------------------------------------------------------------------------------------------------
-    # Stage 1, only to select prompts by pass rate (`pass_rate_band`; `a2po.trainer.ValueEstimation`)
-
-    @property
-    def samples_stage_one(self) -> bool:
-        return samples_stage_one("grpo", self.args)
-
-    def value_rules(self) -> tuple[float, bool]:
-        # GRPO reads only the pass rates; its V* rows take A*-PO's default beta1, and no prompt is filtered.
-        return A2POConfig.__dataclass_fields__["beta1"].default, False
 
     @contextmanager
     def _reference_policy(self) -> Iterator[torch.nn.Module]:
@@ -186,10 +181,7 @@ class GRPOTrainer(ValueEstimation):
         self.train_dataset = with_prompt_ids(self.train_dataset)  # the stream keys name prompts by id
         if self.samples_stage_one:
             # Stage 1 before the first step, on the run's clock: A*-PO's, on the same V* set.
-            self.train_dataset = self.select_by_pass_rate(self.train_dataset)
-            if len(self.train_dataset) == 0:
-                raise ValueError(f"No training prompt has a reference pass rate in pass_rate_band "
-                                 f"{list(self.args.pass_rate_band)}: widen the band, or set it to None.")
+            self.train_dataset = self.stage_one.training_prompts(self.train_dataset)
         if len(self.train_dataset) < self.args.prompts_per_step:
             raise ValueError(f"An optimizer step trains on {self.args.prompts_per_step} prompts (batch size x "
                              f"accumulation x processes / num_generations) but the train set has "
@@ -338,16 +330,11 @@ class GRPOTrainer(ValueEstimation):
         # dapo's normaliser counts the tokens of the whole optimizer step: per micro-batch, it is that over their
         # number, so that the Trainer's division leaves each token of the step one share.
         num_items = batch["num_items"] / self.current_gradient_accumulation_steps
-        loss, stats = grpo_loss(
-            logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
-            loss_type=args.loss_type, beta=args.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
-            max_completion_length=self.max_completion_length, num_items=num_items,
-            bias_correction_kl=args.use_bias_correction_kl, sampling_weights=batch.get("sampling_weights"),
-            importance_sampling_level=args.importance_sampling_level, delta=args.delta,
-            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg, off_policy_mask_threshold=args.off_policy_mask_threshold,
-            sampling_logps=batch.get("sampling_logps"), token_mask=token_mask)
+        # Read from the config at each call: a setting changed on `args` acts from the next micro-batch on.
+        settings = GRPOLossSettings.from_config(args, self.max_completion_length)
+        loss, stats = grpo_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
+                                settings, num_items=num_items, sampling_weights=batch.get("sampling_weights"),
+                                sampling_logps=batch.get("sampling_logps"), token_mask=token_mask)
         self._record_loss_stats(stats, mask.float(), entropies)
         return loss
 
@@ -362,39 +349,15 @@ class GRPOTrainer(ValueEstimation):
 
     def _record_loss_stats(self, stats: dict[str, torch.Tensor], mask: torch.Tensor,
                            entropies: torch.Tensor | None) -> None:
-        """TRL's metrics of the loss on this micro-batch: a statistic per completion, (rows, 1), is averaged over
-        the completions, one per token over the counted tokens, as TRL's."""
-        def mean(values: torch.Tensor) -> float:
-            values = values.float()
-            if values.shape[1] == 1:
-                return values.mean().item()
-            return ((values * mask).sum() / mask.sum().clamp(min=1.0)).item()
-
-        def per_completion(values: torch.Tensor) -> torch.Tensor:
-            values = values.float()
-            if values.shape[1] == 1:
-                return values[:, 0]
-            lengths = mask.sum(-1)
-            return (values * mask).sum(-1)[lengths > 0] / lengths[lengths > 0]  # empty completions have no share
-
+        """TRL's metrics of the loss on this micro-batch: the KL, the entropy, and the loss type's own
+        (`LossType.statistics`)."""
         m = self._metrics
         if "kl" in stats:
-            m["kl"].append(mean(stats["kl"]))
+            m["kl"].append(statistic_mean(stats["kl"], mask))
         if entropies is not None:
-            m["entropy"].append(mean(entropies))
-        if self.args.loss_type in CLIPPED_LOSS_TYPES:
-            low, high = stats["low_clipped"], stats["high_clipped"]
-            m["clip_ratio/low_mean"].append(mean(low))
-            m["clip_ratio/high_mean"].append(mean(high))
-            m["clip_ratio/region_mean"].append(mean(low | high))
-            low_share, high_share = per_completion(low), per_completion(high)
-            if len(low_share):
-                m["clip_ratio/low_min"].append(low_share.min().item())
-                m["clip_ratio/high_max"].append(high_share.max().item())
-        elif self.args.loss_type == "cispo":
-            m["cispo_clip_ratio"].append(mean(stats["cispo_clipped"]))
-        elif self.args.loss_type == "vespo":
-            m["vespo/phi_seq_mean"].append(mean(stats["phi"]))
+            m["entropy"].append(statistic_mean(entropies, mask))
+        for name, value in LOSS_TYPES[self.args.loss_type].statistics(stats, mask).items():
+            m[name].append(value)
 
     # ----------------------------------------------------------------------------------------------------------
     # Checkpoints: a checkpoint between the iterations of a generation holds that generation

@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -247,3 +249,49 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_m
                       completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """Sum over completion tokens (where `completion_mask` is 1) of log pi(y_t | x, y_<t); shape (batch,)."""
     return per_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask).sum(-1)
+
+
+# ------------------------------------------------------------------------------------------------ a rollout, scored
+
+@dataclass
+class Rollout:
+    """Completions sampled for a batch of prompts, decoded and scored: row i * num_samples + j of the completion
+    tensors is sample j of prompt i."""
+
+    rows: list[dict[str, Any]]         # the dataset rows, one per prompt
+    prompt_ids: torch.Tensor           # (prompts, P), left-padded
+    prompt_mask: torch.Tensor
+    prompt_texts: list[str]            # what the model saw (chat template applied)
+    completion_ids: torch.Tensor       # (prompts * num_samples, T)
+    completion_mask: torch.Tensor      # 1 up to and including each row's first EOS
+    completions: list[str]
+    rewards: torch.Tensor              # (prompts * num_samples,) float64: the weighted sum of the reward functions
+    rewards_per_func: torch.Tensor     # (prompts * num_samples, F)
+    clipped: torch.Tensor              # rows that never ended within max_completion_length
+    num_samples: int = 1
+    # (prompts * num_samples, T): each token's log-prob as the sampler drew it, where asked (vLLM only), else None
+    sampling_logps: torch.Tensor | None = None
+    # The reward functions' `log_extra` columns: one value per completion, in the order of `completions`.
+    extra_columns: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1).float()
+
+    def extra(self, k: int) -> dict[str, Any]:
+        """Completion `k`'s `log_extra` values, by column (the `"extra"` of a sample)."""
+        return {column: values[k] for column, values in self.extra_columns.items()}
+
+
+class Scores(NamedTuple):
+    """The reward functions' verdict on a batch of completions (`BaseTrainer._score`)."""
+
+    total: torch.Tensor                 # (completions,) float64: the weighted sum, NaN where no function applied
+    per_func: torch.Tensor              # (completions, F), NaN where a function returned None
+    extra_columns: dict[str, list]      # `log_extra`: one value per completion
+
+
+def completion_token_lists(completion_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each completion's token ids up to and including its first end token, without padding: the `completion_ids`
+    TRL passes to reward functions."""
+    return [ids[keep.bool()].tolist() for ids, keep in zip(completion_ids.cpu(), mask.cpu())]

@@ -22,6 +22,7 @@ METHODS = ("a2po", "grpo")
 
 # ------------------------------------------------------------------------------------------------ vocabularies
 
+# GRPO's loss types, computed by `a2po.core.LOSS_TYPES` (a test holds the two equal).
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -46,7 +47,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass
 class StageOneSettings:
-    """Stage 1 (`a2po.trainer.ValueEstimation`): A*-PO's V* set; GRPO samples it only to select prompts by pass
+    """Stage 1 (`a2po.stage_one.StageOne`): A*-PO's V* set; GRPO samples it only to select prompts by pass
     rate (`pass_rate_band`, `samples_stage_one`)."""
 
     num_value_samples: int = field(default=8, metadata=_help("Reference samples per prompt for V*."))

@@ -1,284 +1,35 @@
 """`A2POTrainer`: A*-PO on top of `a2po.base_trainer.BaseTrainer` (itself a `transformers.Trainer`). The math is in
-`a2po.core`; the set-up, prompts, rewards, sampling, callbacks, evaluation loop and logging shared with
-`GRPOTrainer` are in `a2po.base_trainer`.
+`a2po.core`; stage 1 is `a2po.stage_one.StageOne`, which `GRPOTrainer` also holds (to select prompts by pass rate);
+the set-up, prompts, rewards, sampling, callbacks, evaluation loop and logging shared with `GRPOTrainer` are in
+`a2po.base_trainer`.
 
-Read top to bottom: stage 1 (`ValueEstimation.estimate_optimal_values`, which `GRPOTrainer` shares to select
-prompts by pass rate), then `A2POTrainer`: set-up, stage 2 (`compute_loss`), evaluation (greedy accuracy plus the
-regression loss).
+Read top to bottom: set-up (stage 1 with A*-PO's rules), training (stage 1, then stage 2: `compute_loss`),
+evaluation (greedy accuracy plus the regression loss).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 from datasets import Dataset
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from a2po._faults import fault_point
 from a2po.answers import prompt_question
-from a2po.base_trainer import BaseTrainer, RewardFunc, completion_token_lists, frozen_gc
-from a2po.callbacks import StageInterrupted
-from a2po.config import A2POConfig, in_pass_rate_band
+from a2po.base_trainer import BaseTrainer, RewardFunc
+from a2po.config import A2POConfig
 from a2po.core import a2po_loss
-from a2po.values import (
-    known_value_record,
-    load_optimal_values,
-    loading_key,
-    prompt_id_for,
-    read_jsonl,
-    rescore,
-    summarize,
-    value_record,
-)
+from a2po.device import frozen_gc
+from a2po.rollout import completion_token_lists
+from a2po.stage_one import StageOne
+from a2po.values import summarize
 
-__all__ = ["A2POTrainer", "RewardFunc", "ValueEstimation", "frozen_gc"]
+__all__ = ["A2POTrainer", "RewardFunc"]
 
 
-class ValueEstimation(BaseTrainer):
-    """Stage 1, shared by both methods: for every prompt, `num_value_samples` completions of the reference policy,
-    their rewards, V* and the pass rate. `A2POTrainer` regresses onto V*; `GRPOTrainer` samples it only to select
-    prompts by pass rate (`pass_rate_band`). The V* table and its fingerprint are the same for both, so a GRPO run
-    that selects reuses the V* set of an A*-PO run with the same sampling settings (docs/selection.md)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.value_tables: dict[str, Dataset] = {}
-        self._known_values: dict[str, dict[str, dict[str, Any]]] = {}
-
-    @property
-    def samples_stage_one(self) -> bool:
-        """Whether training needs stage 1: A*-PO always (`GRPOTrainer`: only to select prompts by pass rate)."""
-        return True
-
-    def value_rules(self) -> tuple[float, bool]:
-        """(beta1, filter_all_incorrect) of the V* rows: the method's own (GRPO has neither; see `GRPOTrainer`)."""
-        return self.args.beta1, self.args.filter_all_incorrect
-
-    def _selected(self, record: dict[str, Any]) -> bool:
-        """Whether training keeps the prompt of a V* row: not dropped by `filter_all_incorrect`, and its reference
-        pass rate inside `pass_rate_band` (when set)."""
-        band = self.args.pass_rate_band
-        if record["filtered"]:
-            return False
-        if band is None:
-            return True
-        if not record.get("rewards"):
-            raise ValueError(f"pass_rate_band needs each prompt's reference samples, but prompt "
-                             f"{record['prompt_id']!r} has a V* given by the dataset (its `v_star` column) and none: "
-                             "drop the v_star column so stage 1 samples it, or set pass_rate_band to None.")
-        return in_pass_rate_band(record["num_correct"], len(record["rewards"]), band)
-
-    def select_by_pass_rate(self, dataset: Dataset, split: str = "train") -> Dataset:
-        """The rows of `dataset` training keeps (`_selected`), their V* estimated first where missing; the columns
-        left as they are."""
-        table, _ = self._values_for(dataset, split)
-        by_id = {row["prompt_id"]: row for row in table.to_list()}
-        return dataset.select([i for i, row in enumerate(dataset.to_list())
-                               if self._selected(by_id[prompt_id_for(row)])])
-
-    def value_fingerprint(self) -> str:
-        """What the stage-1 samples depend on (not beta1: V* is recomputed from the stored rewards)."""
-        a = self.args
-        key = {"model": str(self.model_id), "rewards": self.reward_names, "weights": self.reward_weights.tolist(),
-               "seed": self.values_seed,
-               "n": a.num_value_samples, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.sampling_top_k,
-               "max_prompt_length": a.max_prompt_length, "max_completion_length": self.max_completion_length}
-        if loading := loading_key(lambda name: getattr(a, name, None)):
-            key["loading"] = loading
-        return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-    def _values_cache_path(self, split: str) -> Path | None:
-        if not self.args.save_values or not self.args.output_dir:
-            return None
-        rank = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
-        return Path(self.args.output_dir) / f"optimal_values-{split}-{self.value_fingerprint()}{rank}.jsonl"
-
-    def set_optimal_values(self, records: Dataset | Sequence[dict[str, Any]], split: str = "train") -> None:
-        """Give stage 1 rows it already has (e.g. from a database), with their rewards and completions: those
-        prompts are not sampled again, and V* is recomputed from the rewards with this run's beta1."""
-        rows = records.to_list() if isinstance(records, Dataset) else list(records)
-        self._known_values.setdefault(split, {}).update({row["prompt_id"]: row for row in rows})
-
-    def _stored_values(self, split: str) -> dict[str, dict[str, Any]]:
-        """V* rows already known from `set_optimal_values`, `values_path` or this run's cache files, by prompt id."""
-        found: dict[str, dict[str, Any]] = dict(self._known_values.get(split, {}))
-        if self.args.values_path:
-            for row in load_optimal_values(self.args.values_path).to_list():
-                found[row["prompt_id"]] = row
-        cache = self._values_cache_path(split)
-        if cache is not None:
-            for path in sorted(cache.parent.glob(f"optimal_values-{split}-{self.value_fingerprint()}*.jsonl")):
-                for row in read_jsonl(path):
-                    found[row["prompt_id"]] = row
-        return found
-
-    @frozen_gc
-    def estimate_optimal_values(self, dataset: Dataset | None = None, split: str = "train") -> Dataset:
-        """Stage 1: the V* table (see `a2po.values.VALUE_COLUMNS`) for `dataset` (default: the train set).
-
-        Rows with a `v_star` value, or already in `values_path` or this run's saved table, are not sampled again.
-        Under several processes each samples its shard and every process gets the whole table.
-        """
-        args = self.args
-        beta1, filter_all_incorrect = self.value_rules()
-        if dataset is None:
-            dataset = self.train_dataset if split == "train" else self.eval_sets().get(split)
-        if dataset is None:
-            raise ValueError(f"No dataset for split '{split}': pass train_dataset (or eval_dataset) to A2POTrainer.")
-        if "prompt" not in dataset.column_names:
-            raise ValueError(f"The {split} dataset has no 'prompt' column (it has {dataset.column_names}); rename "
-                             "the column holding the prompts to 'prompt'.")
-        rows = dataset.to_list()
-        ids = [prompt_id_for(row) for row in rows]
-        stored = self._stored_values(split)
-        # Every rank must see the same stored rows before any rank appends new ones, or the shards would differ.
-        self.accelerator.wait_for_everyone()
-        records: dict[str, dict[str, Any]] = {}
-        pending = []
-        for pid, row in zip(ids, rows):
-            if row.get("v_star") is not None:
-                records[pid] = known_value_record(pid, row["prompt"], self._render_prompt(row["prompt"]),
-                                                  row["v_star"], filter_all_incorrect)
-            elif pid in stored:
-                given = {"prompt": row["prompt"], "prompt_text": self._render_prompt(row["prompt"]), **stored[pid]}
-                records[pid] = rescore(given, beta1, filter_all_incorrect)
-            elif pid not in records:
-                records[pid] = None  # placeholder keeps duplicate rows from being sampled twice
-                pending.append((pid, row))
-        # A stop already pending (e.g. the end of training) is not a stop request for this stage.
-        stop_before, self.control.should_training_stop = self.control.should_training_stop, False
-        self._notify("on_values_begin", split=split, num_prompts=len(rows), num_pending=len(pending))
-
-        counters = self.run_counters
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        mine = pending[rank::world]
-        # Similar lengths in a batch waste less padding.
-        mine.sort(key=lambda item: len(self._render_prompt(item[1]["prompt"])))
-        batch_size = args.stage1_batch_size
-        cache_path = self._values_cache_path(split)
-        done = len(rows) - len(pending)
-        new_records = []
-        logged: dict[str, list[float]] = defaultdict(list)  # the reward functions' `log_metric` values
-        bar = tqdm(total=len(pending), desc=f"Stage 1: V* ({split})", unit="prompt",
-                   disable=not self.is_local_process_zero() or args.disable_tqdm)
-        # Every rank runs as many batches as the largest shard (the first) needs, with an empty batch once its own
-        # shard is done: each batch ends in collectives (records gathered, the stop agreed) that every rank joins.
-        num_batches = -(-len(pending[0::world]) // batch_size)
-        with self._reference_policy() as reference:
-            for start in range(0, num_batches * batch_size, batch_size):
-                batch = mine[start:start + batch_size]
-                batch_records = []
-                values_stats = self.rollout_stats["values"]
-                batch_started, tokens_before, flops_before = (time.perf_counter(), values_stats["tokens"],
-                                                              values_stats["flops"])
-                if batch:
-                    batch_rows = [{**row, "prompt_id": pid} for pid, row in batch]
-                    prompt_ids, prompt_mask, texts = self._encode_prompts([row["prompt"] for row in batch_rows])
-                    completion_ids = self._sample(reference, prompt_ids, prompt_mask,
-                                                  num_samples=args.num_value_samples, phase="values",
-                                                  row_keys=self._stream_keys("values", batch_rows,
-                                                                             args.num_value_samples))
-                    completions, mask = self._decode(completion_ids)
-                    n = args.num_value_samples
-                    repeated = [row for row in batch_rows for _ in range(n)]
-                    with self._reward_metrics_into(logged):
-                        rewards = self._score(repeated, completions, completion_token_lists(completion_ids, mask),
-                                              trainer_state=self._state_before_training()).total
-                    fault_point("values_batch")
-                    batch_records = [
-                        value_record(pid, row["prompt"], texts[i], rewards[i * n:(i + 1) * n].tolist(),
-                                     completions[i * n:(i + 1) * n], beta1, filter_all_incorrect)
-                        for i, (pid, row) in enumerate(batch)]
-                if cache_path is not None and batch_records:
-                    cache_path.parent.mkdir(parents=True, exist_ok=True)
-                    with open(cache_path, "a", encoding="utf-8") as f:
-                        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records)
-                # The run's clock: this batch's sampling and scoring (the slowest rank's time, every rank's tokens
-                # and compute).
-                spent = torch.tensor([time.perf_counter() - batch_started, values_stats["tokens"] - tokens_before,
-                                      values_stats["flops"] - flops_before], dtype=torch.float64)
-                if world > 1:  # the callbacks of every rank (the main one stores them) see every rank's rows
-                    batch_records = gather_object(batch_records)
-                    gathered = self.accelerator.gather(spent[None].to(self.accelerator.device)).cpu()
-                    spent = torch.stack([gathered[:, 0].max(), gathered[:, 1].sum(), gathered[:, 2].sum()])
-                counters.add_values(split, float(spent[0]), int(spent[1]), float(spent[2]))
-                new_records.extend(batch_records)
-                done += len(batch_records)
-                bar.update(len(batch_records))
-                self._notify("on_values_batch", split=split, records=batch_records, done=done, total=len(rows),
-                             seconds=counters.values_seconds[split], completion_tokens=counters.values_tokens[split],
-                             batch_seconds=float(spent[0]), batch_tokens=int(spent[1]),
-                             flops=counters.values_flops[split], batch_flops=float(spent[2]))
-                self._agree_on_control("should_training_stop")
-                if self.control.should_training_stop:
-                    bar.close()
-                    raise StageInterrupted(f"Stage 1 ({split}) stopped after {done} of {len(rows)} prompts; "
-                                           "rerun to continue with the prompts not yet done.")
-        bar.close()
-        self.control.should_training_stop = stop_before
-        reward_metrics = self._reward_metric_means(logged)
-        for record in new_records:
-            records[record["prompt_id"]] = record
-        table_rows = [records[pid] for pid in dict.fromkeys(ids)]
-        table = Dataset.from_list(table_rows)
-        summary = summarize(table_rows, args.num_value_samples)
-        if pending:
-            # The split's whole cost so far, earlier starts included; a stage 1 that sampled nothing (every row was
-            # stored) logs no cost, so it never replaces the figures of the start that paid for them.
-            summary["runtime"] = round(counters.values_seconds.get(split, 0.0), 4)
-            summary["completion_tokens"] = counters.values_tokens.get(split, 0)
-            summary["flops"] = counters.values_flops.get(split, 0.0)
-        self.value_tables[split] = table
-        self._notify("on_values_end", split=split, values=table, summary=summary)
-        # The reward functions' `log_metric` values, averaged over what this start sampled; a built-in name wins.
-        self.log({f"values/{split}/{k}": float(v) for k, v in {**reward_metrics, **summary}.items()})
-        return table
-
-    def _values_for(self, dataset: Dataset, split: str) -> tuple[Dataset, str]:
-        """`dataset`'s V* table and its name: `split`'s own table when it holds every prompt of `dataset` (or when
-        `dataset` is the trainer's own set of that name), else a table of its own named after `split` and its prompt
-        ids, so evaluating another dataset never reads, or replaces, the V* of the trainer's own."""
-        ids = {prompt_id_for(row) for row in dataset.to_list()}
-        table = self.value_tables.get(split)
-        own = self.train_dataset if split == "train" else self.eval_sets().get(split)
-        if table is not None and ids <= set(table["prompt_id"]):
-            return table, split
-        if dataset is own or (own is None and table is None):
-            return self.estimate_optimal_values(dataset, split), split
-        name = f"{split}-{hashlib.sha1(json.dumps(sorted(ids)).encode()).hexdigest()[:8]}"
-        table = self.value_tables.get(name)
-        return (table if table is not None else self.estimate_optimal_values(dataset, name)), name
-
-    def _with_values(self, dataset: Dataset, split: str, select: bool) -> tuple[Dataset, Dataset]:
-        """`dataset` with the `prompt_id` and `v_star` of its V* table (estimated on first use), and the table;
-        `select`: only the rows training keeps (`_selected`)."""
-        table, _ = self._values_for(dataset, split)
-        by_id = {row["prompt_id"]: row for row in table.to_list()}
-        keep, v_stars, pids = [], [], []
-        for i, row in enumerate(dataset.to_list()):
-            record = by_id[prompt_id_for(row)]
-            if select and not self._selected(record):
-                continue
-            keep.append(i)
-            v_stars.append(record["v_star"])
-            pids.append(record["prompt_id"])
-        out = dataset.select(keep)
-        if self.args.remove_unused_columns:
-            out = out.select_columns(["prompt"])
-        out = out.remove_columns([c for c in ("v_star", "prompt_id") if c in out.column_names])
-        return out.add_column("prompt_id", pids).add_column("v_star", v_stars), table
-
-
-class A2POTrainer(ValueEstimation):
+class A2POTrainer(BaseTrainer):
     """Trainer for A*-PO (optimal advantage regression), arXiv 2505.20686.
 
     Stage 1, before training: for every prompt, sample `num_value_samples` completions from the reference policy,
@@ -308,6 +59,7 @@ class A2POTrainer(ValueEstimation):
             weights with adapters disabled, so no second copy of the model is held.
     """
 
+    _method = "a2po"
     _tag_names = ["a2po"]
     _eval_extra_metrics = ("loss",)
     _completion_columns = ("v_star", "implicit_reward")  # `advantage` is r - V*, the regression's target
@@ -327,6 +79,7 @@ class A2POTrainer(ValueEstimation):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config)
+        self.stage_one = StageOne(self, beta1=args.beta1, filter_all_incorrect=args.filter_all_incorrect)
 
     @frozen_gc
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None,
@@ -339,14 +92,7 @@ class A2POTrainer(ValueEstimation):
         """
         if self.train_dataset is None:
             raise ValueError("A2POTrainer.train() needs a train_dataset with a 'prompt' column.")
-        trained_on, _ = self._with_values(self.train_dataset, "train", select=True)
-        if len(trained_on) == 0 and self.args.pass_rate_band is not None:
-            raise ValueError(f"No training prompt has a reference pass rate in pass_rate_band "
-                             f"{list(self.args.pass_rate_band)}: widen the band, or set it to None.")
-        if len(trained_on) == 0:
-            raise ValueError("Every training prompt was filtered out: no reference sample was correct. Use easier "
-                             "prompts, more num_value_samples, a higher temperature, or filter_all_incorrect=False.")
-        self.train_dataset = trained_on
+        self.train_dataset = self.stage_one.training_prompts(self.train_dataset, with_values=True)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                              ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
 
@@ -391,7 +137,7 @@ class A2POTrainer(ValueEstimation):
 
     def _eval_rows(self, dataset: Dataset, split: str) -> tuple[Dataset, Dataset]:
         """The eval rows with their V* (estimated from the reference policy on first use), and their V* table."""
-        return self._with_values(dataset, split, select=False)
+        return self.stage_one.with_values(dataset, split, select=False)
 
     def _policy_is_reference(self) -> bool:
         """Whether the policy still equals the reference: before the first optimizer step, the reference being a copy

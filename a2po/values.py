@@ -45,6 +45,13 @@ def prompt_id_for(row: dict[str, Any]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def with_prompt_ids(dataset: Dataset) -> Dataset:
+    """`dataset` with a `prompt_id` column: its own, else a hash of each row (`prompt_id_for`)."""
+    if "prompt_id" in dataset.column_names:
+        return dataset
+    return dataset.add_column("prompt_id", [prompt_id_for(row) for row in dataset.to_list()])
+
+
 def value_record(prompt_id: str, prompt: Any, prompt_text: str, rewards: Sequence[float], completions: Sequence[str],
                  beta1: float, filter_all_incorrect: bool) -> dict[str, Any]:
     """One row of the V* table from the N reference rewards of a prompt."""

@@ -191,7 +191,7 @@ def train_run(setting: Setting, method: str, *, lora: bool = False, filter_all_i
                             processing_class=make_tokenizer(setting.size), peft_config=peft_config)
     stage1 = {"seconds": 0.0}
     if method == "a2po":
-        estimate = trainer.estimate_optimal_values
+        estimate = trainer.stage_one.estimate
 
         def timed(*a: Any, **k: Any) -> Any:
             start = time.perf_counter()
@@ -201,7 +201,7 @@ def train_run(setting: Setting, method: str, *, lora: bool = False, filter_all_i
                 setting.sync()
                 stage1["seconds"] += time.perf_counter() - start
 
-        trainer.estimate_optimal_values = timed
+        trainer.stage_one.estimate = timed
 
     setting.reset_peak()
     start = time.perf_counter()

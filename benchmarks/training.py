@@ -19,7 +19,7 @@ interleaved (ours, ours-bf16, trl-a2po, trl-grpo, ours, ...) and medians are rep
 
 - `wall`: `trainer.train()`, end to end (for A*-PO: stage 1 + stage 2); `tokens_per_s`: completion tokens sampled in
   it (both stages) per second of it.
-- `stage 1`: the value-estimation method, wrapped from outside (ours: `estimate_optimal_values`, TRL:
+- `stage 1`: the value-estimation method, wrapped from outside (ours: `trainer.stage_one.estimate`, TRL:
   `_estimate_optimal_values`); `stage 2` is the rest of `train()`.
 - decoding: ours reports `trainer.rollout_stats`; for TRL every `model.generate` call is timed (prefill included,
   as in ours). `ms/step` is the time per batched decode step, `tok/s` counts completion tokens up to the first EOS.
@@ -344,7 +344,7 @@ def run_job(job: Job) -> dict[str, Any]:
                           use_vllm=job.use_vllm, vllm_enable_sleep_mode=job.vllm_enable_sleep_mode, **common)
         trainer = A2POTrainer(model=job.model_dir, reward_funcs=binary_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[RecordRuntime(), held])
-        trainer.estimate_optimal_values = timed_stage1(trainer.estimate_optimal_values)
+        trainer.stage_one.estimate = timed_stage1(trainer.stage_one.estimate)
     elif job.impl == "trl-a2po":
         args = A2POConfig(num_value_samples=job.num_value_samples, beta1=0.5, beta2=1e-3, max_prompt_length=512,
                           **common)

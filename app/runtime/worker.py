@@ -191,7 +191,7 @@ def _stage_one(store: Store, run: dict[str, Any], spec: Any, trainer: Any, recor
     for name, cost in charged.items():
         trainer.run_counters.restore_values(name, *cost)
     if main:
-        record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.value_rules())
+        record_reused_values(store, run, splits, {name: known[name] for name in needed}, trainer.stage_one.rules)
     check_stop()
 
     try:

@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from a2po.core import decoupled_advantages, group_advantages, grpo_loss, high_entropy_mask, vllm_importance_weights
+from a2po import core
+from a2po.core import (
+    GRPOLossSettings,
+    decoupled_advantages,
+    group_advantages,
+    grpo_loss,
+    high_entropy_mask,
+    vllm_importance_weights,
+)
+from a2po.settings import GRPO_LOSS_TYPES
 
 # Two prompts, G = 4: one group with 2 of 4 correct, one whose rewards are all equal.
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
@@ -47,10 +56,16 @@ ROW0 = [-1.0, -1.28]
 ROW1 = [0.4, 0.5 * math.exp(0.1), 0.5]
 
 
-def loss(loss_type, logps=None, **kwargs):
+def loss(loss_type, logps=None, num_items=None, **settings):
     logps = OLD + LOG_RATIO if logps is None else logps
-    return grpo_loss(logps, OLD, None, ADVANTAGES, MASK, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28,
-                     **kwargs)
+    return grpo_loss(logps, OLD, None, ADVANTAGES, MASK,
+                     GRPOLossSettings(loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, **settings),
+                     num_items=num_items)
+
+
+def test_the_loss_table_holds_exactly_the_offered_loss_types():
+    """`a2po.settings` names the loss types without torch; the table in `a2po.core` computes them."""
+    assert tuple(core.LOSS_TYPES) == GRPO_LOSS_TYPES
 
 
 @pytest.mark.parametrize("loss_type, expected", [
@@ -82,13 +97,14 @@ def test_kl_term_is_the_k3_estimate_times_the_ratio():
     beta = 0.04
     k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
     kl = [[0.0, k3(-0.2) * math.exp(0.5)], [k3(0.3) * math.exp(-0.5), 0.0, k3(0.1)]]
-    value, stats = grpo_loss(logps, OLD, ref, ADVANTAGES, MASK, loss_type="bnpo", beta=beta, epsilon_low=0.2,
-                             epsilon_high=0.28)
+    value, stats = grpo_loss(logps, OLD, ref, ADVANTAGES, MASK,
+                             GRPOLossSettings(loss_type="bnpo", beta=beta, epsilon_low=0.2, epsilon_high=0.28))
     expected = (sum(ROW0) + sum(ROW1) + beta * (sum(kl[0]) + sum(kl[1]))) / 5
     assert value.item() == pytest.approx(expected, rel=1e-6)
     assert (stats["kl"] * MASK)[1].tolist() == pytest.approx(kl[1], rel=1e-5)
-    without, _ = grpo_loss(logps, OLD, ref, ADVANTAGES, MASK, loss_type="bnpo", beta=beta, epsilon_low=0.2,
-                           epsilon_high=0.28, bias_correction_kl=False)
+    without, _ = grpo_loss(logps, OLD, ref, ADVANTAGES, MASK,
+                           GRPOLossSettings(loss_type="bnpo", beta=beta, epsilon_low=0.2, epsilon_high=0.28,
+                                            use_bias_correction_kl=False))
     plain = [[0.0, k3(-0.2)], [k3(0.3), 0.0, k3(0.1)]]
     assert without.item() == pytest.approx((sum(ROW0) + sum(ROW1) + beta * (sum(plain[0]) + sum(plain[1]))) / 5,
                                            rel=1e-6)
@@ -97,7 +113,7 @@ def test_kl_term_is_the_k3_estimate_times_the_ratio():
 def test_one_iteration_takes_the_ratio_to_the_policy_itself():
     """num_iterations = 1: pi_old is pi detached, so the ratio is 1 and the gradient is -A per token."""
     logps = (OLD + LOG_RATIO).requires_grad_(True)
-    value, _ = grpo_loss(logps, None, None, ADVANTAGES, MASK, loss_type="bnpo")
+    value, _ = grpo_loss(logps, None, None, ADVANTAGES, MASK, GRPOLossSettings(loss_type="bnpo"))
     assert value.item() == pytest.approx((-1.0 * 2 + 0.5 * 3) / 5)
     value.backward()
     assert logps.grad.flatten().tolist() == pytest.approx([-0.2, -0.2, 0.0, 0.1, 0.1, 0.1])
@@ -140,7 +156,8 @@ def test_sapo_replaces_the_clip_by_a_temperature_gate():
 def test_cispo_weights_log_pi_by_the_capped_ratio_without_its_gradient():
     """-sg(min(w, epsilon_high)) A log pi per token: the gradient is -min(w, epsilon_high) A / num_items."""
     logps = (OLD + LOG_RATIO).requires_grad_(True)
-    value, stats = grpo_loss(logps, OLD, None, ADVANTAGES, MASK, loss_type="cispo", epsilon_high=1.2, num_items=5.0)
+    value, stats = grpo_loss(logps, OLD, None, ADVANTAGES, MASK, GRPOLossSettings(loss_type="cispo", epsilon_high=1.2),
+                             num_items=5.0)
     value.backward()
     expected = [[-1 / 5, -1.2 / 5, 0.0], [math.exp(-0.5) * 0.5 / 5, math.exp(0.1) * 0.5 / 5, 0.5 / 5]]
     assert logps.grad.tolist()[0] == pytest.approx(expected[0], abs=1e-7)
@@ -165,8 +182,10 @@ def test_two_sided_clipping_caps_the_ratio_of_a_negative_advantage():
     """A < 0 and w = 2 > 1 + epsilon_high: the clipped surrogate keeps |A| w = 2; delta = 1.5 caps it at 1.5."""
     logps, old = torch.tensor([[math.log(2.0)]]), torch.zeros(1, 1)
     args = dict(loss_type="bnpo", epsilon_low=0.2, epsilon_high=0.28)
-    assert grpo_loss(logps, old, None, torch.tensor([-1.0]), torch.ones(1, 1), **args)[0].item() == pytest.approx(2.0)
-    capped, _ = grpo_loss(logps, old, None, torch.tensor([-1.0]), torch.ones(1, 1), delta=1.5, **args)
+    assert grpo_loss(logps, old, None, torch.tensor([-1.0]), torch.ones(1, 1),
+                     GRPOLossSettings(**args))[0].item() == pytest.approx(2.0)
+    capped, _ = grpo_loss(logps, old, None, torch.tensor([-1.0]), torch.ones(1, 1),
+                          GRPOLossSettings(delta=1.5, **args))
     assert capped.item() == pytest.approx(1.5)
 
 
@@ -182,7 +201,8 @@ def test_vespo_gamma_weight_is_one_on_policy_and_fades_off_policy():
     """phi(W) = exp(lambda + k log W - lambda W): 1 at W = 1 (on-policy the loss is -A log pi per token); row 0
     (A >= 0, k 2, lambda 3) has log W = 0.5, row 1 (A < 0, k 3, lambda 2) log W = -0.4."""
     logps = OLD + LOG_RATIO
-    on_policy, stats = grpo_loss(logps, None, None, ADVANTAGES, MASK, loss_type="vespo", num_items=5.0)
+    on_policy, stats = grpo_loss(logps, None, None, ADVANTAGES, MASK, GRPOLossSettings(loss_type="vespo"),
+                                 num_items=5.0)
     assert stats["phi"].flatten().tolist() == pytest.approx([1.0, 1.0])
     assert on_policy.item() == pytest.approx(-((logps * MASK).sum(-1) * ADVANTAGES).sum().item() / 5, rel=1e-6)
     _, stats = loss("vespo", num_items=5.0)

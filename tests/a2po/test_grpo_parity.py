@@ -22,8 +22,9 @@ from datasets import Dataset
 
 from a2po import GRPOConfig, GRPOTrainer
 from a2po.base_trainer import Rollout
-from a2po.core import GRPO_LOSS_TYPES, group_advantages
+from a2po.core import group_advantages
 from a2po.rollout import per_token_logprobs
+from a2po.settings import GRPO_LOSS_TYPES
 
 trl = pytest.importorskip("trl", reason="TRL is the `bench` extra (`make test` installs it)")
 if trl.__version__ != "1.16.0":

@@ -109,7 +109,7 @@ def test_grpo_reuses_the_a2po_v_star_set(tmp_path, tiny_model_dir):
                        train_dataset=prompts(), callbacks=[events])
     assert grpo.value_fingerprint() == a2po.value_fingerprint()
     grpo.set_optimal_values(table, "train")
-    selected = grpo.select_by_pass_rate(grpo.train_dataset)
+    selected = grpo.stage_one.select(grpo.train_dataset)
     assert events.pending == [("train", 0)]
     assert {prompt_id_for(row) for row in selected.to_list()} == expected_ids(table, BAND)
 
