@@ -93,7 +93,7 @@ def test_the_launch_form_shows_them_next_to_the_batch_settings():
 
 
 def test_the_run_header_says_them():
-    from app.web.pages.run import header
+    from app.web.pages.run.header import header
 
     run = {"id": 3, "name": "g", "status": "running", "action": "train", "model": "m", "dataset": "arithmetic",
            "created_at": 0.0, "started_at": None, "config": {"method": "grpo", "config": {

@@ -55,7 +55,7 @@ class SamplesTab:
     tab: gr.Tab
 
     def filters(self) -> list[gr.components.Component]:
-        """The tab's inputs, in the order of `app.web.pages.run.Frame`'s sample fields."""
+        """The tab's inputs, in the order of `app.web.pages.run.frame.Frame`'s sample fields."""
         return [self.correct, self.text, self.step, self.sort, self.latest, self.split]
 
 
