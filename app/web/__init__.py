@@ -15,7 +15,8 @@ from app.web.pages.compare import build_compare_page
 from app.web.pages.compare import study_choices as _study_choices
 from app.web.pages.explain import build_explain_page
 from app.web.pages.export import build_export_page
-from app.web.pages.launch import build_launch_page, preset_choices
+from app.web.pages.launch.form import preset_choices
+from app.web.pages.launch.page import build_launch_page
 from app.web.pages.login import build_login, show_status
 from app.web.pages.playground import build_playground_page
 from app.web.pages.run.page import build_run_page
