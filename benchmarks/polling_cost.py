@@ -237,15 +237,15 @@ def open_run_page(context, url: str, run_name: str, tab: str):
 
 def poll_clients(url: str, run_id: int, sessions: int, stop: threading.Event, errors: list[str],
                  counts: dict[str, int]) -> list:
-    """`sessions` Gradio clients, each doing what a Run page on the V* tab does (`app.web.pages.run.POLLER_JS`): every
-    `POLL_SECONDS` (staggered) ask `/run_version`, and when some group on screen moved call its `/run_draw_<group>`
-    with the page's inputs, at most every `LIVE_REDRAW_SECONDS` unless the status changed. Each client is its own
-    session."""
+    """`sessions` Gradio clients, each doing what a Run page on the V* tab does
+    (`app.web.pages.run.poller.POLLER_JS`): every `POLL_SECONDS` (staggered) ask `/run_version`, and when some group
+    on screen moved call its `/run_draw_<group>` with the page's inputs, at most every `LIVE_REDRAW_SECONDS` unless
+    the status changed. Each client is its own session."""
     from gradio_client import Client
 
-    from app.web.pages.run import LIVE_REDRAW_SECONDS, POLL_SECONDS
+    from app.web.pages.run.poller import LIVE_REDRAW_SECONDS, POLL_SECONDS
 
-    # In the order of `app.web.pages.run.draw_inputs`.
+    # In the order of the page's `draw_inputs` (`app.web.pages.run.page`).
     inputs = (run_id, 0.6, "step", False, "train", "stage-1 order", "", "all", "", "")
     on_screen = ("head", "controls", "values", "table")  # the V* tab, in stage-1 order
 

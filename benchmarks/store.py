@@ -326,11 +326,11 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
 
     from app.access.gate import Services
     from app.web import live
-    from app.web.pages import run
+    from app.web.pages.run import frame, poller, session, views
 
     services = Services(store=store, scheduler=None, data_dir=Path(tempfile.gettempdir()))
     table, plot = gr.Dataframe(render=False), gr.Plot(render=False)
-    inputs = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
+    inputs = (frame.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
     prompt_id = f"p{store.count_values(value_set_id, 'train') // 2:07d}"
 
     def serialise(outputs: list[Any]) -> None:
@@ -344,23 +344,23 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
         def call() -> None:
             if cold:
                 live.SHARED.forget(lambda _key: True)
-            serialise(run.refresh(services, run_id, run.new_state(run_id, tab), *inputs))
+            serialise(session.refresh(services, run_id, session.new_state(run_id, tab), *inputs))
         return call
 
     warm_state: dict[str, Any] = {}
 
     def poll_unchanged() -> None:
         if "state" not in warm_state:
-            warm_state["state"] = run.refresh(services, run_id, None, *inputs)[0]
-        serialise(run.refresh(services, run_id, warm_state["state"], *inputs))
+            warm_state["state"] = session.refresh(services, run_id, None, *inputs)[0]
+        serialise(session.refresh(services, run_id, warm_state["state"], *inputs))
 
     def after_batch() -> None:
         """A stage-1 batch arrived: new V* aggregates, page and charts (once, for every session)."""
-        state = run.refresh(services, run_id, None, *inputs)[0]
+        state = session.refresh(services, run_id, None, *inputs)[0]
         live.SHARED.forget(lambda key: key[0] in ("stats", "values", "page"))
         for view in ("summary", "charts", "table"):
             state["shown"].pop(view)
-        serialise(run.refresh(services, run_id, state, *inputs))
+        serialise(session.refresh(services, run_id, state, *inputs))
 
     def click_prompt() -> None:
         from app.web.pages import values
@@ -370,12 +370,12 @@ def app_operations(store: Store, run_id: int, value_set_id: int) -> list[Op]:
     def version() -> None:
         """What a page's timer asks every 2.5 s (`/run_version`), the snapshot re-read (as once a second)."""
         live.SHARED.forget(lambda key: key[0] == "snapshot")
-        run.run_version(store, run_id)
+        poller.run_version(store, run_id)
 
     ops = [Op("poll", "app: /run_version (each page's poll, every 2.5 s)", None, version),
            Op("poll", "app: a redraw that finds nothing new", None, poll_unchanged),
            Op("update", "app: redraw after a stage-1 batch (V* tab; once for all sessions)", None, after_batch)]
-    for tab in run.TABS:
+    for tab in views.TABS:
         ops.append(Op("view", f"app: open the {tab} tab (first session)", None, open_view(tab)))
     ops.append(Op("view", "app: open the V* tab (later sessions)", None, open_view("values", cold=False)))
     ops.append(Op("view", "app: click one prompt", None, click_prompt))

@@ -50,8 +50,17 @@ def _v1(con: sqlite3.Connection) -> None:
     """AUTOINCREMENT ids for runs and value sets (ids are never reused); run columns for the scheduler
     (devices, stop reason, progress time, owner, resume and launch counters); per-split prompt counts on value
     sets; the latest value of each metric; a covering index for the V* statistics; secrets scrubbed from specs."""
+    _drop_orphans(con)
+    _runs_v1(con)
+    _value_sets_v1(con)
+    _metric_latest_v1(con)
+    _scrub_specs(con)
+
+
+def _drop_orphans(con: sqlite3.Connection) -> None:
+    """Delete the leftovers of deleted runs and value sets: unreachable rows would fail the foreign-key check of the
+    tables `_v1` copies."""
     _script(con, """
-        -- Leftovers of deleted runs and value sets (unreachable rows) would fail the foreign-key check below.
         DELETE FROM metrics WHERE run_id NOT IN (SELECT id FROM runs);
         DELETE FROM samples WHERE run_id NOT IN (SELECT id FROM runs);
         DELETE FROM evaluations WHERE run_id NOT IN (SELECT id FROM runs);
@@ -60,7 +69,12 @@ def _v1(con: sqlite3.Connection) -> None:
         DELETE FROM prompt_values WHERE value_set_id NOT IN (SELECT id FROM value_sets);
         UPDATE runs SET value_set_id = NULL WHERE value_set_id NOT IN (SELECT id FROM value_sets);
         UPDATE runs SET parent_run_id = NULL WHERE parent_run_id NOT IN (SELECT id FROM runs);
+    """)
 
+
+def _runs_v1(con: sqlite3.Connection) -> None:
+    """The runs table again, with AUTOINCREMENT ids and the scheduler's columns."""
+    _script(con, """
         CREATE TABLE runs_v1 (
             id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
             name VARCHAR(200) NOT NULL,
@@ -102,7 +116,12 @@ def _v1(con: sqlite3.Connection) -> None:
         DROP TABLE runs;
         ALTER TABLE runs_v1 RENAME TO runs;
         CREATE INDEX ix_runs_status ON runs (status);
+    """)
 
+
+def _value_sets_v1(con: sqlite3.Connection) -> None:
+    """The value sets again, with AUTOINCREMENT ids and their per-split prompt counts; the V* statistics' index."""
+    _script(con, """
         CREATE TABLE value_sets_v1 (
             id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
             fingerprint VARCHAR(128) NOT NULL,
@@ -123,7 +142,12 @@ def _v1(con: sqlite3.Connection) -> None:
         ALTER TABLE value_sets_v1 RENAME TO value_sets;
 
         CREATE INDEX ix_prompt_values_stats ON prompt_values (value_set_id, split, v_star, num_correct, filtered);
+    """)
 
+
+def _metric_latest_v1(con: sqlite3.Connection) -> None:
+    """The latest value of each metric of each run."""
+    _script(con, """
         CREATE TABLE metric_latest (
             run_id INTEGER NOT NULL,
             name VARCHAR(200) NOT NULL,
@@ -140,6 +164,10 @@ def _v1(con: sqlite3.Connection) -> None:
                 FROM metrics)
             WHERE rank = 1;
     """)
+
+
+def _scrub_specs(con: sqlite3.Connection) -> None:
+    """Secrets scrubbed from the stored run specs."""
     for run_id, config in con.execute("SELECT id, config FROM runs").fetchall():
         try:
             spec = json.loads(config)

@@ -15,10 +15,11 @@ from app.web.pages.compare import build_compare_page
 from app.web.pages.compare import study_choices as _study_choices
 from app.web.pages.explain import build_explain_page
 from app.web.pages.export import build_export_page
-from app.web.pages.launch import build_launch_page, preset_choices
+from app.web.pages.launch.form import preset_choices
+from app.web.pages.launch.page import build_launch_page
 from app.web.pages.login import build_login, show_status
 from app.web.pages.playground import build_playground_page
-from app.web.pages.run import build_run_page
+from app.web.pages.run.page import build_run_page
 from app.web.pages.runs import build_runs_page
 from app.web.pages.studies import build_studies_page
 
@@ -61,7 +62,7 @@ def build_demo(services: Services) -> gr.Blocks:
             return gr.Dropdown(choices=run_choices(services.store), value=int(run_id))
 
         private = {"api_visibility": "private"}
-        # The Run tab opens in the browser (`app.web.pages.run.SHOW_RUN_TAB`, when the picker changes or a run is
+        # The Run tab opens in the browser (`app.web.pages.run.page.SHOW_RUN_TAB`, when the picker changes or a run is
         # clicked): with the main tabs as an output of an event, every event of the page walked all the app's
         # components.
         for event in launch.events:

@@ -327,7 +327,7 @@ def limits(services: Services, request: gr.Request = None) -> dict:
     from a2po.presets import PRESET_DESCRIPTIONS
     from a2po.recipes import RECIPES
     from a2po.reward_registry import read_registry
-    from app.web.pages.launch import reward_choices
+    from app.web.pages.launch.form import reward_choices
 
     policy, auth = services.policy, services.auth
     registry = read_registry()

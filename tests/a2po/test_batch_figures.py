@@ -69,7 +69,7 @@ SPEC = {"name": "demo", "action": "train", "model": "m", "rewards": [{"name": "e
 
 
 def test_the_launch_page_and_the_pair_plan_say_them():
-    from app.web.pages.launch import batch_text, pair_plan_text
+    from app.web.pages.launch.plans import batch_text, pair_plan_text
 
     grpo = {"method": "grpo", "config": {"per_device_train_batch_size": 64, "num_generations": 8,
                                          "gradient_accumulation_steps": 1}}
@@ -84,7 +84,7 @@ def test_the_launch_page_and_the_pair_plan_say_them():
 
 def test_the_launch_form_shows_them_next_to_the_batch_settings():
     from app.web import forms
-    from app.web.pages.launch import batch_text
+    from app.web.pages.launch.plans import batch_text
 
     form = forms.default_form()
     form.update(method="grpo", per_device_train_batch_size=32, num_generations=4, gradient_accumulation_steps=2)
@@ -93,7 +93,7 @@ def test_the_launch_form_shows_them_next_to_the_batch_settings():
 
 
 def test_the_run_header_says_them():
-    from app.web.pages.run import header
+    from app.web.pages.run.header import header
 
     run = {"id": 3, "name": "g", "status": "running", "action": "train", "model": "m", "dataset": "arithmetic",
            "created_at": 0.0, "started_at": None, "config": {"method": "grpo", "config": {

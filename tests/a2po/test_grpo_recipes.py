@@ -30,7 +30,10 @@ from app.runtime.devices import Devices
 from app.runtime.scheduler import Scheduler
 from app.studies.protocols import SHARED_SETTINGS
 from app.web import forms
-from app.web.pages import launch
+from app.web.pages.launch.actions import load_spec, pick_recipe, show_method, show_recipe, start, start_pair
+from app.web.pages.launch.form import LaunchForm
+from app.web.pages.launch.page import build_launch_page
+from app.web.pages.launch.plans import plan_pair
 from storage import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,13 +203,13 @@ def test_a_duel_whose_grpo_side_runs_a_recipe_through_the_gate(services, recipe)
 # ------------------------------------------------------------------------------------------------------ Launch form
 
 @pytest.fixture(scope="module")
-def form(services) -> launch.LaunchForm:
+def form(services) -> LaunchForm:
     with gr.Blocks():
-        page = launch.build_launch_page(services)
+        page = build_launch_page(services)
     return page.form
 
 
-def event(form: launch.LaunchForm, **fields) -> dict:
+def event(form: LaunchForm, **fields) -> dict:
     """What the browser sends for the form as it opens, with `fields` (by form key) changed."""
     data = {component: component.value for component in form.fields}
     data.update({form.inputs[key]: value for key, value in fields.items()})
@@ -214,9 +217,9 @@ def event(form: launch.LaunchForm, **fields) -> dict:
             form.pair_recipe: forms.NO_RECIPE, form.sweep_grid: "", form.sweep_field: None}
 
 
-def picked(form: launch.LaunchForm, recipe: str, **fields) -> dict:
+def picked(form: LaunchForm, recipe: str, **fields) -> dict:
     """The form's fields after picking `recipe` (its handler's updates applied), with `fields` changed after."""
-    updates = launch.pick_recipe(form, event(form, method="grpo", recipe=recipe))
+    updates = pick_recipe(form, event(form, method="grpo", recipe=recipe))
     values = {key: updates[component]["value"] for key, component in form.inputs.items() if component in updates}
     return {"method": "grpo", "recipe": recipe, **values, **fields}
 
@@ -224,32 +227,32 @@ def picked(form: launch.LaunchForm, recipe: str, **fields) -> dict:
 def test_the_launch_form_offers_recipes_for_grpo_runs(form):
     assert form.inputs["recipe"].value == forms.NO_RECIPE
     assert [value for _, value in form.inputs["recipe"].choices] == [forms.NO_RECIPE, *RECIPES]
-    assert launch.show_method(form, "grpo")[form.recipe_box]["visible"] is True
-    assert launch.show_method(form, "a2po")[form.recipe_box]["visible"] is False
+    assert show_method(form, "grpo")[form.recipe_box]["visible"] is True
+    assert show_method(form, "a2po")[form.recipe_box]["visible"] is False
     gspo = picked(form, "gspo")
     assert {k: gspo[k] for k in TRL_SETTINGS["gspo"]} == TRL_SETTINGS["gspo"]
     assert gspo["mask_truncated_completions"] is False and gspo["scale_rewards"] == "group"  # TRL's, not the last
-    note = launch.show_recipe(form, event(form, **gspo))
+    note = show_recipe(form, event(form, **gspo))
     assert "GSPO (arXiv 2507.18071)" in note and "act only off-policy" in note
-    assert "act only off-policy" not in launch.show_recipe(form, event(form, **gspo, num_iterations=2))
-    assert "none: GRPO with TRL's GRPOConfig defaults" in launch.show_recipe(form, event(form))
+    assert "act only off-policy" not in show_recipe(form, event(form, **gspo, num_iterations=2))
+    assert "none: GRPO with TRL's GRPOConfig defaults" in show_recipe(form, event(form))
 
 
 def test_a_grpo_run_started_from_the_form_records_its_recipe(form):
     fields = picked(form, "cispo", epsilon_high=4.0, name="cispo-from-the-form")  # a field changed after wins
-    updates = launch.start(form, "train", event(form, **fields), None)
+    updates = start(form, "train", event(form, **fields), None)
     run = form.services.store.get_run(updates[form.launched])["config"]
     assert run["recipe"] == "cispo" and run["method"] == "grpo"
     assert {k: run["config"][k] for k in TRL_SETTINGS["cispo"]} == {**TRL_SETTINGS["cispo"], "epsilon_high": 4.0}
     # Cloned into the form, the run shows its recipe and settings again.
-    filled = launch.load_spec(form, run, "Cloned")
+    filled = load_spec(form, run, "Cloned")
     assert filled[form.inputs["recipe"]]["value"] == "cispo" and filled[form.inputs["epsilon_high"]]["value"] == 4.0
 
 
 def test_the_pair_form_runs_its_grpo_side_under_the_chosen_recipe(form):
     data = {**event(form, name="pair-from-the-form", max_steps=2), form.pair_recipe: "dapo"}
-    assert "**GRPO side:** DAPO (arXiv 2503.14476)" in launch.plan_pair(form, data)
-    updates = launch.start_pair(form, data, None)
+    assert "**GRPO side:** DAPO (arXiv 2503.14476)" in plan_pair(form, data)
+    updates = start_pair(form, data, None)
     assert updates[form.status].startswith("✅ Started A*-PO vs GRPO"), updates[form.status]
     a2po_id, grpo_id = updates[form.pair]
     grpo = form.services.store.get_run(grpo_id)["config"]

@@ -134,7 +134,7 @@ def test_a_studio_grpo_run_selects_on_the_shared_v_star_set(tmp_path, tiny_model
     import json
 
     from app.runtime.scheduler import Scheduler
-    from app.web.pages import run as run_page
+    from app.web.pages.run.builders import values_view
     from storage import Store
     from tests import helpers
 
@@ -156,7 +156,7 @@ def test_a_studio_grpo_run_selects_on_the_shared_v_star_set(tmp_path, tiny_model
     assert grpo["value_counts"] == {"train": 8}  # GRPO needs the train split's pass rates only
     names = set(store.metric_names(second))
     assert "values/train/runtime" in names  # the shared set's cost, charged to the run's clock
-    view = run_page._values_view(store, grpo, store.get_value_set(grpo["value_set_id"]), "train")
+    view = values_view(store, grpo, store.get_value_set(grpo["value_set_id"]), "train")
     assert "pass-rate band [0, 0.5]: **8 of 8 prompts kept** for training" in view["summary"]
     figure = json.loads(view["correct_bar"].plot)
     assert figure["layout"]["shapes"][0]["type"] == "rect" and "band [0, 0.5]" in figure["layout"]["title"]["text"]

@@ -23,7 +23,8 @@ from a2po import A2POConfig, A2POTrainer, GRPOConfig, GRPOTrainer
 from a2po.base_trainer import completion_token_lists
 from a2po.rewards import call_rewards
 from app.web import charts
-from app.web.pages.run import ChartOptions, _training_view
+from app.web.pages.run.builders import training_view
+from app.web.pages.run.frame import ChartOptions
 from storage import Store
 from tests.a2po.test_registered_rewards import TINY_RUN, cli, write
 from tests.helpers import wait_for
@@ -249,5 +250,5 @@ def test_a_trl_reward_trains_in_the_studio(studio, tiny_model_dir, method):
     values = [row["value"] for row in store.get_metrics(run_id, names=["mean_tokens"])]
     assert values and all(0 < v <= 8 for v in values)
     # The Run page draws it beside the built-in curves.
-    plot = _training_view(store, run_id, store.last_ids(run_id), ChartOptions(), {})["plot"].plot
+    plot = training_view(store, run_id, store.last_ids(run_id), ChartOptions(), {})["plot"].plot
     assert '"mean_tokens"' in plot and '"Loss"' in plot

@@ -74,6 +74,24 @@ def set_step(page, elem_id: str, value: str, shown, text: str) -> None:
     expect(shown).to_contain_text(text)
 
 
+def cell_widths(page, elem_id: str) -> dict[str, tuple[float, float]]:
+    """Each column of a table, by its heading: the rendered width of its first row's cell, and that of six
+    characters in the cells' font."""
+    return page.evaluate("""(id) => {
+        const table = document.getElementById(id);
+        const cells = [...table.querySelector('.virtual-row').querySelectorAll('.body-cell')];
+        const probe = document.createElement('span');
+        probe.style.font = getComputedStyle(cells[0]).font;
+        probe.style.cssText += 'position: absolute; visibility: hidden; white-space: pre';
+        probe.textContent = '000000';
+        document.body.appendChild(probe);
+        const six = probe.getBoundingClientRect().width;
+        probe.remove();
+        const headings = [...table.querySelectorAll('thead th')].map(th => th.innerText.trim());
+        return Object.fromEntries(headings.map((name, i) => [name, [cells[i].getBoundingClientRect().width, six]]));
+    }""", elem_id)
+
+
 def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side(studio):
     from playwright.sync_api import expect
 
@@ -88,6 +106,17 @@ def test_the_samples_tab_reads_every_step_and_compare_sets_two_runs_side_by_side
         expect(info).to_contain_text("Step 20 (the latest; 5 logged steps, 4 to 20)")
         expect(table).to_contain_text("a2po step 20")
         expect(table).to_contain_text("format")
+        # The reward columns keep room for a few characters at 1400 px (a long question squeezed them to a letter
+        # per line): the completion's reward, the implicit one and a reward function's own ("accuracy").
+        reward_columns = ("reward", "implicit reward", "accuracy")
+        for _ in range(20):  # the table sets its columns' widths once drawn
+            widths = cell_widths(page, "samples-table")
+            if all(widths[c][0] >= widths[c][1] for c in reward_columns):
+                break
+            time.sleep(0.25)
+        for column in reward_columns:
+            width, six_characters = widths[column]
+            assert width >= six_characters, (column, widths)
         # The slider moved to step 8: that step's rows, and the page stops following the latest.
         set_step(page, "samples-step", "8", info, "Step 8 (5 logged steps")
         expect(table).to_contain_text("a2po step 8")

@@ -14,7 +14,7 @@ import playwright.sync_api as playwright
 import pytest
 from gradio_client import Client
 
-from app.web.pages.run import POLL_SECONDS
+from app.web.pages.run.poller import POLL_SECONDS
 from storage import Store
 from tests.browser import TIMEOUT_MS
 from tests.helpers import wait_status

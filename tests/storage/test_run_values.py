@@ -26,8 +26,11 @@ from a2po.core import optimal_value
 from app.access.gate import Services
 from app.runtime import chunks, journal
 from app.web import live
-from app.web.pages import compare, run
+from app.web.pages import compare, values
 from app.web.pages.export import write_csv
+from app.web.pages.run.frame import ChartOptions
+from app.web.pages.run.session import new_state, refresh
+from app.web.pages.run.views import OUTPUTS
 from storage import Store, lifecycle
 from tests import helpers
 from tests.runtime.test_chunks import chunk_spec, taught_model  # noqa: F401 - a fixture
@@ -36,7 +39,7 @@ from tests.web.test_app_api import free_port, start_app, stop_app
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.2)
 SPEC = {"name": "v", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 4}}
-INPUTS = (run.ChartOptions(), "train", "V* (highest first)", "", "all", "", "")
+INPUTS = (ChartOptions(), "train", "V* (highest first)", "", "all", "", "")
 N = 4  # reference samples per prompt in the runs below
 
 
@@ -214,17 +217,17 @@ def check_run(store: Store, services: Services, run_id: int, beta1: float, filte
         assert sample["v_star"] == pytest.approx(truth["eval", sample["prompt_id"]]["v_star"], abs=1e-6)
 
     # The V* tab: its summary, the table (sorted by V*) and one prompt's detail.
-    out = dict(zip(run.OUTPUTS, run.refresh(services, run_id, run.new_state(run_id, "values"), *INPUTS),
+    out = dict(zip(OUTPUTS, refresh(services, run_id, new_state(run_id, "values"), *INPUTS),
                    strict=True))
     table = out["table"]
     assert list(table["V*"]) == sorted((round(v["v_star"], 4) for v in train), reverse=True)
     assert sorted(table.loc[table["filtered"], "prompt_id"]) == dropped
     assert f"mean V* {mean:.3f}" in out["summary"] and f"**{len(dropped):,} filtered**" in out["summary"]
     pid, some = next((pid, v) for (split, pid), v in truth.items() if split == "train" and 0 < v["num_correct"] < N)
-    text, _ = run.values.prompt_detail(store.get_value(run_id, "train", pid), pid)
+    text, _ = values.prompt_detail(store.get_value(run_id, "train", pid), pid)
     assert f"V* = {hand_v_star(some['num_correct'], N, beta1):.4f}" in text
     # The Filtered tab.
-    out = dict(zip(run.OUTPUTS, run.refresh(services, run_id, run.new_state(run_id, "filtered"), *INPUTS),
+    out = dict(zip(OUTPUTS, refresh(services, run_id, new_state(run_id, "filtered"), *INPUTS),
                    strict=True))
     assert sorted(out["filtered_table"]["prompt_id"]) == dropped
     assert (f"**{len(dropped)} of 12 prompts dropped**" in out["filtered_summary"] if dropped

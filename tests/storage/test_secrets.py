@@ -16,7 +16,7 @@ from app.access.gate import Services
 from app.access.policy import Policy
 from app.runtime.scheduler import Devices, Scheduler
 from app.web.api import run_summary
-from app.web.pages import run as run_page
+from app.web.pages.run.builders import controls_view, logs_view
 from storage import Store
 from storage.secrets import HIDDEN, scrub_secrets, scrub_text
 from tests import postgres
@@ -102,8 +102,8 @@ def test_a_dead_workers_log_tail_reaches_no_visitor_with_the_database_url(postgr
     seen = {"stored error": run["error"],
             "/status": run_summary(run, services.public_text)["error"],
             "/list_runs": [run_summary(r, services.public_text) for r in store.list_runs()][0]["error"],
-            "Run page error": run_page._controls_view(services, run)["error"].value,
-            "Run page logs": run_page._logs_view(services, run_id, log_id)["logs"]}
+            "Run page error": controls_view(services, run)["error"].value,
+            "Run page logs": logs_view(services, run_id, log_id)["logs"]}
     server_folder, python = str(postgres_server.folder), os.path.dirname(sys.executable)
     for where, text in seen.items():
         assert "without recording an end" in text, where
@@ -113,7 +113,7 @@ def test_a_dead_workers_log_tail_reaches_no_visitor_with_the_database_url(postgr
     raw = f"Worker exited with code -9 without recording an end; last lines:\n=== {sys.executable} --db {url}"
     store.add_log(run_id, raw, level="ERROR")
     old = {**run, "error": raw}
-    for text in (run_summary(old, services.public_text)["error"], run_page._controls_view(services, old)["error"].value,
-                 run_page._logs_view(services, run_id, store.last_ids(run_id)["logs"])["logs"]):
+    for text in (run_summary(old, services.public_text)["error"], controls_view(services, old)["error"].value,
+                 logs_view(services, run_id, store.last_ids(run_id)["logs"])["logs"]):
         assert database not in text and server_folder not in text and python not in text, text
     store.close()

@@ -253,7 +253,7 @@ def test_grpo_s_share_of_groups_with_equal_rewards_is_read_from_its_metrics():
 def test_the_launch_page_plans_a_pair_before_it_starts():
     """Under the "A*-PO vs GRPO" button: the runs, their steps and evaluations, and each method's training time at
     the rates of finished runs (A*-PO: 0.25 s a sequence, 0.1 s a stage-1 sample; GRPO: 1 s a completion trained)."""
-    from app.web.pages.launch import pair_plan_text
+    from app.web.pages.launch.plans import pair_plan_text
 
     done_a2po = {**SPEC, "config": {**SPEC["config"], "max_steps": 20}}
     done_grpo = {**SPEC, "method": "grpo", "config": {"max_steps": 10, "per_device_train_batch_size": 64}}

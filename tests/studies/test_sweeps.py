@@ -31,7 +31,7 @@ from app.studies.comparison import Point, Timeline, store_timeline
 from app.studies.protocols import StudyError, pair_specs, planned_steps
 from app.studies.sweeps import estimate_seconds, grid_from_text, shared_stage_one, sweep_specs
 from app.web.api import register_api
-from app.web.pages.launch import build_launch_page
+from app.web.pages.launch.page import build_launch_page
 from storage import Store
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, shoot
 from tests.helpers import wait_for

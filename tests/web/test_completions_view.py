@@ -1,7 +1,7 @@
-"""The completions table without a browser: the store's sample queries (steps, one step's rows filtered and sorted,
-one prompt across steps), the Run page's Samples view over every logged step (`app.web.pages.run.refresh`), and
-Compare's two runs side by side at matched steps (`app.web.pages.completions.side_by_side`). Real SQLite file
-holding an A*-PO run (one completion per prompt, every second step) and a GRPO run (G = 4, every third step)."""
+"""The completions table without a browser: the store's sample queries (steps, one step's rows filtered and sorted, one
+prompt across steps), the Run page's Samples view over every logged step (`app.web.pages.run.session.refresh`), and
+Compare's two runs side by side at matched steps (`app.web.pages.completions.side_by_side`). Real SQLite file holding an
+A*-PO run (one completion per prompt, every second step) and a GRPO run (G = 4, every third step)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import pytest
 
 from app.access.gate import Services
 from app.web import live
-from app.web.pages import completions, run
+from app.web.pages import completions
+from app.web.pages.run.frame import ChartOptions
+from app.web.pages.run.session import new_state, refresh
+from app.web.pages.run.views import OUTPUTS
 from storage import Store
 from tests.helpers import put_in
 
-CHART = run.ChartOptions()
+CHART = ChartOptions()
 G = 4
 
 
@@ -55,10 +58,10 @@ def studio(tmp_path, monkeypatch):
 def samples_tab(services: Services, run_id: int, *, step=None, latest=True, correct="all", text="", sort="prompt",
                 split="train", state=None) -> dict:
     """The Samples tab's outputs of one refresh, by name (the views that did not move: skipped)."""
-    state = state or run.new_state(run_id, "samples")
-    result = run.refresh(services, run_id, state, CHART, "train", "stage-1 order", "", correct, text, step, sort,
+    state = state or new_state(run_id, "samples")
+    result = refresh(services, run_id, state, CHART, "train", "stage-1 order", "", correct, text, step, sort,
                          latest, split, tab="samples")
-    return dict(zip(run.OUTPUTS, result, strict=True))
+    return dict(zip(OUTPUTS, result, strict=True))
 
 
 def test_the_store_reads_a_run_by_step_and_one_prompt_across_steps(studio):
@@ -116,9 +119,9 @@ def test_the_samples_tab_reads_every_logged_step(studio):
 
 def test_following_the_latest_step_moves_with_a_live_run_and_a_picked_step_stays(studio):
     services, a2po, _ = studio
-    following = run.new_state(a2po, "samples")
+    following = new_state(a2po, "samples")
     samples_tab(services, a2po, state=following)
-    picked = run.new_state(a2po, "samples")
+    picked = new_state(a2po, "samples")
     samples_tab(services, a2po, step=4, latest=False, state=picked)
     services.store.add_samples(a2po, [a2po_sample(8, i) for i in range(2)])
     live.forget_run(a2po)  # the shared snapshot is read at most once a second

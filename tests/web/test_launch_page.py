@@ -13,21 +13,33 @@ import pytest
 from app.access.gate import Services
 from app.runtime.devices import Devices
 from app.runtime.scheduler import Scheduler
-from app.web.pages import launch
+from app.web.pages.launch.actions import (
+    apply_preset,
+    check,
+    load_spec,
+    match_rewards,
+    save_yaml,
+    show_command,
+    show_method,
+    start,
+)
+from app.web.pages.launch.form import LaunchForm, show_source
+from app.web.pages.launch.page import build_launch_page
+from app.web.pages.launch.plans import SWEEP_NOTE, add_sweep_field, plan_sweep
 from storage import Store
 
 
 @pytest.fixture(scope="module")
-def form(tmp_path_factory) -> launch.LaunchForm:
+def form(tmp_path_factory) -> LaunchForm:
     data_dir = tmp_path_factory.mktemp("launch-page")
     store = Store(data_dir / "studio.db")
     jobs = Scheduler(store, data_dir, devices=Devices.parse("none"))  # never started: launched runs stay queued
     with gr.Blocks():
-        page = launch.build_launch_page(Services(store=store, scheduler=jobs, data_dir=data_dir))
+        page = build_launch_page(Services(store=store, scheduler=jobs, data_dir=data_dir))
     return page.form
 
 
-def event(form: launch.LaunchForm, **fields) -> dict:
+def event(form: LaunchForm, **fields) -> dict:
     """What the browser sends for the form as it opens, with `fields` (by form key) changed."""
     data = {component: component.value for component in form.fields}
     data.update({form.inputs[key]: value for key, value in fields.items()})
@@ -35,21 +47,21 @@ def event(form: launch.LaunchForm, **fields) -> dict:
             form.sweep_grid: "", form.sweep_field: None}
 
 
-def shown_problems(form: launch.LaunchForm, updates: dict) -> dict[str, str]:
+def shown_problems(form: LaunchForm, updates: dict) -> dict[str, str]:
     """The problems the updates show, by field."""
     return {key: updates[slot].value for key, slot in form.errors.items() if updates[slot].visible}
 
 
-def runs(form: launch.LaunchForm) -> list[dict]:
+def runs(form: LaunchForm) -> list[dict]:
     return form.services.store.list_runs()
 
 
 def test_a_valid_form_checks_and_starts_a_run(form):
-    updates = launch.check(form, event(form))
+    updates = check(form, event(form))
     assert updates[form.status] == "✅ The form is valid." and shown_problems(form, updates) == {}
-    assert "python -m a2po train --model SmolLM2-135M-Instruct" in launch.show_command(form, event(form))[form.command]
+    assert "python -m a2po train --model SmolLM2-135M-Instruct" in show_command(form, event(form))[form.command]
     before = len(runs(form))
-    updates = launch.start(form, "values", event(form, name="from-the-handler"), None)
+    updates = start(form, "values", event(form, name="from-the-handler"), None)
     run_id = updates[form.launched]
     assert updates[form.status] == f"✅ Started run #{run_id} (Estimate V* only)."
     assert len(runs(form)) == before + 1
@@ -74,7 +86,7 @@ def test_one_train_click_builds_the_runs_config_once(form, monkeypatch, source):
 
     monkeypatch.setattr(_BaseConfig, "__post_init__", counted)
     fields = {"dataset_source": "file", "file_path": str(data)} if source == "file" else {}
-    updates = launch.start(form, "train", event(form, name=f"once-{source}", **fields), None)
+    updates = start(form, "train", event(form, name=f"once-{source}", **fields), None)
     run = form.services.store.get_run(updates[form.launched])
     assert run["name"] == f"once-{source}" and run["config"]["dataset"]["source"] == source
     assert built == ["A2POConfig"]
@@ -82,13 +94,13 @@ def test_one_train_click_builds_the_runs_config_once(form, monkeypatch, source):
 
 def test_problems_show_under_their_fields_and_start_nothing(form):
     limit = form.services.policy.limits.max_prompts
-    updates = launch.check(form, event(form, num_prompts=limit + 1, beta1=0))
+    updates = check(form, event(form, num_prompts=limit + 1, beta1=0))
     assert updates[form.status] == "❌ 2 problem(s): see the marked fields."
     problems = shown_problems(form, updates)
     assert set(problems) == {"num_prompts", "beta1"}
     assert f"at most {limit}" in problems["num_prompts"] and problems["beta1"].startswith("⚠ beta1 must be > 0")
     before = len(runs(form))
-    updates = launch.start(form, "train", event(form, beta1=0), None)
+    updates = start(form, "train", event(form, beta1=0), None)
     assert updates[form.launched] is None and updates[form.status].startswith("❌ Not started: 1 problem(s)")
     assert len(runs(form)) == before
 
@@ -100,49 +112,49 @@ def test_sampling_with_vllm_is_disabled_with_the_reason_and_refused(form):
     assert form.inputs["vllm_gpu_memory_utilization"].interactive is False
     assert form.inputs["use_cpu"].interactive is not False  # the other advanced settings stay editable
     before = len(runs(form))
-    updates = launch.start(form, "train", event(form, use_vllm=True), None)
+    updates = start(form, "train", event(form, use_vllm=True), None)
     assert list(shown_problems(form, updates)) == ["use_vllm"] and updates[form.launched] is None
     assert len(runs(form)) == before
 
 
 def test_presets_methods_and_sources_switch_what_the_form_shows(form):
-    updates = launch.apply_preset(form, "none")  # the library's own defaults (TRL's)
+    updates = apply_preset(form, "none")  # the library's own defaults (TRL's)
     assert updates[form.inputs["max_completion_length"]]["value"] == 256
     assert updates[form.inputs["lora_r"]]["value"] == 16 and form.status not in updates
-    shown = launch.show_source(form, "hub")
+    shown = show_source(form, "hub")
     assert [shown[box]["visible"] for box in form.boxes] == [False, False, True, False, True]
-    assert [launch.show_source(form, "arithmetic")[box]["visible"] for box in form.boxes] == [True] + [False] * 4
-    rewards = launch.match_rewards(form, "reasoning-gym")
+    assert [show_source(form, "arithmetic")[box]["visible"] for box in form.boxes] == [True] + [False] * 4
+    rewards = match_rewards(form, "reasoning-gym")
     assert {key for key, component in form.inputs.items()
             if component in rewards and rewards[component]["value"]} == {"use_reward:task_checker"}
-    columns = launch.show_method(form, "grpo")
+    columns = show_method(form, "grpo")
     assert columns[form.param_columns["num_generations"]]["visible"] is True
     assert columns[form.param_columns["num_value_samples"]]["visible"] is False
     assert columns[form.param_columns["learning_rate"]]["visible"] is True
 
 
 def test_a_loaded_spec_fills_the_form_only_through_the_allow_list(form):
-    refused = launch.load_spec(form, {"config": {"output_dir": "/etc"}}, "Loaded")
+    refused = load_spec(form, {"config": {"output_dir": "/etc"}}, "Loaded")
     assert list(refused) == [form.status]  # nothing filled
     assert refused[form.status].startswith("❌ Not loaded: Invalid run spec: config.output_dir: not allowed")
-    filled = launch.load_spec(form, {"name": "cloned", "config": {"beta2": 0.01}}, "Cloned run #1 as")
+    filled = load_spec(form, {"name": "cloned", "config": {"beta2": 0.01}}, "Cloned run #1 as")
     assert filled[form.inputs["name"]]["value"] == "cloned" and filled[form.inputs["beta2"]]["value"] == 0.01
     assert filled[form.status].startswith("✅ Cloned run #1 as cloned: check the fields")
 
 
 def test_a_sweep_grid_from_the_form_and_its_plan(form):
     data = {**event(form), form.sweep_field: "beta2"}
-    line = launch.add_sweep_field(form, data)
+    line = add_sweep_field(form, data)
     assert line[form.sweep_grid] == "beta2: 0.001, " and line[form.sweep_field] is None
     data[form.sweep_grid] = "beta2: 0.001, 0.01"
-    assert launch.plan_sweep(form, data).startswith("**2 runs**: 2 grid point(s) x 1 seed(s)")
-    assert launch.plan_sweep(form, event(form)) == launch.SWEEP_NOTE
+    assert plan_sweep(form, data).startswith("**2 runs**: 2 grid point(s) x 1 seed(s)")
+    assert plan_sweep(form, event(form)) == SWEEP_NOTE
 
 
 def test_save_as_yaml_writes_a_config_the_cli_reads(form):
     from a2po.cli import spec_from_config_file
 
-    updates = launch.save_yaml(form, event(form, name="saved-run"))
+    updates = save_yaml(form, event(form, name="saved-run"))
     path = Path(updates[form.saved].value["path"] if isinstance(updates[form.saved].value, dict)
                 else updates[form.saved].value)
     assert path.name == "config-saved-run.yaml" and updates[form.status].startswith("✅ Saved config-saved-run.yaml")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.web.api import clock_summary
-from app.web.pages.run import header
+from app.web.pages.run.header import header
 from app.web.pages.runs import runs_frame
 from app.web.remaining import Remaining, clock_from_metrics, estimate_remaining, stage1_seconds, training_seconds
 

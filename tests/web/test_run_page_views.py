@@ -1,6 +1,6 @@
-"""The Run page's views as declared (`app.web.pages.run.VIEWS`), called directly on a real Store without a browser:
-each builds the outputs it declares, the page's outputs, tabs and poller groups follow the declarations, a view's
-version moves with its own data only, the poller is the packaged script with one config object, and the header
+"""The Run page's views as declared (`app.web.pages.run.views.VIEWS`), called directly on a real Store without a
+browser: each builds the outputs it declares, the page's outputs, tabs and poller groups follow the declarations, a
+view's version moves with its own data only, the poller is the packaged script with one config object, and the header
 says which engine sampled the run."""
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ import pytest
 from app.access.gate import Services
 from app.web import live
 from app.web.api import run_summary
-from app.web.pages import run
+from app.web.pages.run.frame import ChartOptions, Frame
+from app.web.pages.run.page import build_run_page
+from app.web.pages.run.poller import GROUP_OWN, GROUP_VIEWS, GROUPS, IDLE, POLLER_CONFIG, POLLER_JS, run_version
+from app.web.pages.run.session import refresh
+from app.web.pages.run.views import HEADER, ON_TAB, OUTPUTS, TABS, VIEWS
 from storage import Store, lifecycle
 from tests.helpers import put_in
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"name": "views", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 4}}
-INPUTS = (run.ChartOptions(), "train", "stage-1 order", "", "all", "", "")
+INPUTS = (ChartOptions(), "train", "stage-1 order", "", "all", "", "")
 
 
 @pytest.fixture
@@ -43,72 +47,72 @@ def page(tmp_path, monkeypatch):
     return Services(store=store, scheduler=None, data_dir=tmp_path), run_id, store
 
 
-def frame(services: Services, run_id: int) -> run.Frame:
-    return run.Frame.of(services, live.snapshot(services.store, run_id), *INPUTS)
+def frame(services: Services, run_id: int) -> Frame:
+    return Frame.of(services, live.snapshot(services.store, run_id), *INPUTS)
 
 
 def test_every_view_builds_the_outputs_it_declares(page):
     services, run_id, _ = page
     drawn = frame(services, run_id)
-    for view in run.VIEWS.values():
+    for view in VIEWS.values():
         built = view.build(drawn)
         assert set(view.outputs) <= set(built), view.name
-        assert drawn.version(view) == frame(services, run_id).version(view), view.name  # a version is stable
+        assert view.version(drawn) == view.version(frame(services, run_id)), view.name  # a version is stable
 
 
 def test_the_outputs_tabs_and_poller_groups_follow_the_declarations():
-    views = list(run.VIEWS.values())
+    views = list(VIEWS.values())
     declared = [name for view in views for name in view.outputs]
     assert len(declared) == len(set(declared)), "an output belongs to one view"
-    assert run.OUTPUTS == ("state", "timer", *declared)
-    assert run.TABS == ("values", "filtered", "training", "samples", "logs")
-    for tab in run.TABS:
-        assert [v.name for v in run.ON_TAB[tab]] == [v.name for v in views if v.tab in (None, tab)]
-    for group, (tab, outputs) in run.GROUPS.items():
+    assert OUTPUTS == ("state", "timer", *declared)
+    assert TABS == ("values", "filtered", "training", "samples", "logs")
+    for tab in TABS:
+        assert [v.name for v in ON_TAB[tab]] == [v.name for v in views if v.tab in (None, tab)]
+    for group, (tab, outputs) in GROUPS.items():
         own = [v for v in views if v.group == group]
         assert {v.tab for v in own} <= {tab}, group
-        drawn = [name for v in run.GROUP_VIEWS[group] for name in v.outputs]
-        assert list(outputs) == drawn + (["timer"] if group == run.IDLE else []), group
+        drawn = [name for v in GROUP_VIEWS[group] for name in v.outputs]
+        assert list(outputs) == drawn + (["timer"] if group == IDLE else []), group
     # A tab's group draws the header too, but for the table (it moves only with the V* summary, which does).
-    assert [g for g, vs in run.GROUP_VIEWS.items() if run.HEADER in vs and g != "head"] == [
+    assert [g for g, vs in GROUP_VIEWS.items() if HEADER in vs and g != "head"] == [
         "values", "filtered", "training", "samples", "logs", "idle"]
-    assert run.POLLER_CONFIG["group_tabs"] == {g: tab for g, (tab, _) in run.GROUPS.items() if g != run.IDLE}
+    assert POLLER_CONFIG["group_tabs"] == {g: tab for g, (tab, _) in GROUPS.items() if g != IDLE}
 
 
 def test_a_view_moves_with_its_own_data_only(page):
     services, run_id, store = page
     store.apply(run_id, lifecycle.FINISH)  # no clock in the header's version: it moves every 10 s while active
-    before = {name: frame(services, run_id).version(view) for name, view in run.VIEWS.items()}
-    polled = run.run_version(store, run_id)
-    assert set(polled) == {"status", *run.GROUP_OWN, "table_first"}
+    before = {name: view.version(frame(services, run_id)) for name, view in VIEWS.items()}
+    polled = run_version(store, run_id)
+    assert set(polled) == {"status", *GROUP_OWN, "table_first"}
 
     def moved() -> list[str]:
-        now = {name: frame(services, run_id).version(view) for name, view in run.VIEWS.items()}
+        now = {name: view.version(frame(services, run_id)) for name, view in VIEWS.items()}
         return [name for name in now if now[name] != before[name]]
 
     store.add_metrics(run_id, 2, {"loss": 0.5})
     assert moved() == ["training"]
     store.add_log(run_id, "step 2")
     assert moved() == ["training", "logs"]
-    after = run.run_version(store, run_id)
+    after = run_version(store, run_id)
     assert [g for g in after if after[g] != polled[g]] == ["training", "logs"]
 
 
 def test_the_page_has_a_component_for_every_output_and_a_button_per_group(page):
     services, _, _ = page
     with gr.Blocks() as demo:
-        run.build_run_page(services)
+        build_run_page(services)
     ids = {block.elem_id for block in demo.blocks.values()}
-    assert {f"run-draw-{group}" for group in run.GROUPS} <= ids
+    assert {f"run-draw-{group}" for group in GROUPS} <= ids
     api = demo.get_api_info()["named_endpoints"]  # undocumented endpoints are callable, not listed
-    assert "/run_version" not in api and all(f"/run_draw_{g}" not in api for g in run.GROUPS)
+    assert "/run_version" not in api and all(f"/run_draw_{g}" not in api for g in GROUPS)
 
 
 def test_the_poller_is_the_packaged_script_given_one_config():
     script = (ROOT / "app" / "web" / "static" / "run_poller.js").read_text()
-    assert script.strip() in run.POLLER_JS and json.dumps(run.POLLER_CONFIG) in run.POLLER_JS
+    assert script.strip() in POLLER_JS and json.dumps(POLLER_CONFIG) in POLLER_JS
     assert "LIVE_REDRAW" not in script and "config.redraw_ms" in script  # no text replaced into the script
-    assert run.POLLER_CONFIG["first_page_groups"] == ["table"] and "stopping" in run.POLLER_CONFIG["active_statuses"]
+    assert POLLER_CONFIG["first_page_groups"] == ["table"] and "stopping" in POLLER_CONFIG["active_statuses"]
     # The wheel ships what pyproject's package-data names (`"app.web" = [...]`).
     shipped = re.findall(r'"([^"]+)"', re.search(r'^"app\.web" = \[(.*)\]', (ROOT / "pyproject.toml").read_text(),
                                                  re.MULTILINE).group(1))
@@ -125,7 +129,7 @@ def test_the_header_says_which_engine_sampled_the_run(tmp_path, monkeypatch, con
     run_id = store.create_run("engine", "train", {**SPEC, "config": config})
     put_in(store, run_id, "finished")
     services = Services(store=store, scheduler=None, data_dir=tmp_path)
-    result = dict(zip(run.OUTPUTS, run.refresh(services, run_id, None, *INPUTS), strict=True))
+    result = dict(zip(OUTPUTS, refresh(services, run_id, None, *INPUTS), strict=True))
     assert f'sampled by <span id="run-sampler">{engine}</span>' in result["header"]
 
 
@@ -136,6 +140,6 @@ def test_the_error_box_reads_like_the_api(page):
     output = services.data_dir / "runs" / str(run_id) / "checkpoint-2"
     error = f"Failed to save {output}: disk full (--db postgresql://admin:hunter2@db.internal:5432/studio)"
     store.apply(run_id, lifecycle.FAIL, error=error)
-    shown = dict(zip(run.OUTPUTS, run.refresh(services, run_id, None, *INPUTS), strict=True))["error"].value
+    shown = dict(zip(OUTPUTS, refresh(services, run_id, None, *INPUTS), strict=True))["error"].value
     assert shown == run_summary(store.get_run(run_id), services.public_text)["error"]
     assert str(output) in shown and "hunter2" not in shown

@@ -13,7 +13,9 @@ from app.access import allowlist
 from app.access.policy import Policy
 from app.web import charts, forms
 from app.web.pages.completions import samples_frame
-from app.web.pages.run import ChartOptions, _training_view, accuracy_change, header
+from app.web.pages.run.builders import training_view
+from app.web.pages.run.frame import ChartOptions
+from app.web.pages.run.header import accuracy_change, header
 from app.web.pages.values import filtered_frame, prompt_detail, values_frame
 from storage import Store
 
@@ -94,7 +96,7 @@ def test_time_axis_maps_steps_to_minutes(store):
     assert times == [(1, 1000.0), (2, 1060.0), (4, 1180.0)]
     moved = charts.time_axis({"loss": ([1, 2, 3, 4], [0.4, 0.3, 0.2, 0.1])}, times)
     assert moved["loss"][0] == pytest.approx([0.0, 1.0, 2.0, 3.0])
-    view = _training_view(store, run_id, store.last_ids(run_id), ChartOptions(0.0, "time", False), {})
+    view = training_view(store, run_id, store.last_ids(run_id), ChartOptions(0.0, "time", False), {})
     assert "minutes since the first step" in view["plot"].plot
 
 
@@ -122,7 +124,7 @@ def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(s
                                        ceilings={"pass@1": 0.02, "pass@N": 0.156})
     line = next(t for t in spec["data"] if t["name"] == "eval_accuracy")
     assert line["y"] == [0.0625, 0.59375]  # an evaluation is not smoothed toward its predecessors
-    from app.web.pages.run import _eval_pass_rates
+    from app.web.pages.run.builders import eval_pass_rates
 
     vs = store.get_or_create_value_set("fp", {})
     run_id = store.create_run("r", "train", {}, model="m", dataset="d")
@@ -133,7 +135,7 @@ def test_eval_accuracy_is_drawn_as_measured_and_beside_the_held_out_pass_rates(s
     for split in ("train", "eval"):
         store.add_values(vs, split, [r for r in rows if r["prompt_id"].startswith(split)])
         store.set_run_values(run_id, split, [r for r in rows if r["prompt_id"].startswith(split)])
-    rates = _eval_pass_rates(store, store.get_run(run_id), store.last_ids(run_id), store.get_value_set(vs))
+    rates = eval_pass_rates(store, store.get_run(run_id), store.last_ids(run_id), store.get_value_set(vs))
     assert rates == {"pass@1": pytest.approx(1 / 8), "pass@N": pytest.approx(1 / 4)}  # the held-out prompts'
 
 
@@ -159,7 +161,7 @@ def test_a_code_block_cannot_be_closed_by_the_text_it_shows():
 
 
 def test_stage_ones_bar_says_which_split_it_samples():
-    from app.web.pages.run import stage_progress
+    from app.web.pages.run.header import stage_progress
 
     run = {"id": 1, "action": "train", "status": "running", "stage": "values", "progress": 0.15,
            "config": {"dataset": {"source": "arithmetic", "num_prompts": 256, "eval_size": 64}},
@@ -174,12 +176,13 @@ def test_with_no_run_picked_stop_resume_and_delete_are_disabled(tmp_path):
     import gradio as gr
 
     from app.access.gate import Services
-    from app.web.pages import run as run_page
+    from app.web.pages.run.page import build_run_page
+    from app.web.pages.run.session import _no_run
 
     store = Store(tmp_path / "studio.db")
     with gr.Blocks() as demo:
-        run_page.build_run_page(Services(store=store, scheduler=None, data_dir=tmp_path))
+        build_run_page(Services(store=store, scheduler=None, data_dir=tmp_path))
     buttons = {c.elem_id: c for c in demo.blocks.values() if c.elem_id in ("run-stop", "run-resume", "run-delete")}
     assert len(buttons) == 3 and all(b.interactive is False for b in buttons.values())  # as the page opens
-    cleared = run_page._no_run(store, "train")  # and once the picked run is cleared
+    cleared = _no_run(store, "train")  # and once the picked run is cleared
     assert all(cleared[name].interactive is False for name in ("stop", "resume", "delete"))

@@ -30,6 +30,12 @@ STEP_COLUMNS = ["step", "prompt", "question", "#", "completion", "reward", "adva
                 "length"]
 HISTORY_COLUMNS = ["step", "#", "completion", "reward", "advantage", "V*", "implicit reward", "length"]
 SIDE_COLUMNS = ["#", "completion", "reward", "advantage", "V*"]
+# The tables' column widths: the two texts share the table's width; every other column keeps room for its heading's
+# longest word and a few digits, and so does each extra column after them (a reward's value, a `log_extra` column).
+# Left to the browser, a long text took the table and squeezed the reward columns to a letter per line.
+COLUMN_WIDTHS = {"step": "56px", "prompt": "72px", "question": "15%", "#": "44px", "completion": "23%",
+                 "reward": "72px", "advantage": "100px", "V*": "64px", "implicit reward": "88px", "length": "72px"}
+EXTRA_WIDTH, MAX_EXTRA_COLUMNS = "88px", 20
 # Rows at most in one step's table (a step holds a batch of prompts times G completions).
 MAX_ROWS = 2000
 
@@ -49,7 +55,7 @@ class SamplesTab:
     tab: gr.Tab
 
     def filters(self) -> list[gr.components.Component]:
-        """The tab's inputs, in the order of `app.web.pages.run.Frame`'s sample fields."""
+        """The tab's inputs, in the order of `app.web.pages.run.frame.Frame`'s sample fields."""
         return [self.correct, self.text, self.step, self.sort, self.latest, self.split]
 
 
@@ -68,12 +74,19 @@ def build_samples_tab() -> SamplesTab:
             sort = gr.Dropdown(list(SORTS), value="prompt", label="Sort by", scale=1, elem_id="samples-sort")
         info = gr.Markdown(elem_id="samples-info")
         table = gr.Dataframe(headers=STEP_COLUMNS, interactive=False, wrap=True, max_height=600,
-                             elem_id="samples-table",
+                             column_widths=column_widths(STEP_COLUMNS), elem_id="samples-table",
                              label="Completions at the step (click a row: its prompt across steps)")
         prompt = gr.Markdown(elem_id="samples-prompt")
         history = gr.Dataframe(headers=HISTORY_COLUMNS, interactive=False, wrap=True, max_height=500,
+                               column_widths=column_widths(HISTORY_COLUMNS, completion="38%"),
                                elem_id="samples-history", label="The prompt's completions across steps")
     return SamplesTab(split, step, latest, correct, text, sort, info, table, prompt, history, tab)
+
+
+def column_widths(columns: list[str], **texts: str) -> list[str]:
+    """`gr.Dataframe`'s `column_widths` for a table of `columns` and the extra columns that follow them; `texts`:
+    a text column's own share (the history has no question column: its completion takes that room too)."""
+    return [*({**COLUMN_WIDTHS, **texts}[column] for column in columns), *[EXTRA_WIDTH] * MAX_EXTRA_COLUMNS]
 
 
 def sample_query(correct: str, text: str | None, sort: str | None) -> dict[str, Any]:

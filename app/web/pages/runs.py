@@ -20,7 +20,7 @@ import pandas as pd
 from app.access.gate import Services
 from app.web import live
 from app.web.common import elapsed_seconds, format_duration, format_time, method_label
-from app.web.pages.run import SHOW_RUN_TAB
+from app.web.pages.run.page import SHOW_RUN_TAB
 from app.web.remaining import estimate_remaining, training_seconds
 from storage.lifecycle import UNFINISHED
 

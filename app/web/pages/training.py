@@ -21,7 +21,7 @@ class TrainingTab:
     tab: gr.Tab
 
     def controls(self) -> list[gr.components.Component]:
-        """The inputs of the figure, in the order of `app.web.pages.run.ChartOptions`."""
+        """The inputs of the figure, in the order of `app.web.pages.run.frame.ChartOptions`."""
         return [self.smoothing, self.x_axis, self.log_y]
 
 

@@ -1,4 +1,4 @@
-/* The Run page's poller: the event of its timer, run in the browser only (app/web/pages/run.py, "the poller").
+/* The Run page's poller: the event of its timer, run in the browser only (app/web/pages/run/, "the poller").
    It asks `run_version` what the run could show, group by group, and clicks the hidden Redraw button of each group
    on screen whose version moved: at most every `config.redraw_ms` unless the run's status changed. `config` is the
    page's one object (`POLLER_CONFIG`): `active_statuses`, `group_tabs` (a group's tab, null: above the tabs),

@@ -21,8 +21,16 @@ def _run_id(**kw) -> sa.Column:
 
 
 def upgrade() -> None:
-    # AUTOINCREMENT on SQLite: a deleted run's or value set's id is never given again (PostgreSQL's sequences
-    # never give one twice anyway).
+    # A table's parents before it (its foreign keys). Runs and value sets have AUTOINCREMENT ids on SQLite: a deleted
+    # one's id is never given again (PostgreSQL's sequences never give one twice anyway).
+    _value_tables()
+    _runs()
+    _run_records()
+    _run_values_and_samples()
+
+
+def _value_tables() -> None:
+    """Value sets (stage 1's V* sets) and their prompts' values."""
     op.create_table(
         "value_sets", _id(),
         sa.Column("fingerprint", sa.String(128), nullable=False, unique=True),
@@ -47,6 +55,10 @@ def upgrade() -> None:
         sa.UniqueConstraint("value_set_id", "split", "prompt_id"))
     op.create_index("ix_prompt_values_stats", "prompt_values",
                     ["value_set_id", "split", "v_star", "num_correct", "filtered"])
+
+
+def _runs() -> None:
+    """The runs: a row each, with its spec, status, progress and the scheduler's and state machine's columns."""
     op.create_table(
         "runs", _id(),
         sa.Column("name", sa.String(200), nullable=False),
@@ -83,6 +95,10 @@ def upgrade() -> None:
         sa.Column("values_revision", sa.Integer, nullable=False),
         sqlite_autoincrement=True)
     op.create_index("ix_runs_status", "runs", ["status"])
+
+
+def _run_records() -> None:
+    """What a run writes as it goes: checkpoints, evaluations, logs and metrics (and each metric's latest value)."""
     op.create_table(
         "checkpoints", _id(), _run_id(),
         sa.Column("step", sa.Integer, nullable=False),
@@ -119,6 +135,10 @@ def upgrade() -> None:
         sa.UniqueConstraint("run_id", "step", "name"))
     op.create_index("ix_metrics_run_id_id", "metrics", ["run_id", "id"])
     op.create_index("ix_metrics_series", "metrics", ["run_id", "name", "step", "value"])
+
+
+def _run_values_and_samples() -> None:
+    """A run's own V* rows (copied from its value set) and its sampled completions."""
     op.create_table(
         "run_values", _id(), _run_id(),
         sa.Column("value_id", sa.Integer, sa.ForeignKey("prompt_values.id", ondelete="CASCADE"), nullable=False),
