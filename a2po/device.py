@@ -39,19 +39,24 @@ def nvidia_gpus() -> list[str]:
     return found
 
 
+def cuda_unusable(cannot: str = "cannot use it") -> str | None:
+    """Why torch cannot use a GPU here (a CPU build, or a CUDA build without a driver it can use), or None when it
+    can. `cannot` words the second case ("cannot use it", "finds none of them")."""
+    if torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        return f"the installed torch {torch.__version__} is a CPU build"
+    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) {cannot}: no NVIDIA driver loaded, or a driver "
+            "older than that CUDA needs")
+
+
 def unused_gpu_warning(use_cpu: bool) -> str | None:
     """Why this run trains on the CPU beside an NVIDIA GPU it cannot use, or None (it asked for the CPU, torch has
     CUDA, or there is no NVIDIA GPU)."""
-    if use_cpu or torch.cuda.is_available():
-        return None
-    gpus = nvidia_gpus()
+    why = None if use_cpu else cuda_unusable()
+    gpus = nvidia_gpus() if why else []
     if not gpus:
         return None
-    if torch.version.cuda is None:
-        why = f"the installed torch {torch.__version__} is a CPU build"
-    else:
-        why = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use it: no NVIDIA driver loaded, or a "
-               "driver older than that CUDA needs")
     return (f"This machine has an NVIDIA GPU ({', '.join(gpus[:4])}) but {why}: training runs on the CPU, many "
             "times slower. Install a torch build for this machine's CUDA driver "
             "(https://pytorch.org/get-started/locally/), or set use_cpu=True to train on the CPU on purpose.")

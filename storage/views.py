@@ -235,39 +235,28 @@ class DashboardReads:
         else:
             splits = [split]
         for name in splits:
-            last = 0
-            while True:
-                stmt = (select(*_VALUE_ROW).select_from(rv).join(pv, pv.id == rv.value_id)
-                        .where(rv.run_id == run_id, rv.split == name, rv.value_id > last)
-                        .order_by(rv.value_id).limit(batch))
-                with self._read() as s:
-                    rows = self._rows(s, stmt)
-                yield from rows
-                if len(rows) < batch:
-                    break
-                last = rows[-1]["id"]
+            yield from self._iterate(select(*_VALUE_ROW).select_from(rv).join(pv, pv.id == rv.value_id),
+                                     rv.value_id, [rv.run_id == run_id, rv.split == name], batch)
 
     def iter_samples(self, run_id: int, batch: int = 5000) -> Iterator[dict[str, Any]]:
         """Every sample row of a run, in id order, `batch` rows per read."""
-        yield from self._iterate(Sample, [Sample.run_id == run_id], batch)
+        yield from self._iterate(select(Sample.__table__), Sample.id, [Sample.run_id == run_id], batch)
 
     def iter_metrics(self, run_id: int, batch: int = 20000) -> Iterator[dict[str, Any]]:
         """Every metric row of a run (id, step, name, value, created_at), in id order, `batch` rows per read."""
-        yield from self._iterate(Metric, [Metric.run_id == run_id], batch,
-                                 columns=(Metric.id, Metric.step, Metric.name, Metric.value, Metric.created_at))
+        yield from self._iterate(select(Metric.id, Metric.step, Metric.name, Metric.value, Metric.created_at),
+                                 Metric.id, [Metric.run_id == run_id], batch)
 
     def iter_logs(self, run_id: int, batch: int = 5000) -> Iterator[dict[str, Any]]:
         """Every log line of a run, in id order, `batch` rows per read."""
-        yield from self._iterate(LogLine, [LogLine.run_id == run_id], batch)
+        yield from self._iterate(select(LogLine.__table__), LogLine.id, [LogLine.run_id == run_id], batch)
 
-    def _iterate(self, table, where: list[Any], batch: int, columns: tuple[Any, ...] | None = None
-                 ) -> Iterator[dict[str, Any]]:
-        """Rows of `table` matching `where` in id order, one short read of `batch` rows at a time (keyset paging:
-        each read starts after the last id seen, so no read costs more than its batch)."""
+    def _iterate(self, query: Any, key: Any, where: list[Any], batch: int) -> Iterator[dict[str, Any]]:
+        """The rows of `query` matching `where` in the order of `key` (their "id"), one short read of `batch` rows at
+        a time (keyset paging: each read starts after the last id seen, so no read costs more than its batch)."""
         last = 0
         while True:
-            stmt = (select(*(columns or (table.__table__,))).where(*where, table.id > last)
-                    .order_by(table.id).limit(batch))
+            stmt = query.where(*where, key > last).order_by(key).limit(batch)
             with self._read() as s:
                 rows = self._rows(s, stmt)
             yield from rows

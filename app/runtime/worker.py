@@ -100,15 +100,11 @@ def gpu_problem(use_cpu: bool = False, environ: dict[str, str] | os._Environ | N
     given = visible_gpus((os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES"))
     if not given or use_cpu:
         return None
-    import torch
+    from a2po.device import cuda_unusable  # torch: the studio's process imports this module without it
 
-    if torch.cuda.is_available():
+    why = cuda_unusable("finds none of them (or the ids name no GPU of this machine)")
+    if why is None:
         return None
-    if torch.version.cuda is None:
-        why = f"the installed torch {torch.__version__} is a CPU build"
-    else:
-        why = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds none of them: no NVIDIA driver, a driver "
-               "older than that CUDA needs, or ids that name no GPU of this machine")
     return (f"This worker was given GPU(s) {','.join(given)} (CUDA_VISIBLE_DEVICES) but cannot use them: {why}. "
             "Install a torch build for this machine's CUDA driver (https://pytorch.org/get-started/locally/), or, to "
             "train on the CPU, start the studio with --gpus none and CUDA_VISIBLE_DEVICES set to an empty value.")
