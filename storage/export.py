@@ -24,18 +24,10 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 FORMULA_CHARS = frozenset(FORMULA_START)
 
 
-def safe_cell(value: Any) -> Any:
-    """A value as a CSV cell: lists and dicts as JSON, text that a spreadsheet would run as a formula quoted."""
-    if isinstance(value, (list, dict)):
-        value = json.dumps(value)
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
-
-
 def export_csv(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str] | IO[str] | None = None,
                columns: list[str] | None = None) -> str | int:
-    """Write `rows` as CSV with one column per key; cells go through `safe_cell`.
+    """Write `rows` as CSV with one column per key; lists and dicts as JSON, and text a spreadsheet would run as a
+    formula (starting with one of `FORMULA_START`) quoted with a leading `'`.
 
     Without `path`: returns the CSV text, with every key seen in any row as a column (in first-seen order).
     With `path` (a file name, or a text file open for writing): writes rows as they come, never holding them all,
@@ -71,7 +63,7 @@ def _write(rows: Iterable[Mapping[str, Any]], file: IO[str], columns: list[str] 
             extra = set(row) - expected
             if extra:
                 raise ValueError(f"A row has columns {sorted(extra)} that the CSV header {names} lacks.")
-        writer.writerow([("'" + v if v[:1] in FORMULA_CHARS else v) if type(v) is str  # safe_cell, inlined:
+        writer.writerow([("'" + v if v[:1] in FORMULA_CHARS else v) if type(v) is str  # the cells' rule, inlined:
                          else json.dumps(v) if type(v) in (list, dict) else v  # the export's hottest line
                          for v in map(row.get, names, itertools.repeat(""))])
         count += 1

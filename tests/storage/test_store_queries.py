@@ -10,7 +10,6 @@ import math
 import pytest
 
 from storage import Store, export_csv
-from storage.export import safe_cell
 from storage.views import _histogram_bins
 
 SPEC = {"name": "q", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 8}}
@@ -182,7 +181,8 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_quoted():
     assert out["text"] == "'=HYPERLINK(\"http://x\")" and out["plus"] == "'+1" and out["minus"] == "'-2+3"
     assert out["at"] == "'@SUM(A1)" and out["tab"] == "'\tx" and out["cr"] == "'\rx" and out["plain"] == "a=b"
     assert out["number"] == "-0.5" and out["int"] == "-3" and out["none"] == "" and out["list"] == '["=1"]'
-    assert safe_cell(-1.5) == -1.5 and safe_cell(True) is True and safe_cell("") == ""
+    out = list(csv.DictReader(io.StringIO(export_csv([{"f": -1.5, "b": True, "e": ""}]))))[0]
+    assert (out["f"], out["b"], out["e"]) == ("-1.5", "True", "")  # numbers, bools and empty text as they are
 
 
 def test_csv_keeps_line_breaks_inside_a_cell(tmp_path):
