@@ -336,6 +336,7 @@ def start_scheduler(args: argparse.Namespace, store: Any, data_dir: Path, policy
                           chunk_seconds=args.chunk_seconds or DEFAULT_BUDGET, zerogpu=zerogpu_enabled(),
                           **({"pause_after": args.pause_after} if args.pause_after is not None else {}),
                           **({"stale_after": args.heartbeat_timeout} if args.heartbeat_timeout else {}))
+    scheduler.hold_queue = policy.disk_problem
     try:
         scheduler.start(address=f"http://{args.host}:{args.port}")
     except AlreadyServing as error:

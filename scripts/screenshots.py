@@ -6,7 +6,8 @@
     python scripts/screenshots.py DATA_DIR --study NAME --study-file recipe-search-studies.png   # named so
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID --duel NAME   # Compare on a whole study
 
-Starts `python -m app` on DATA_DIR (`--no-resume`: nothing is started), opens the run in Debian's chromium and
+Starts `python -m app` on DATA_DIR (`--no-resume` and a disk quota it is already past: no run is resumed or
+started, so a copy of a live studio's folder can be shot), opens the run in Debian's chromium and
 writes `teaching-run.png`, `teaching-run-compute.png` (its curves against compute) and `teaching-explain.png`; with
 `--pair`, the Compare page with both runs picked
 (`teaching-compare.png`; its accuracy against compute, `teaching-compare-compute.png`) and the Explain page's cost
@@ -44,7 +45,8 @@ def main() -> None:
 
     from benchmarks.harness import studio, studio_page
 
-    with (studio(args.data_dir, "--no-resume", port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
+    nothing_starts = ("--no-resume", "--limit", "disk_quota_gb=1e-9")
+    with (studio(args.data_dir, *nothing_starts, port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
           studio_page(app.url) as page):
         args.out.mkdir(parents=True, exist_ok=True)
         if args.pair is not None or args.study is not None:

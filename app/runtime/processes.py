@@ -45,6 +45,17 @@ def is_worker_of(pid: int, run_id: int) -> bool:
     return "app.runtime.worker" in argv and any(a == "--run-id" and b == str(run_id) for a, b in zip(argv, argv[1:]))
 
 
+def works_in(pid: int, folder: Path) -> bool:
+    """True unless /proc shows that `pid` works in another folder than `folder`: a worker of another studio (a copy
+    of this database, a second data folder) may carry the same run id, and is not this studio's to signal."""
+    if not os.path.isdir("/proc/self"):
+        return True  # no /proc (macOS): nothing to tell them apart by
+    try:
+        return os.path.realpath(os.readlink(f"/proc/{pid}/cwd")) == os.path.realpath(folder)
+    except OSError:
+        return False  # gone, or another user's: not a worker of this studio either way
+
+
 def launched_processes(pid: int) -> list[int]:
     """The processes of a multi-process run when `pid` is its launcher (`accelerate launch`, see
     `app.runtime.launchers.worker_command`): its children, each in a session of its own. [] for anything else, and

@@ -92,6 +92,10 @@ class Scheduler(Supervision):
         # Called after each pass that holds the lock (the studio sets `Services.advance_studies`: a halving sweep's
         # next rung); this room knows nothing of studies.
         self.after_pass: Callable[[], Any] | None = None
+        # Why queued runs may not start now, or None (the studio sets `Policy.disk_problem`: a data folder past its
+        # disk quota starts no run, however long ago the run was queued); `queue_held` is the latest answer.
+        self.hold_queue: Callable[[], str | None] | None = None
+        self.queue_held: str | None = None
 
     @property
     def lock_problem(self) -> str | None:
@@ -246,6 +250,9 @@ class Scheduler(Supervision):
         """Start queued runs in order while their devices are free; the head waits, nothing overtakes it."""
         if self.cluster_problem is not None:
             return []  # queued runs wait for the backend to answer: not launch failures
+        self.queue_held = self.hold_queue() if self.hold_queue is not None else None
+        if self.queue_held is not None:
+            return []
         started = []
         busy = {d for s in self._started.values() for d in s.devices}
         for run in self.store.list_runs(status=LIVE):

@@ -1,7 +1,8 @@
 """The studio-wide banner, above every page: what every visitor must know whatever page they are on. The scheduler
 lost its lock on the database (`Scheduler.lock_problem`), or the Ray cluster it sends runs to does not answer
-(`Scheduler.cluster_problem`), and it starts no run until that is over. Its wording is fixed: the full reason,
-which names hosts and addresses, is in the studio's log."""
+(`Scheduler.cluster_problem`), or its data folder is past its disk quota (`Scheduler.queue_held`), and it starts no
+run until that is over. Its wording is fixed: the full reason, which names hosts and addresses, is in the studio's
+log."""
 
 from __future__ import annotations
 
@@ -20,11 +21,17 @@ CLUSTER_DOWN = ("**This studio is not starting runs.** The Ray cluster it sends 
                 "says more.")
 
 
+QUEUE_HELD = ("**This studio is not starting runs.** Its data folder is past its disk quota, or its disk is nearly "
+              "full: queued runs wait until runs (and their checkpoints) are deleted; runs already going on continue.")
+
+
 def studio_problem(services: Any) -> str | None:
     """The banner's text, or None when all is well."""
     if getattr(services.scheduler, "lock_problem", None):
         return LOCK_LOST
-    return CLUSTER_DOWN if getattr(services.scheduler, "cluster_problem", None) else None
+    if getattr(services.scheduler, "cluster_problem", None):
+        return CLUSTER_DOWN
+    return QUEUE_HELD if getattr(services.scheduler, "queue_held", None) else None
 
 
 def build_banner(demo: gr.Blocks, services: Any) -> gr.Markdown:

@@ -525,16 +525,32 @@ def study_bars(rows: Sequence[Any], best: Any = None) -> go.Figure:
     shown = [r for r in rows if r.final is not None]
     if not shown:
         return empty_figure("No held-out accuracy yet: the study's runs have not evaluated")
+    labels, fields = _point_names(shown)
     fig = go.Figure(go.Bar(
-        x=[f"{r.label} ({r.method})" for r in shown], y=[r.final for r in shown],
+        x=labels, y=[r.final for r in shown],
         error_y={"type": "data", "symmetric": False, "array": [r.final_range[1] - r.final for r in shown],
                  "arrayminus": [r.final - r.final_range[0] for r in shown]},
         marker_color=[PALETTE[1] if r is best else PALETTE[0] for r in shown],
         hovertemplate="%{x}: %{y:.1%}<extra></extra>"))
     fig.update_layout(template="plotly_white", height=360, margin={"l": 50, "r": 20, "t": 50, "b": 120},
                       title="Final held-out accuracy per grid point (median over seeds, bars: their range)")
+    fig.update_xaxes(title_text=fields, type="category")
     fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     return fig
+
+
+def _point_names(rows: Sequence[Any]) -> tuple[list[str], str]:
+    """Short names for grid points that share their fields: the values alone ("8 · 1e-05 · None"), the fields
+    named once in the returned title, so a long grid still fits under a bar or in a legend line; the method
+    is added where the rows mix methods."""
+    from a2po.sweep import show_value
+
+    fields = list(rows[0].point) if rows else []
+    mixed = len({r.method for r in rows}) > 1
+    if not fields or any(list(r.point) != fields for r in rows):
+        return [f"{r.label} ({r.method})" for r in rows], "grid point"
+    names = [" · ".join(show_value(r.point[f]) for f in fields) + (f" ({r.method})" if mixed else "") for r in rows]
+    return names, " · ".join(fields)
 
 
 def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
@@ -545,12 +561,13 @@ def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
     drawn = [r for r in rows if r.curve is not None and r.curve.points]
     by_compute = bool(drawn) and all(p.flops is not None for r in drawn for p in r.curve.points)
     hover = "%{y:.0%} at %{x:,.4g} TFLOP" if by_compute else "%{y:.0%} at step %{x}"
-    for i, row in enumerate(drawn):
+    names, fields = _point_names(drawn)
+    for i, (row, name) in enumerate(zip(drawn, names)):
         points = row.curve.points
         x = ([round((p.flops + row.curve.stage1_flops) / 1e12, 4) for p in points] if by_compute
              else [p.step for p in points])
         fig.add_trace(go.Scatter(x=x, y=[p.accuracy for p in points], mode="lines+markers",
-                                 name=("★ " if row is best else "") + row.label + f" ({row.method})"
+                                 name=("★ " if row is best else "") + name
                                  + (f" — pruned at rung {row.rung}" if getattr(row, "pruned", False) else ""),
                                  line={"color": PALETTE[i % len(PALETTE)], "width": 4 if row is best else 1.8,
                                        "dash": "dash" if getattr(row, "pruned", False) else "solid"},
@@ -560,7 +577,8 @@ def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
     legend_px = 22 * math.ceil(len(fig.data) / 2)
     fig.update_layout(template="plotly_white", height=320 + legend_px, title="Median held-out accuracy per grid point",
                       margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0})
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0,
+                              "title": {"text": fields + ":", "side": "top"}})
     fig.update_xaxes(title_text="compute, TFLOP (stage 1 included)" if by_compute else "optimizer step")
     fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     return fig

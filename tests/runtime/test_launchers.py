@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from app.access.policy import Limits, Policy
 from app.runtime import journal
 from app.runtime.data_folder import DataFolder
 from app.runtime.devices import Devices
@@ -115,6 +116,32 @@ def test_an_adopted_worker_is_alive_only_while_its_process_is_the_runs_worker(st
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_worker_of_another_studio_with_the_same_run_id_is_never_signalled(store, tmp_path):
+    """A copy of the database opened by a second studio (a backup, a screenshot of a live search) names the first
+    studio's worker by pid: that worker is not the second studio's to watch, kill or count as lingering."""
+    here, elsewhere = DataFolder(tmp_path / "copy"), DataFolder(tmp_path / "original")
+    launcher = LocalWorkers(store, here, command=None)
+    run_id = store.create_run("copied", "train", SPEC)
+    command = fake_worker("import time; time.sleep(120)")(run_id, SPEC)
+    theirs = subprocess.Popen(command, cwd=elsewhere.make_worker_cwd())
+    ours = subprocess.Popen(command, cwd=here.make_worker_cwd())
+    try:
+        store.apply(run_id, lifecycle.CLAIM, pid=theirs.pid)
+        run = store.get_run(run_id)
+        assert launcher.pid(run) is None and not launcher.alive(run)
+        launcher.kill(run, timeout=5)
+        assert theirs.poll() is None  # still running: the kill was not sent
+        store.update_run(run_id, pid=ours.pid)  # the same command in this studio's folder is its worker
+        assert launcher.pid(store.get_run(run_id)) == ours.pid and launcher.lingering(store.get_run(run_id))
+        ours.kill()
+        ours.wait()
+        assert not launcher.lingering(store.get_run(run_id))  # the other studio's worker does not count
+    finally:
+        for proc in (theirs, ours):
+            proc.kill()
+            proc.wait()
 
 
 # ------------------------------------------------------------------------------------------------ Ray jobs
@@ -259,6 +286,32 @@ class FakeLauncher(Launcher):
 
     def kill(self, run: dict[str, Any], timeout: float = 10.0) -> None:
         self.ended = Ending(FAILED, "killed", "killed")
+
+
+def test_a_data_folder_past_its_disk_quota_starts_no_queued_run_until_it_is_under(store, tmp_path):
+    """The quota holds at start, not only at launch: runs queued while there was room wait once the folder is full,
+    and the banner says why; they start once it is under again."""
+    from types import SimpleNamespace
+
+    from app.web.banner import QUEUE_HELD, studio_problem
+
+    manager = Scheduler(store, tmp_path, devices=Devices())
+    fake = FakeLauncher(store, manager.folder)
+    manager.backend = Backend("fake", {"worker": fake})
+    policy = Policy(tmp_path, Limits(disk_quota_gb=1e-6))
+    manager.hold_queue = policy.disk_problem
+    run_id = manager.submit(SPEC)
+    (tmp_path / "checkpoint.bin").write_bytes(b"\0" * 4096)  # 4 kB: past the 1 kB quota
+    manager.lock.acquire()
+    try:
+        assert manager.tick() == [] and fake.started == []
+        assert "over its disk quota" in manager.queue_held and store.get_run(run_id)["status"] == lifecycle.QUEUED
+        assert studio_problem(SimpleNamespace(scheduler=manager)) == QUEUE_HELD
+        policy.limits = Limits(disk_quota_gb=1.0)  # the operator raises it (or runs are deleted)
+        assert manager.tick() == [run_id] and manager.queue_held is None
+        assert studio_problem(SimpleNamespace(scheduler=manager)) is None
+    finally:
+        manager.close()
 
 
 def test_the_scheduler_treats_a_lost_process_of_any_backend_alike(store, tmp_path):

@@ -11,7 +11,7 @@ from typing import Any
 
 from app.runtime.data_folder import DataFolder
 from app.runtime.launchers.base import EXITED, FAILED, Ending, Launcher, processes_of
-from app.runtime.processes import is_worker_of, launched_processes, pid_alive
+from app.runtime.processes import is_worker_of, launched_processes, pid_alive, works_in
 from storage import Store, lifecycle
 
 
@@ -53,7 +53,12 @@ class LocalWorkers(Launcher):
         pid = run.get("pid")
         if not pid or pid == os.getpid():
             return None
-        return pid if pid_alive(pid) and self.is_process_of(pid, run) else None
+        return pid if pid_alive(pid) and self.owns(pid, run) else None
+
+    def owns(self, pid: int, run: dict[str, Any]) -> bool:
+        """`pid` is the run's process and works in this studio's folder: the same run id in a copy of the database
+        (a backup opened elsewhere, a second studio) names another studio's worker, never this one's to kill."""
+        return self.is_process_of(pid, run) and works_in(pid, self.folder.worker_cwd)
 
     def alive(self, run: dict[str, Any]) -> bool:
         return self.pid(run) is not None
@@ -101,20 +106,11 @@ class LocalWorkers(Launcher):
         """A live process of an earlier start of the run that this studio did not start, found by /proc: the run's
         by its command line (or thread name), working in this studio's folder (another studio's run of the same
         id is not this one)."""
-        here = str(self.folder.worker_cwd)
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
         except OSError:
             return False
-        for pid in entries:
-            if pid == os.getpid() or not self.is_process_of(pid, run):
-                continue
-            try:
-                if os.readlink(f"/proc/{pid}/cwd") == here and pid_alive(pid):
-                    return True
-            except OSError:
-                continue
-        return False
+        return any(pid != os.getpid() and self.owns(pid, run) and pid_alive(pid) for pid in entries)
 
     def followed_elsewhere(self, run: dict[str, Any]) -> str | None:
         """A run whose worker is a Ray job: this studio cannot tell whether it lives, so it leaves the run alone (a

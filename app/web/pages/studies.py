@@ -37,7 +37,8 @@ def describe(tag: Mapping[str, Any], runs: list[dict[str, Any]]) -> str:
     lines = [f"**{kind} {comparison.escape_markdown(str(tag.get('name', '')))}** ({len(runs)} runs: {states})"]
     if grid:
         lines.append("Grid: " + "; ".join(f"`{k}` ∈ {{{', '.join(map(str, v))}}}" for k, v in grid.items())
-                     + f", each over {tag.get('seeds', 1)} run seed(s).")
+                     + f", each over {tag.get('seeds', 1)} run seed(s)"
+                     + (" at the last rung (the rungs before it run the first seed)." if tag.get("halving") else "."))
     if tag.get("protocol"):
         lines.append(f"Protocol: {tag['protocol']}.")
     if isinstance(tag.get("halving"), dict):
