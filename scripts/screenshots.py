@@ -6,8 +6,9 @@
     python scripts/screenshots.py DATA_DIR --study NAME --study-file recipe-search-studies.png   # named so
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID --duel NAME   # Compare on a whole study
 
-Starts `python -m app` on DATA_DIR (`--no-resume` and a disk quota it is already past: no run is resumed or
-started, so a copy of a live studio's folder can be shot), opens the run in Debian's chromium and
+Starts `python -m app` on DATA_DIR (`--no-resume`: no interrupted run is resumed; with `--hold-queue`, a disk quota
+the folder is already past, so no queued run starts either and a copy of a live studio's folder can be shot, under
+the banner that says so), opens the run in Debian's chromium and
 writes `teaching-run.png`, `teaching-run-compute.png` (its curves against compute) and `teaching-explain.png`; with
 `--pair`, the Compare page with both runs picked
 (`teaching-compare.png`; its accuracy against compute, `teaching-compare-compute.png`) and the Explain page's cost
@@ -39,14 +40,16 @@ def main() -> None:
     parser.add_argument("--study", help="the name of a study to show on the Studies page instead")
     parser.add_argument("--study-file", default="teaching-studies.png", help="the Studies page's screenshot's name")
     parser.add_argument("--duel", help="with --pair: the A*-PO vs GRPO study to pick on Compare")
+    parser.add_argument("--hold-queue", action="store_true",
+                        help="start no queued run of DATA_DIR (a copy of a live studio's folder)")
     args = parser.parse_args()
     if (args.run_id is None) == (args.study is None):
         parser.error("give a RUN_ID or --study NAME")
 
     from benchmarks.harness import studio, studio_page
 
-    nothing_starts = ("--no-resume", "--limit", "disk_quota_gb=1e-9")
-    with (studio(args.data_dir, *nothing_starts, port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
+    held = ("--limit", "disk_quota_gb=1e-9") if args.hold_queue else ()
+    with (studio(args.data_dir, "--no-resume", *held, port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
           studio_page(app.url) as page):
         args.out.mkdir(parents=True, exist_ok=True)
         if args.pair is not None or args.study is not None:
