@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the simulated worker runs this file as a script
 
 from benchmarks.harness import CHROMIUM, CHROMIUM_ARGS, studio  # noqa: E402
+from app.runtime.data_folder import DataFolder  # noqa: E402
 from storage import Store, lifecycle  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -135,12 +136,13 @@ def simulate(db: str, run_id: int, value_set_id: int, stage: str, interval: floa
 
 
 class Worker:
-    """The simulator as a process the studio takes for `app.runtime.worker` of the run (its command line says so)."""
+    """The simulator as a process the studio takes for `app.runtime.worker` of the run: its command line says so, and
+    it works where the studio's workers work (a process elsewhere is another studio's)."""
 
     def __init__(self, db: Path, ids: dict[str, int], stage: str, interval: float) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "simulate", str(db), str(ids["live"]),
                                       str(ids["live_vs"]), stage, str(interval), "app.runtime.worker", "--run-id",
-                                      str(ids["live"])], cwd=ROOT)
+                                      str(ids["live"])], cwd=DataFolder(db.parent).make_worker_cwd())
         store = Store(db)
         deadline = time.monotonic() + 60
         while store.get_run(ids["live"])["pid"] != self.proc.pid and time.monotonic() < deadline:

@@ -388,10 +388,11 @@ def test_devices_rule_counts_runs_started_elsewhere(tmp_path):
     assert Devices.parse("none").gpus == ()
 
     store, manager = make_manager(tmp_path / "data")
-    # A live worker of another studio process (its command line names app.runtime.worker and its run id).
+    # A live worker of another studio process on this folder (its command line names app.runtime.worker and its run
+    # id, and it works in the folder's worker directory as every worker does).
     running = store.create_run("elsewhere", "train", {})
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "app.runtime.worker", "--run-id",
-                                str(running)])
+                                str(running)], cwd=manager.folder.make_worker_cwd())
     try:
         store.apply(running, lifecycle.CLAIM, pid=sleeper.pid)
         store.update_run(running, devices="cpu")
