@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the simulated worker runs this file as a script
 
-from benchmarks.harness import CHROMIUM, CHROMIUM_ARGS, studio  # noqa: E402
 from app.runtime.data_folder import DataFolder  # noqa: E402
+from benchmarks.harness import CHROMIUM, CHROMIUM_ARGS, studio  # noqa: E402
 from storage import Store, lifecycle  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
