@@ -4,6 +4,7 @@ halving sweeps, then the duel "A*-PO vs GRPO" with each method at its best point
     python scripts/recipe_search.py DATA_DIR --dry-run      # the studies, their rung-0 runs, the most runs each makes
     python scripts/recipe_search.py DATA_DIR                # the search, rung by rung, then its table (resumes)
     python scripts/recipe_search.py DATA_DIR --report       # the table of a search that ran (or still runs)
+    python scripts/recipe_search.py RESULTS.json --report   # the same table from a results file (--results)
     python scripts/recipe_search.py DATA_DIR --duel         # the duels at each method's best (equal compute, 3 seeds)
     python scripts/recipe_search.py DATA_DIR --duel --protocol time --minutes 4   # the same at equal time
     python scripts/recipe_search.py DATA2 --task basic-arithmetic                   # reasoning-gym basic_arithmetic
@@ -403,7 +404,7 @@ def _median(values: list[float]) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("data_dir", type=Path, help="the search's data folder (or, with --report, its results JSON)")
     parser.add_argument("--task", default="teaching-demo", choices=sorted(TASKS))
     parser.add_argument("--name", default="recipe-search", help="the studies' name prefix")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the last rung's run seeds")
@@ -446,6 +447,11 @@ def main() -> None:
         parser.error("--budget-flops and --minutes take numbers > 0, e.g. --budget-flops 4e13.")
     if len(set(options.seeds)) != len(options.seeds):
         parser.error("--seeds: each seed once, e.g. --seeds 0 1 2.")
+    if options.data_dir.suffix == ".json":
+        if not options.report or not options.data_dir.is_file():
+            parser.error(f"{options.data_dir}: a results file is read only with --report, and must exist.")
+        print_table(json.loads(options.data_dir.read_text()))
+        return
     studies = plan(options)
     if options.dry_run:
         dry_run(options, studies)

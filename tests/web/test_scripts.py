@@ -99,6 +99,19 @@ def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path
     assert not data_dir.exists()
 
 
+@pytest.mark.parametrize("task", ["teaching", "basic_arithmetic"])
+def test_recipe_search_reports_a_committed_results_file_as_the_docs_table(task):
+    import json
+
+    results = ROOT / "benchmarks" / "results" / f"recipe_search_{task}.json"
+    result = run(sys.executable, str(ROOT / "scripts" / "recipe_search.py"), str(results), "--report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| recipe-search-")]
+    found = json.loads(results.read_text())
+    assert len(rows) == sum(len(study["rows"]) for study in found["studies"].values()) > 0
+    assert all(line.count("|") == 11 for line in rows)  # the ten columns of docs/benchmarks.md's table
+
+
 def test_studio_that_exits_at_start_is_named_with_its_output(tmp_path):
     with pytest.raises(RuntimeError) as failed, studio(tmp_path, "--no-such-option", timeout=120):
         raise AssertionError("a studio with an unknown option served")
