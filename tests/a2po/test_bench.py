@@ -7,6 +7,7 @@ import pytest
 from benchmarks import training as bench
 
 
+@pytest.mark.slow
 def test_smoke_run_reports_positive_numbers_per_stage(tmp_path, capsys):
     out = tmp_path / "results.json"
     report = bench.main(["--size", "tiny", "--impl", "ours", "--repeats", "1", "--wait", "0", "--retries", "0",

@@ -12,6 +12,9 @@ import torch
 from a2po.runspec import RunSpec
 from a2po.values import load_optimal_values
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 TINY_RUN = ["--dataset", "arithmetic", "--num_prompts", "8", "--eval_size", "4", "--reward", "exact_match",
             "--num_value_samples", "2", "--max_completion_length", "4", "--per_device_train_batch_size", "4",
             "--max_steps", "2", "--use_cpu", "true", "--disable_tqdm", "false", "--save_strategy", "no",
@@ -51,11 +54,22 @@ def test_cli_train_with_yaml_config_then_values(tmp_path, tiny_model_dir):
     assert summary["num_prompts"] == 8
 
 
-def test_cli_reports_bad_values_clearly(tmp_path, tiny_model_dir):
-    result = run(["train", "--model", tiny_model_dir, "--beta1", "0", *TINY_RUN], tmp_path)
-    assert result.returncode != 0 and "beta1 must be > 0" in result.stderr
-    result = run(["train", "--model", tiny_model_dir, *TINY_RUN, "--reward", "no_such_reward"], tmp_path)
-    assert result.returncode != 0 and "unknown reward 'no_such_reward'" in result.stderr
+def refusal(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What `python -m a2po ARGS` prints when it refuses them (in this process: the refusals come before any model
+    or data is loaded, so the interpreter's start is all a subprocess would add)."""
+    from a2po.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(args)
+    assert refused.value.code not in (0, None)
+    return f"{refused.value.code}\n{capsys.readouterr().err}"
+
+
+def test_cli_reports_bad_values_clearly(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "beta1 must be > 0" in refusal(["train", "--model", tiny_model_dir, "--beta1", "0", *TINY_RUN], capsys)
+    assert "unknown reward 'no_such_reward'" in refusal(
+        ["train", "--model", tiny_model_dir, *TINY_RUN, "--reward", "no_such_reward"], capsys)
 
 
 def test_run_spec_renders_the_equivalent_command():
@@ -125,12 +139,13 @@ def test_system_prompt_flag_round_trips_and_none_is_kept_none():
         assert again.dataset.get("system_prompt") == system_prompt
 
 
-def test_cli_refuses_seeds_out_of_range_before_loading_anything(tmp_path, tiny_model_dir):
+def test_cli_refuses_seeds_out_of_range_before_loading_anything(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     for flag, value in (("--seed", "-1"), ("--seed", str(2**40)), ("--dataset_seed", "-1")):
-        result = run(["train", "--model", tiny_model_dir, *TINY_RUN, flag, value], tmp_path)
-        assert result.returncode != 0, (flag, value)
-        assert "seed must be a whole number from 0 to 4294967295" in result.stderr, result.stderr[-2000:]
-        assert "Stage 1" not in result.stderr  # refused where it entered, not after the model loaded
+        said = refusal(["train", "--model", tiny_model_dir, *TINY_RUN, flag, value], capsys)
+        assert "seed must be a whole number from 0 to 4294967295" in said, said[-2000:]
+        assert "Stage 1" not in said  # refused where it entered, not after the model loaded
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 RESUME_RUN = ["--dataset", "arithmetic", "--num_prompts", "16", "--eval_size", "0", "--reward", "exact_match",

@@ -14,6 +14,9 @@ import pytest
 
 from a2po.sweep import format_table
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -142,6 +142,7 @@ def test_cli_refuses_a_recipe_without_grpo_or_unknown_before_anything_runs():
         cli.parse(["train", "--method", "grpo", "--recipe", "nope"])
 
 
+@pytest.mark.slow
 def test_cli_trains_grpo_with_a_recipe(tmp_path, tiny_model_dir):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

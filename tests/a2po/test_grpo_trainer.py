@@ -262,6 +262,7 @@ def test_truncated_completions_can_be_left_out_of_the_loss(tmp_path, tiny_model_
     assert float(batch["num_items"]) == 3.0
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_process_with_their_joint_batch(tmp_path, tiny_model_dir):
     """Under DDP each process samples whole groups for its share of the step's prompts: 2 processes x 2 completions
     per micro-batch train on the prompts, samples and losses of 1 process x 4, and each saves its own generation."""

@@ -45,6 +45,7 @@ def loaded(converted):
     return model.eval(), tokenizer, time.perf_counter() - start
 
 
+@pytest.mark.slow  # converts the real default model (the module's fixtures)
 def test_conversion_writes_a_complete_plain_checkpoint(converted):
     path = converted["path"]
     assert path == converted["cache"] / DEFAULT_MODEL
@@ -56,6 +57,7 @@ def test_conversion_writes_a_complete_plain_checkpoint(converted):
     assert converted["seconds"] < 120
 
 
+@pytest.mark.slow  # converts the real default model (the module's fixtures)
 def test_second_resolve_reuses_cache(converted, monkeypatch):
     monkeypatch.setattr(models, "load_gguf", lambda: pytest.fail("the cached copy should be reused"))
     start = time.perf_counter()
@@ -64,6 +66,7 @@ def test_second_resolve_reuses_cache(converted, monkeypatch):
     assert time.perf_counter() - start < 0.5
 
 
+@pytest.mark.slow  # converts the real default model (the module's fixtures)
 def test_load_from_cache_is_fast_and_tokenizer_is_ready(loaded):
     model, tokenizer, seconds = loaded
     assert seconds < 5  # measured ~0.25 s
@@ -78,6 +81,7 @@ def test_load_from_cache_is_fast_and_tokenizer_is_ready(loaded):
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.slow  # converts the real default model (the module's fixtures)
 def test_logits_match_the_gguf_model(converted, loaded):
     model, tokenizer, _ = loaded
     ids = tokenizer("What is 2 + 3? The answer is", return_tensors="pt").input_ids
@@ -88,6 +92,7 @@ def test_logits_match_the_gguf_model(converted, loaded):
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # converts the real default model (the module's fixtures)
 def test_greedy_generation_answers_simple_sum(loaded):
     model, tokenizer, _ = loaded
     messages = [{"role": "user", "content": "What is 2 + 3? Answer with just the number."}]

@@ -130,6 +130,7 @@ def studio_spec(model, name, method, **config):
     return {**spec, "method": method} if method != "a2po" else spec
 
 
+@pytest.mark.slow
 def test_a_studio_grpo_run_selects_on_the_shared_v_star_set(tmp_path, tiny_model_dir):
     import json
 

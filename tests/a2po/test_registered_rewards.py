@@ -279,6 +279,7 @@ def cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_cli_trains_with_a_reward_module_file(tmp_path, tiny_model_dir, marker):
     path = write(tmp_path / "my_rewards.py", REWARDS)
     result = cli(["train", "--model", tiny_model_dir, "--reward-module", str(path), "--reward", "my_check",
@@ -293,6 +294,7 @@ def test_cli_trains_with_a_reward_module_file(tmp_path, tiny_model_dir, marker):
     assert result.returncode != 0 and "--reward-module / --reward:" in result.stderr and "no such file" in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_trains_with_a_dotted_reward_path(tmp_path, tiny_model_dir, marker):
     site = entry_point_package(tmp_path / "site", name="my_lib", entry="unused")
     result = cli(["train", "--model", tiny_model_dir, "--reward", "my_lib.checks.check",

@@ -30,6 +30,9 @@ from tests.a2po.test_registered_rewards import TINY_RUN, cli, write
 from tests.helpers import wait_for
 from tests.web.test_app_api import free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 TRL_REWARDS = '''
 """Rewards written for TRL 1.16's GRPOTrainer, used here unchanged."""
 import asyncio

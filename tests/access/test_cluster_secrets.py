@@ -119,6 +119,7 @@ def env_probe(completions, **kwargs):
 '''
 
 
+@pytest.mark.slow
 def test_a_password_in_pgpassword_reaches_the_workers_store_only(postgres_server, tmp_path, tiny_model_dir,
                                                                    monkeypatch):
     """A real worker on a server that asks for a password, given only in the studio's PGPASSWORD: the run

@@ -28,6 +28,8 @@ from storage import Store
 from tests.helpers import wait_for
 from tests.web.test_app_api import ROOT, free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
 
 def studio(tmp_path_factory, tiny_model_dir: str, name: str, *args: str, env: dict | None = None):
     """A studio process whose models/ root holds the tiny model; yields (client factory, data dir, model path)."""

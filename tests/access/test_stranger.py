@@ -24,6 +24,8 @@ from app.web.api import public_error, with_services
 from storage import Store
 from tests.web.test_app_api import free_port, start_app, stop_app
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
 
 class Stranger:
     """A `--public --auth alice:alicepw` studio, and what an anonymous browser sends it."""

@@ -2,7 +2,7 @@
 writing the database, while two busy loops take the CPUs. No forked process may touch SQLite (`app.runtime.journal`):
 each run must end with the losses of the same run in one worker process, and the database must stay intact.
 
-`A2PO_STRESS_RUNS` runs of each mode (default 3: the CI profile; `make stress` runs 20):
+`A2PO_STRESS_RUNS` runs of each mode (default 2: the CI profile; `make stress` runs 20):
 - forked mode, through the app (`python -m app --chunk-seconds 0.5`) with a client polling its API;
 - ZeroGPU mode, with the fake `spaces` package (each `@spaces.GPU` call in a freshly forked process, as ZeroGPU runs
   it) and the Run page's driver (`app.runtime.zerogpu.ChunkDriver`), while threads of the same process serve the API's
@@ -28,7 +28,7 @@ from tests.runtime.test_durability import make_manager, record
 from tests.web.test_app_api import free_port, start_app, stop_app
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.serial]
-RUNS = int(os.environ.get("A2PO_STRESS_RUNS", "3"))
+RUNS = int(os.environ.get("A2PO_STRESS_RUNS", "2"))
 wait_for = functools.partial(helpers.wait_for, poll=0.2)
 
 

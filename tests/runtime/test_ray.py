@@ -18,7 +18,8 @@ from tests import helpers
 from tests.runtime.test_durability import MAX_STEPS, assert_same_run, durable_spec, record
 from tests.web.test_app_api import free_port, start_app, stop_app
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.serial]
+# Only this file starts (and stops) the one-node Ray head, so `--dist loadfile` keeps it on one pytest process.
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 wait_for = functools.partial(helpers.wait_for, poll=0.1)
 
 

@@ -36,7 +36,7 @@ from tests import helpers
 from tests.runtime.test_chunks import chunk_spec, taught_model  # noqa: F401 - a fixture
 from tests.web.test_app_api import free_port, start_app, stop_app
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 wait_for = functools.partial(helpers.wait_for, poll=0.2)
 SPEC = {"name": "v", "action": "train", "model": "tiny", "dataset": {"source": "arithmetic", "num_prompts": 4}}
 INPUTS = (ChartOptions(), "train", "V* (highest first)", "", "all", "", "")

@@ -93,6 +93,7 @@ def test_bad_run_input_is_rejected_and_changes_nothing(store):
     assert len(store.list_runs()) == 1
 
 
+@pytest.mark.slow
 def test_claim_run_is_atomic_across_processes(store):
     run_id = store.create_run("demo", "train", SPEC)
     ctx = mp.get_context("spawn")
@@ -281,6 +282,7 @@ def _write_metrics(path: str, run_id: int, steps: int) -> None:
         store.heartbeat(run_id)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_and_reader_never_lock(store):
     run_id = store.create_run("demo", "train", SPEC)
     other = store.create_run("other", "train", SPEC)

@@ -16,6 +16,8 @@ from storage import Store, lifecycle
 from tests.helpers import wait_for
 from tests.runtime.test_durability import durable_spec, free_port, record, wait_status
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
 
 def manager_on(url: str, data_dir, **options) -> tuple[Store, Scheduler]:
     store = Store(url)

@@ -25,6 +25,9 @@ from storage import Store
 from tests.helpers import wait_for
 from tests.web.test_app_api import tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -37,6 +37,9 @@ from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, shoot
 from tests.helpers import wait_for
 from tests.web.test_app_api import free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

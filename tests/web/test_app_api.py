@@ -19,6 +19,9 @@ from gradio_client import Client
 
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

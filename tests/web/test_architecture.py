@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("a2po", "storage", "app", "benchmarks")
 # What each room may import of the project's other rooms (its own room always).
@@ -82,6 +84,7 @@ def test_no_import_circles():
     assert not circles, "\n".join(circles)
 
 
+@pytest.mark.slow
 def test_the_studio_web_process_imports_no_torch():
     import subprocess
     import sys

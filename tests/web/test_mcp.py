@@ -26,6 +26,9 @@ from app.web import api
 from tests.helpers import wait_for
 from tests.web.test_app_api import free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = {endpoint.__name__ for endpoint, _ in api.ENDPOINTS} | {"upload_dataset"}
 

@@ -21,6 +21,9 @@ from tests.a2po.test_registered_rewards import REWARDS, entry_point_package, mar
 from tests.helpers import wait_for
 from tests.web.test_app_api import ROOT, free_port, start_app, stop_app, tiny_spec
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ALWAYS_ZERO = REWARDS + '''
 
 def always_zero(completions, **kwargs):

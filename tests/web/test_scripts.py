@@ -13,6 +13,9 @@ import pytest
 
 from benchmarks.harness import studio
 
+pytestmark = pytest.mark.slow  # starts a studio, a worker or a command-line process
+
+
 ROOT = Path(__file__).resolve().parents[2]
 # Each script and an option only its own parser knows: its `--help` printing it shows the script ran to its parser.
 SCRIPTS = {
