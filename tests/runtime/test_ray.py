@@ -9,6 +9,7 @@ import functools
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from gradio_client import Client
@@ -49,8 +50,9 @@ def ray_app(data_dir, db: str, model_root: str, faults: str = ""):
     return proc, Client(f"http://127.0.0.1:{port}/", verbose=False)
 
 
-def worker_pid(run_id: int) -> int | None:
-    """The worker process of the run, wherever Ray started it on this machine (by its command line)."""
+def worker_pid(run_id: int, data_dir: Path) -> int | None:
+    """The worker process of the run, wherever Ray started it on this machine: by its command line, which names the
+    run id and the studio's data folder (another test's worker may carry the same run id: never this one's to kill)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -59,7 +61,9 @@ def worker_pid(run_id: int) -> int | None:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "app.runtime.worker" in argv and any(a == "--run-id" and b == str(run_id) for a, b in zip(argv, argv[1:])):
+        pairs = list(zip(argv, argv[1:]))
+        if ("app.runtime.worker" in argv and ("--run-id", str(run_id)) in pairs
+                and any(a == "--data-dir" and Path(b).resolve() == data_dir.resolve() for a, b in pairs)):
             return int(entry)
     return None
 
@@ -108,19 +112,20 @@ def test_stop_resume_kill_and_restart_on_ray(ray_cluster, postgres_server, tmp_p
         wait_for(lambda: job_status(first_job) == "STOPPED", 30, "the job to be stopped")
         # Ray reports STOPPED while a loaded machine may still be tearing the old worker down: the SIGKILL below
         # is for the next job's worker, so wait until the only worker of the run is that one.
-        wait_for(lambda: worker_pid(run_id) is None, 60, "the stopped job's worker to exit")
+        wait_for(lambda: worker_pid(run_id, data_dir) is None, 60, "the stopped job's worker to exit")
 
         client.predict(run_id=run_id, api_name="/resume")
         wait_for(lambda: (r := store.get_run(run_id))["status"] == "running" and r["ray_job_id"] != first_job
-                 and worker_pid(run_id), 120, "a new job")
+                 and worker_pid(run_id, data_dir), 120, "a new job")
         steps = len(store.get_metrics(run_id, names=["loss"]))
         wait_for(lambda: len(store.get_metrics(run_id, names=["loss"])) > steps, 60, "a step of the new job")
-        os.kill(worker_pid(run_id), signal.SIGKILL)
+        os.kill(worker_pid(run_id, data_dir), signal.SIGKILL)
         run = helpers.wait_status(store, run_id, ("failed",), 60)
         assert "Ray job" in run["error"] and "FAILED" in run["error"] and "last lines" in run["error"], run["error"]
 
         client.predict(run_id=run_id, api_name="/resume")
-        wait_for(lambda: store.get_run(run_id)["status"] == "running" and worker_pid(run_id), 120, "a third job")
+        wait_for(lambda: store.get_run(run_id)["status"] == "running" and worker_pid(run_id, data_dir), 120,
+                 "a third job")
         third_job = store.get_run(run_id)["ray_job_id"]
         app.kill()  # no shutdown: the job goes on while no studio watches
         app.wait()
@@ -175,7 +180,8 @@ def test_a_job_stopped_from_outside_and_a_head_down_interrupt_the_run_and_it_res
         stop_ray_head()
         try:
             assert not ray_answers()
-            if pid := worker_pid(run_id):  # the node is gone: its processes with it, whatever Ray left running
+            # The node is gone, and its processes with it, whatever Ray left running.
+            if pid := worker_pid(run_id, data_dir):
                 os.kill(pid, signal.SIGKILL)
             wait_for(lambda: any("does not answer and the worker's heartbeat stopped" in m for m in messages()),
                      120, "the run to be interrupted while the cluster is down")
