@@ -296,8 +296,8 @@ def launch_command(num_processes: int, argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m a2po`: a setting the config or the run spec refuses ends the command with its sentence, no
-    traceback, before any model or data is loaded."""
+    """`python -m a2po`: a setting the config or the run spec refuses ends the command with its sentence, not a
+    traceback (the flags are checked before any model or data is loaded)."""
     try:
         return run(list(sys.argv[1:] if argv is None else argv))
     except (ConfigError, SpecError) as error:
