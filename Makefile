@@ -37,7 +37,7 @@ app: install
 
 # Two pytest processes (a file's tests stay on one, with its module's studio and browser). Tests marked `serial`
 # (busy loops, clocks) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
-# vLLM's virtualenv is built while the unmarked tests run (pip waits on the disk more than on the CPUs), before the
+# vLLM's virtualenv is built while the unmarked tests run, so that its set-up overlaps them, and is ready before the
 # serial tests start; its log is .venv-vllm.log.
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
