@@ -38,9 +38,11 @@ app: install
 # Two pytest processes (a file's tests stay on one, with its module's studio and browser). Tests marked `serial`
 # (busy loops, clocks) then run alone, then the vLLM tests in their own virtualenv (`test-vllm`).
 # vLLM's virtualenv is built while the unmarked tests run, so that its set-up overlaps them, and is ready before the
-# serial tests start; its log is .venv-vllm.log.
+# serial tests start; its log is .venv-vllm.log. A stale one loses its stamp first: a test that finds the stamp finds
+# a venv that pip is not changing under it.
 test: install chromium postgresql
 	$(TEST_ENV) $(VENV)/bin/ruff check .
+	$(MAKE) -s -q $(VLLM_VENV)/.installed || rm -f $(VLLM_VENV)/.installed
 	$(MAKE) -s $(VLLM_VENV)/.installed > $(VLLM_VENV).log 2>&1 & builder=$$!; \
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25; tests=$$?; \
 	wait $$builder || { tail -n 40 $(VLLM_VENV).log; echo "Building $(VLLM_VENV) failed: $(VLLM_VENV).log"; exit 1; }; \
