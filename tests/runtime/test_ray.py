@@ -185,7 +185,8 @@ def test_a_job_stopped_from_outside_and_a_head_down_interrupt_the_run_and_it_res
                 os.kill(pid, signal.SIGKILL)
             wait_for(lambda: any("does not answer and the worker's heartbeat stopped" in m for m in messages()),
                      120, "the run to be interrupted while the cluster is down")
-            assert store.get_run(run_id)["status"] == "queued"  # resumed, waiting for the cluster
+            # Interrupted, then queued again by the studio's next pass: resumed, waiting for the cluster.
+            wait_for(lambda: store.get_run(run_id)["status"] == "queued", 30, "the interrupted run to be queued again")
             assert client.predict(api_name="/limits")["runs_go_to"].get("error")
             time.sleep(5)
             run = store.get_run(run_id)
