@@ -26,12 +26,14 @@ interrupted runs and launches the rungs still due), so an interrupted search con
 `--results FILE` writes the table as JSON whenever a run ends (the search's state so far, with the commit it runs
 at), for docs/benchmarks.md. The report picks each method's best point among those of the last rung by the median
 over seeds of the final held-out accuracy; the duels press "A*-PO vs GRPO" (`/launch_pair`, protocol "compute" or
-"time") at those points and print the verdicts, each with its paired bootstrap interval.
+"time") at those points with fresh seeds (`--duel-seeds`, 3 4 5: a best point is not judged again on the seeds that
+made it the best) and print the verdicts, each with its paired bootstrap interval; the results file keeps them too.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -123,7 +125,7 @@ def dry_run(options: argparse.Namespace, studies: list[Study]) -> None:
             print(f"  {run['name']}", flush=True)
     shares = ", ".join(f"{halving.share(r):.3g}" for r in range(halving.rungs))
     print(f"\nat most {most} runs in {len(studies)} studies, {options.budget_flops:.3g} FLOPs each at the last rung "
-          f"(rungs on {shares} of the budget's training part); then --duel: {len(options.seeds)} seed(s) x 2 "
+          f"(rungs on {shares} of the budget's training part); then --duel: {len(options.duel_seeds)} seed(s) x 2 "
           "methods at the whole budget.", flush=True)
 
 
@@ -236,9 +238,13 @@ def commit() -> str:
 def write_results(options: argparse.Namespace, store: Any) -> None:
     if options.results is None:
         return
+    # "commit" names the code the search's runs ran at: a report written later by another checkout keeps it.
+    earlier = json.loads(options.results.read_text()) if options.results.is_file() else {}
     found = read(store, plan(options))
+    found["duels"] = read_duels(options, store)
     found.update(task=options.task, budget_flops=options.budget_flops, halving=json.loads(options.halving),
-                 seeds=options.seeds, commit=commit(), written_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+                 seeds=options.seeds, commit=earlier.get("commit") or commit(), written_by=commit(),
+                 written_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     options.results.parent.mkdir(parents=True, exist_ok=True)
     tmp = options.results.with_suffix(".tmp")
     tmp.write_text(json.dumps(found, indent=1, default=str))
@@ -296,7 +302,7 @@ def report(options: argparse.Namespace, studies: list[Study]) -> dict[str, Any]:
                          "--report), or give its --name.")
     print_table(found)
     write_results(options, store)
-    print_duels(options, store)
+    print_duels(read_duels(options, store))
     return found
 
 
@@ -320,7 +326,7 @@ def duel_request(options: argparse.Namespace, found: dict[str, Any]) -> dict[str
     spec["config"].update(a2po["point"], filter_all_incorrect=False)
     budget = ({"budget_minutes": options.minutes} if options.protocol == "time" else
               {"budget_flops": options.budget_flops})
-    return {"spec": spec, "protocol": options.protocol, **budget, "seeds": options.seeds,
+    return {"spec": spec, "protocol": options.protocol, **budget, "seeds": options.duel_seeds,
             "grpo_recipe": grpo["recipe"], "grpo_settings": dict(grpo["point"])}
 
 
@@ -351,49 +357,76 @@ def duel(options: argparse.Namespace, studies: list[Study]) -> None:
         launch(Client(app.url, verbose=False), store)
         while not all(r["status"] in ENDED for r in study_runs(store, name)):
             time.sleep(10.0)
-    print_duels(options, store)
+    write_results(options, store)
+    print_duels(read_duels(options, store))
 
 
-def print_duels(options: argparse.Namespace, store: Any) -> None:
-    """Each duel of the search in DATA_DIR as markdown: its settings, a row per method (median and range of the final
-    held-out accuracy, compute and time with stage 1), and the verdict with its paired bootstrap interval."""
-    from a2po.compute import format_flops
+def read_duels(options: argparse.Namespace, store: Any) -> list[dict[str, Any]]:
+    """Each duel of the search in DATA_DIR: its settings, per method the final held-out accuracies (median, range),
+    compute and time with stage 1 (medians) and its runs, the paired difference with its bootstrap interval, and the
+    verdict in time; what `print_duels` shows and the results file keeps."""
     from app.studies import comparison
 
     prefix = f"{options.name}-duel-"
     names = sorted({((r.get("config") or {}).get("study") or {}).get("name") or "" for r in store.list_runs()})
+    duels = []
     for name in (n for n in names if n.startswith(prefix)):
         runs = study_runs(store, name)
         timelines = [comparison.store_timeline(store, r) for r in runs]
         tag = runs[0]["config"]["study"]
         a2po_spec = next(r for r in runs if r["config"].get("method", "a2po") == "a2po")["config"]
         a2po, grpo = a2po_spec["config"], tag.get("grpo_settings") or {}
-        print(f"\n### A*-PO vs GRPO, {tag.get('protocol')} protocol, each method at its best point ({options.task}; "
-              f"{name})\n")
+        methods = {}
+        for method in ("a2po", "grpo"):
+            mine = [t for t in comparison.finished(timelines) if t.method == method]
+            finals = [t.final_accuracy for t in mine]
+            methods[method] = {"finals": finals, "final": _median(finals),
+                               "compute_flops": _median([t.flops_with_stage1 for t in mine
+                                                         if t.flops_with_stage1 is not None]),
+                               "seconds": _median([t.seconds_with_stage1 for t in mine]),
+                               "runs": [[t.run_id, t.status] for t in timelines if t.method == method]}
+        difference = comparison.method_difference(store, runs)
+        pair = comparison.study_view(runs, timelines).pair()
+        duels.append({
+            "name": name, "protocol": tag.get("protocol"), "task": options.task,
+            "seeds": [comparison.run_seed(r) for r in runs if r["config"].get("method", "a2po") == "a2po"],
+            "eval_size": a2po_spec["dataset"].get("eval_size"),
+            "a2po_point": {"per_device_train_batch_size": a2po["per_device_train_batch_size"],
+                           "learning_rate": a2po["learning_rate"], "pass_rate_band": a2po.get("pass_rate_band")},
+            "grpo_recipe": tag.get("grpo_recipe"), "grpo_point": grpo, "methods": methods,
+            "difference": None if difference is None else {**dataclasses.asdict(difference), "text": difference.text()},
+            "verdict": comparison.verdict(*pair) if pair else None})
+    return duels
+
+
+def print_duels(duels: list[dict[str, Any]]) -> None:
+    """Each duel (`read_duels`) as markdown: its settings, a row per method, the difference and the verdict."""
+    from a2po.compute import format_flops
+    from app.studies.comparison import format_duration
+
+    for duel in duels:
+        a2po, grpo = duel["a2po_point"], duel["grpo_point"]
+        print(f"\n### A*-PO vs GRPO, {duel['protocol']} protocol, each method at its best point ({duel['task']}; "
+              f"{duel['name']})\n")
         print(f"A*-PO: {a2po['per_device_train_batch_size']} prompts per step, learning rate "
               f"{a2po['learning_rate']:g}, pass_rate_band {a2po.get('pass_rate_band')}; GRPO: recipe "
-              f"{tag.get('grpo_recipe') or 'none'}, {int(grpo.get('per_device_train_batch_size', 0)) // GENERATIONS} "
+              f"{duel['grpo_recipe'] or 'none'}, {int(grpo.get('per_device_train_batch_size', 0)) // GENERATIONS} "
               f"prompts per step, learning rate {float(grpo.get('learning_rate', 0)):g}; seeds "
-              f"{', '.join(str(comparison.run_seed(r)) for r in runs if r['config'].get('method', 'a2po') == 'a2po')}"
-              f"; {a2po_spec['dataset'].get('eval_size')} held-out prompts.\n")
+              f"{', '.join(str(seed) for seed in duel['seeds'])}; {duel['eval_size']} held-out prompts.\n")
         print("| method | final held-out accuracy, median (range) | compute with stage 1, median | time with stage 1, "
               "median | runs |")
         print("| --- | --- | --- | --- | --- |")
         for method, label in (("a2po", "A*-PO"), ("grpo", "GRPO")):
-            mine = [t for t in comparison.finished(timelines) if t.method == method]
-            finals = [t.final_accuracy for t in mine]
+            mine = duel["methods"][method]
+            finals = mine["finals"]
             spread = f" ({pct(min(finals))}–{pct(max(finals))})" if finals else ""
-            flops = _median([t.flops_with_stage1 for t in mine if t.flops_with_stage1 is not None])
-            seconds = _median([t.seconds_with_stage1 for t in mine])
-            print(f"| {label} | {pct(_median(finals))}{spread} | {format_flops(flops)} | "
-                  f"{comparison.format_duration(seconds)} | "
-                  f"{', '.join(f'#{t.run_id} {t.status}' for t in timelines if t.method == method)} |")
-        difference = comparison.method_difference(store, runs)
-        if difference is not None:
-            print(f"\n{difference.text()}", flush=True)
-        pair = comparison.study_view(runs, timelines).pair()
-        if pair:
-            print(f"\n{comparison.verdict(*pair)}", flush=True)
+            print(f"| {label} | {pct(mine['final'])}{spread} | {format_flops(mine['compute_flops'])} | "
+                  f"{format_duration(mine['seconds'])} | "
+                  f"{', '.join(f'#{run_id} {status}' for run_id, status in mine['runs'])} |")
+        if duel["difference"]:
+            print(f"\n{duel['difference']['text']}", flush=True)
+        if duel["verdict"]:
+            print(f"\n{duel['verdict']}", flush=True)
 
 
 def _median(values: list[float]) -> float | None:
@@ -402,12 +435,16 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def main() -> None:
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a bad recipe, halving, budget or seed list stops here, before any studio starts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path, help="the search's data folder (or, with --report, its results JSON)")
     parser.add_argument("--task", default="teaching-demo", choices=sorted(TASKS))
     parser.add_argument("--name", default="recipe-search", help="the studies' name prefix")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the last rung's run seeds")
+    parser.add_argument("--duel-seeds", type=int, nargs="+", default=[3, 4, 5],
+                        help="the duels' run seeds: by default not the ones the search chose its best points on, so a "
+                        "point that won by the luck of its seeds is not judged on that luck again")
     parser.add_argument("--budget-flops", type=float, default=4e13,
                         help="each run's compute at the last rung, stage 1 included (FLOPs; docs/compute.md)")
     parser.add_argument("--halving", default='{"reduction_factor": 3, "rungs": 3}',
@@ -430,7 +467,7 @@ def main() -> None:
     mode.add_argument("--dry-run", action="store_true", help="print the runs it would launch; start nothing")
     mode.add_argument("--report", action="store_true", help="only report the search (and duels) in DATA_DIR")
     mode.add_argument("--duel", action="store_true", help="the duel at each method's best point of a finished search")
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
 
     from a2po.recipes import RecipeError, canonical_name
     from a2po.sweep import GridError, Halving
@@ -445,12 +482,20 @@ def main() -> None:
         parser.error(f"--halving: {error}")
     if options.budget_flops <= 0 or options.minutes <= 0:
         parser.error("--budget-flops and --minutes take numbers > 0, e.g. --budget-flops 4e13.")
-    if len(set(options.seeds)) != len(options.seeds):
-        parser.error("--seeds: each seed once, e.g. --seeds 0 1 2.")
+    for flag, seeds in (("--seeds", options.seeds), ("--duel-seeds", options.duel_seeds)):
+        if len(set(seeds)) != len(seeds):
+            parser.error(f"{flag}: each seed once, e.g. {flag} 0 1 2.")
+    if options.data_dir.suffix == ".json" and (not options.report or not options.data_dir.is_file()):
+        parser.error(f"{options.data_dir}: a results file is read only with --report, and must exist.")
+    return options
+
+
+def main() -> None:
+    options = parse_options()
     if options.data_dir.suffix == ".json":
-        if not options.report or not options.data_dir.is_file():
-            parser.error(f"{options.data_dir}: a results file is read only with --report, and must exist.")
-        print_table(json.loads(options.data_dir.read_text()))
+        found = json.loads(options.data_dir.read_text())
+        print_table(found)
+        print_duels(found.get("duels", []))
         return
     studies = plan(options)
     if options.dry_run:

@@ -121,3 +121,50 @@ def test_studio_that_exits_at_start_is_named_with_its_output(tmp_path):
     message = str(failed.value)
     assert "python -m app exited with code 2" in message
     assert "--no-such-option" in message and str(tmp_path / "server.log") in message
+
+
+def test_recipe_search_keeps_its_duels_in_the_results_file_and_reports_them_from_it(tmp_path, monkeypatch):
+    # A duel as the studio stores it (the script's own `/launch_pair` request through the studio's `study_specs`), its
+    # runs finished with held-out answers in a real SQLite file: read back, kept in the results file, reported from it.
+    import importlib.util
+    import json
+
+    from app.studies.protocols import study_specs
+    from storage import Store, lifecycle
+
+    loaded = importlib.util.spec_from_file_location("recipe_search", ROOT / "scripts" / "recipe_search.py")
+    search = importlib.util.module_from_spec(loaded)
+    monkeypatch.setitem(sys.modules, "recipe_search", search)  # its dataclasses look their module up
+    loaded.loader.exec_module(search)
+    parsed = search.parse_options([str(tmp_path), "--duel-seeds", "3", "4"])
+    found = {"best": {"a2po": {"point": {"per_device_train_batch_size": 64, "learning_rate": 3e-5,
+                                         "pass_rate_band": [0.125, 1.0]}},
+                      "grpo": {"recipe": "dr_grpo", "point": {"per_device_train_batch_size": 32,
+                                                               "learning_rate": 3e-5}}}}
+    request = search.duel_request(parsed, found)
+    assert request["seeds"] == [3, 4] and request["protocol"] == "compute"  # fresh seeds, not the search's 0, 1, 2
+    store = Store(tmp_path / "studio.db")
+    right = {"a2po": [1.0] * 30 + [0.0] * 10, "grpo": [1.0] * 20 + [0.0] * 20}  # 75% against 50% on 40 prompts
+    for spec in study_specs(request["spec"], request["seeds"], pair=True, protocol="compute",
+                            budget_flops=request["budget_flops"], grpo_recipe=request["grpo_recipe"],
+                            grpo_settings=request["grpo_settings"]):
+        run_id = store.create_run(spec["name"], "train", spec)
+        method = spec.get("method", "a2po")
+        for step, accuracy in ((0, 0.0), (8, sum(right[method]) / 40)):
+            store.add_evaluation(run_id, step, {"eval_accuracy": accuracy, "train_seconds": 30.0 * step,
+                                                "train_flops": 5e12 * step})
+        store.add_samples(run_id, [{"step": 8, "split": "eval", "prompt_id": f"p{i}", "completion": "", "reward": r}
+                                   for i, r in enumerate(right[method])])
+        store.apply(run_id, lifecycle.CLAIM)
+        store.apply(run_id, lifecycle.FINISH)
+    duels = search.read_duels(parsed, store)
+    assert len(duels) == 1 and duels[0]["seeds"] == [3, 4]
+    assert (duels[0]["methods"]["a2po"]["final"], duels[0]["methods"]["grpo"]["final"]) == (0.75, 0.5)
+    assert duels[0]["difference"]["points"] == pytest.approx(25.0) and duels[0]["difference"]["seeds"] == 2
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"studies": {}, "best": {}, "duels": duels}))
+    shown = run(sys.executable, str(ROOT / "scripts" / "recipe_search.py"), str(results), "--report")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "### A*-PO vs GRPO, compute protocol, each method at its best point" in shown.stdout
+    assert "| A*-PO | 75.0% (75.0%–75.0%) |" in shown.stdout and "| GRPO | 50.0% (50.0%–50.0%) |" in shown.stdout
+    assert "**A\\*-PO − GRPO: +25.0 points**" in shown.stdout and "seeds 3, 4;" in shown.stdout
