@@ -197,6 +197,7 @@ def search(options: argparse.Namespace, studies: list[Study]) -> None:
 
 def read(store: Any, studies: list[Study]) -> dict[str, Any]:
     """Each study's rows (`app.studies.summary`) with the figures the table shows, and each method's best point."""
+    from a2po.sweep import point_label
     from app.studies import comparison, summary
 
     found: dict[str, Any] = {"studies": {}, "best": {}}
@@ -207,6 +208,7 @@ def read(store: Any, studies: list[Study]) -> dict[str, Any]:
         lines = [comparison.store_timeline(store, r) for r in runs]
         read_back = summary.summarize(runs, lines)
         by_id = {t.run_id: t for t in lines}
+        by_rung = rung_finals(runs, by_id)
         rows = []
         for row in read_back.rows:
             mine = [by_id[i] for i in row.run_ids]
@@ -215,7 +217,8 @@ def read(store: Any, studies: list[Study]) -> dict[str, Any]:
                          "final": row.final, "final_range": row.final_range, "compute_flops": row.flops,
                          "training_seconds": row.training_seconds, "tokens": row.tokens,
                          "peak_memory_gb": max(peaks) if peaks else None,
-                         "finals": [t.final_accuracy for t in mine]})
+                         "finals": [t.final_accuracy for t in mine],
+                         "rungs": by_rung.get(point_label(row.point), [])})
         found["studies"][study.name] = {"method": study.method, "recipe": study.recipe, "rows": rows}
         best = read_back.best
         if best is not None:
@@ -225,6 +228,23 @@ def read(store: Any, studies: list[Study]) -> dict[str, Any]:
             if held is None or mine["final"] > held["final"]:
                 found["best"][study.method] = mine
     return found
+
+
+def rung_finals(runs: list[dict[str, Any]], timelines: dict[int, Any]) -> dict[str, list[list[float]]]:
+    """Each point's final held-out accuracies (its finished runs') at every rung it ran, by point label: the path a
+    point took through the halving, not only where it stopped."""
+    from a2po.sweep import point_label
+    from app.studies.sweeps import halving_of
+
+    found: dict[str, dict[int, list[float]]] = {}
+    for run in runs:
+        tagged = halving_of(run)
+        timeline = timelines[run["id"]]
+        if tagged is None or run["status"] != "finished" or timeline.final_accuracy is None:
+            continue
+        label = point_label(run["config"]["study"]["point"])
+        found.setdefault(label, {}).setdefault(tagged[1], []).append(timeline.final_accuracy)
+    return {label: [rungs.get(r, []) for r in range(max(rungs) + 1)] for label, rungs in found.items()}
 
 
 def commit() -> str:
@@ -267,16 +287,17 @@ def print_table(found: dict[str, Any]) -> None:
     from a2po.compute import format_flops
     from app.studies.comparison import format_duration
 
-    print("\n| study | selection | prompts per step | learning rate | halving | final held-out accuracy, median "
-          "(range) | compute | training time | completion tokens | peak memory GiB |")
-    print("| --- " * 10 + "|")
+    print("\n| study | selection | prompts per step | learning rate | halving | held-out accuracy at each rung's end "
+          "| final held-out accuracy, median (range) | compute | training time | completion tokens | peak memory GiB |")
+    print("| --- " * 11 + "|")
     for name, study in found["studies"].items():
         for row in study["rows"]:
             selection, batch, lr = point_text(study["method"], row["point"])
             low_high = row["final_range"]
             spread = f" ({pct(low_high[0])}–{pct(low_high[1])})" if low_high and len(row["runs"]) > 1 else ""
             tokens = row["tokens"]
-            print(f"| {name} | {selection} | {batch} | {lr} | {row['state']} | {pct(row['final'])}{spread} | "
+            path = " → ".join(pct(_median(finals)) for finals in row.get("rungs") or []) or "–"
+            print(f"| {name} | {selection} | {batch} | {lr} | {row['state']} | {path} | {pct(row['final'])}{spread} | "
                   f"{format_flops(row['compute_flops'])} | {format_duration(row['training_seconds'])} | "
                   f"{'–' if tokens is None else f'{round(tokens):,}'} | "
                   f"{'–' if row['peak_memory_gb'] is None else format(row['peak_memory_gb'], '.2f')} |")

@@ -105,6 +105,7 @@ def test_recipe_search_dry_run_lists_its_runs_without_starting_a_studio(tmp_path
 @pytest.mark.parametrize("task", ["teaching", "basic_arithmetic"])
 def test_recipe_search_reports_a_committed_results_file_as_the_docs_table(task):
     import json
+    import statistics
 
     results = ROOT / "benchmarks" / "results" / f"recipe_search_{task}.json"
     result = run(sys.executable, str(ROOT / "scripts" / "recipe_search.py"), str(results), "--report")
@@ -112,7 +113,13 @@ def test_recipe_search_reports_a_committed_results_file_as_the_docs_table(task):
     rows = [line for line in result.stdout.splitlines() if line.startswith("| recipe-search-")]
     found = json.loads(results.read_text())
     assert len(rows) == sum(len(study["rows"]) for study in found["studies"].values()) > 0
-    assert all(line.count("|") == 11 for line in rows)  # the ten columns of docs/benchmarks.md's table
+    assert all(line.count("|") == 12 for line in rows)  # the eleven columns of docs/benchmarks.md's table
+    # Each point's path through the rungs: its median final accuracy at the end of every rung it ran.
+    listed = [row for study in found["studies"].values() for row in study["rows"]]
+    assert any(len(row["rungs"]) > 1 for row in listed)
+    for line, row in zip(rows, listed, strict=True):
+        medians = [statistics.median(finals) for finals in row["rungs"]]
+        assert line.split(" | ")[5] == (" → ".join(f"{100 * m:.1f}%" for m in medians) or "–"), line
 
 
 def test_studio_that_exits_at_start_is_named_with_its_output(tmp_path):
