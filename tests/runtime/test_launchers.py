@@ -100,6 +100,20 @@ def test_a_local_worker_stops_on_request_and_a_kill_leaves_no_process(store, tmp
         assert launcher.ending(store.get_run(run_id)).how == f"exited with code {-signal.SIGKILL}"
 
 
+def test_a_local_worker_killed_by_sigkill_is_named_so_with_the_out_of_memory_killer_as_its_usual_cause(store, tmp_path):
+    # What the kernel's out-of-memory killer does to a worker: SIGKILL, with no chance to record an end.
+    launcher = LocalWorkers(store, DataFolder(tmp_path), fake_worker(
+        "import os, signal; print('step 4', flush=True); os.kill(os.getpid(), signal.SIGKILL)"))
+    run_id = store.create_run("oom", "train", SPEC)
+    assert launcher.start(store.get_run(run_id), ["cpu"], with_project_path(os.environ))
+    helpers.wait_for(lambda: launcher.ending(store.get_run(run_id)) is not None, 60, "the worker to die")
+    ending = launcher.ending(store.get_run(run_id))
+    assert ending.how == f"exited with code {-signal.SIGKILL}"
+    assert ending.message.startswith(f"Worker was killed by signal 9 (SIGKILL; exit code {-signal.SIGKILL}), which on "
+                                     "Linux is most often the kernel's out-of-memory killer: `dmesg` names")
+    assert "step 4" in ending.message
+
+
 def test_an_adopted_worker_is_alive_only_while_its_process_is_the_runs_worker(store, tmp_path):
     launcher = LocalWorkers(store, DataFolder(tmp_path), command=None)
     run_id = store.create_run("adopted", "train", SPEC)

@@ -15,6 +15,22 @@ from app.runtime.processes import is_worker_of, launched_processes, pid_alive, w
 from storage import Store, lifecycle
 
 
+def exit_text(code: int) -> str:
+    """How a process ended, from its exit code: a negative code is the signal that killed it, named, and SIGKILL
+    with its most common sender (the worker never sends it; a user's `kill -9` or the out-of-memory killer does)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "an unknown signal"
+    text = f"was killed by signal {-code} ({name}; exit code {code})"
+    if -code == signal.SIGKILL:
+        text += (", which on Linux is most often the kernel's out-of-memory killer: `dmesg` names the process it "
+                 "killed; a smaller per_device_train_batch_size or fewer runs at once on the machine needs less memory")
+    return text
+
+
 class LocalWorkers(Launcher):
     """Worker processes of this machine. `command(run_id, spec)`: the worker command."""
 
@@ -72,7 +88,7 @@ class LocalWorkers(Launcher):
             if run["status"] in lifecycle.LIVE and run["pid"] != proc.pid:
                 return None  # the run names another process: this one's exit says nothing of it
             return Ending(EXITED, f"exited with code {code}",
-                          f"Worker exited with code {code} without recording an end; last lines of its output:\n"
+                          f"Worker {exit_text(code)} without recording an end; last lines of its output:\n"
                           f"{self.output(run)}")
         if self.alive(run):
             return None
