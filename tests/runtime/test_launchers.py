@@ -246,6 +246,7 @@ def test_a_forked_chunk_that_died_without_an_end_leaves_its_run_for_the_next_chu
     launcher.procs[run_id].returncode = -9
     ending = launcher.ending(store.get_run(run_id))
     assert (ending.kind, ending.how) == (EXITED, "exited with code -9") and launcher.settles_runs
+    assert ending.message.startswith("Its chunk process was killed by signal 9 (SIGKILL; exit code -9), which on Linux")
     assert launcher.settle(store.get_run(run_id), ending.how) == "lost"
     run = store.get_run(run_id)
     assert run["status"] == lifecycle.QUEUED and run["auto_resumes"] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -126,6 +127,22 @@ def worker_environment(base: Mapping[str, str], devices: Devices, given: list[st
     # seconds: time for a step and a checkpoint. (The studio's own stops signal the processes directly.)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(LAUNCHER_SHUTDOWN_TIMEOUT))
     return env
+
+
+def exit_text(code: int) -> str:
+    """How a process ended, from its exit code: a negative code is the signal that killed it, named, and SIGKILL
+    with its most common sender (the worker never sends it; a user's `kill -9` or the out-of-memory killer does)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "an unknown signal"
+    text = f"was killed by signal {-code} ({name}; exit code {code})"
+    if -code == signal.SIGKILL:
+        text += (", which on Linux is most often the kernel's out-of-memory killer: `dmesg` names the process it "
+                 "killed; a smaller per_device_train_batch_size or fewer runs at once on the machine needs less memory")
+    return text
 
 
 def processes_of(spec: dict[str, Any]) -> int:

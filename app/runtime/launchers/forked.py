@@ -23,7 +23,7 @@ from typing import Any
 from app.runtime import chunks, journal
 from app.runtime.chunks import DEFAULT_BUDGET, is_chunk_of, named_thread, run_chunk, thread_name, worker_directory
 from app.runtime.data_folder import DataFolder
-from app.runtime.launchers.base import EXITED, FAILED, Ending
+from app.runtime.launchers.base import EXITED, FAILED, Ending, exit_text
 from app.runtime.launchers.local import LocalWorkers, signal_process
 from storage import Store, lifecycle
 
@@ -67,7 +67,7 @@ class ForkedChunks(LocalWorkers):
             if code is None or run["status"] not in lifecycle.LIVE or run["pid"] != proc.pid:
                 return None  # runs, or settled already, or the run names another process
             how = "exited" if code == 0 else f"exited with code {code}"
-            return Ending(EXITED, how, f"Its chunk process {how}.")
+            return Ending(EXITED, how, f"Its chunk process {exit_text(code) if code else how}.")
         if self.alive(run):
             return None
         return Ending(FAILED, f"(pid {run['pid']}) is gone", f"Its chunk process (pid {run['pid']}) is gone.")

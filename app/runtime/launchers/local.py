@@ -10,25 +10,9 @@ import time
 from typing import Any
 
 from app.runtime.data_folder import DataFolder
-from app.runtime.launchers.base import EXITED, FAILED, Ending, Launcher, processes_of
+from app.runtime.launchers.base import EXITED, FAILED, Ending, Launcher, exit_text, processes_of
 from app.runtime.processes import is_worker_of, launched_processes, pid_alive, works_in
 from storage import Store, lifecycle
-
-
-def exit_text(code: int) -> str:
-    """How a process ended, from its exit code: a negative code is the signal that killed it, named, and SIGKILL
-    with its most common sender (the worker never sends it; a user's `kill -9` or the out-of-memory killer does)."""
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = "an unknown signal"
-    text = f"was killed by signal {-code} ({name}; exit code {code})"
-    if -code == signal.SIGKILL:
-        text += (", which on Linux is most often the kernel's out-of-memory killer: `dmesg` names the process it "
-                 "killed; a smaller per_device_train_batch_size or fewer runs at once on the machine needs less memory")
-    return text
 
 
 class LocalWorkers(Launcher):
