@@ -197,7 +197,6 @@ def search(options: argparse.Namespace, studies: list[Study]) -> None:
 
 def read(store: Any, studies: list[Study]) -> dict[str, Any]:
     """Each study's rows (`app.studies.summary`) with the figures the table shows, and each method's best point."""
-    from a2po.sweep import point_label
     from app.studies import comparison, summary
 
     found: dict[str, Any] = {"studies": {}, "best": {}}
@@ -218,7 +217,7 @@ def read(store: Any, studies: list[Study]) -> dict[str, Any]:
                          "training_seconds": row.training_seconds, "tokens": row.tokens,
                          "peak_memory_gb": max(peaks) if peaks else None,
                          "finals": [t.final_accuracy for t in mine],
-                         "rungs": by_rung.get(point_label(row.point), [])})
+                         "rungs": by_rung.get(row.label, [])})
         found["studies"][study.name] = {"method": study.method, "recipe": study.recipe, "rows": rows}
         best = read_back.best
         if best is not None:
@@ -395,7 +394,8 @@ def read_duels(options: argparse.Namespace, store: Any) -> list[dict[str, Any]]:
         runs = study_runs(store, name)
         timelines = [comparison.store_timeline(store, r) for r in runs]
         tag = runs[0]["config"]["study"]
-        a2po_spec = next(r for r in runs if r["config"].get("method", "a2po") == "a2po")["config"]
+        a2po_runs = [r for r in runs if comparison.run_method(r) == "a2po"]
+        a2po_spec = a2po_runs[0]["config"]
         a2po, grpo = a2po_spec["config"], tag.get("grpo_settings") or {}
         methods = {}
         for method in ("a2po", "grpo"):
@@ -410,7 +410,7 @@ def read_duels(options: argparse.Namespace, store: Any) -> list[dict[str, Any]]:
         pair = comparison.study_view(runs, timelines).pair()
         duels.append({
             "name": name, "protocol": tag.get("protocol"), "task": options.task,
-            "seeds": [comparison.run_seed(r) for r in runs if r["config"].get("method", "a2po") == "a2po"],
+            "seeds": [comparison.run_seed(r) for r in a2po_runs],
             "eval_size": a2po_spec["dataset"].get("eval_size"),
             "a2po_point": {"per_device_train_batch_size": a2po["per_device_train_batch_size"],
                            "learning_rate": a2po["learning_rate"], "pass_rate_band": a2po.get("pass_rate_band")},

@@ -67,7 +67,7 @@ class ForkedChunks(LocalWorkers):
             if code is None or run["status"] not in lifecycle.LIVE or run["pid"] != proc.pid:
                 return None  # runs, or settled already, or the run names another process
             how = "exited" if code == 0 else f"exited with code {code}"
-            return Ending(EXITED, how, f"Its chunk process {exit_text(code) if code else how}.")
+            return Ending(EXITED, how, f"Its chunk process {exit_text(code) if code < 0 else how}.")
         if self.alive(run):
             return None
         return Ending(FAILED, f"(pid {run['pid']}) is gone", f"Its chunk process (pid {run['pid']}) is gone.")
