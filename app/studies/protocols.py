@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from a2po.recipes import RecipeError, canonical_name, recipe_settings
@@ -56,6 +57,26 @@ MAX_SEEDS = 10
 # What the GRPO side of an equal-time pair may set for itself (`pair_specs`'s `grpo_settings`); its batch counts
 # completions, G per prompt.
 GRPO_OWN_SETTINGS = ("learning_rate", "per_device_train_batch_size")
+
+
+
+@dataclass(frozen=True)
+class MeasuredDuel:
+    """A preset's "A*-PO vs GRPO" at equal time or compute as measured (docs/benchmarks.md, "The recipe search at
+    equal compute, halved"): the budgets of the measured duels and GRPO's best point at them. The Launch page starts
+    a budgeted pair of that preset from these, the A*-PO side from the preset itself."""
+
+    grpo_recipe: str
+    grpo_learning_rate: float
+    grpo_prompts_per_step: int
+    budget_flops: float
+    budget_minutes: float
+
+
+# GRPO's best point for the teaching task in the recipe search (4e13 FLOPs a run, run seeds 0-2, median final
+# held-out accuracy); the A*-PO side is the preset's own recipe, its best point there.
+MEASURED_DUELS = {"teaching-demo": MeasuredDuel(grpo_recipe="dapo", grpo_learning_rate=3e-5, grpo_prompts_per_step=16,
+                                                budget_flops=4e13, budget_minutes=4.0)}
 
 # Settings both methods have, copied from the A*-PO run to its GRPO match (same names in A2POConfig and GRPOConfig).
 SHARED_SETTINGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "max_steps",

@@ -215,7 +215,8 @@ def event(form: LaunchForm, **fields) -> dict:
     data = {component: component.value for component in form.fields}
     data.update({form.inputs[key]: value for key, value in fields.items()})
     return {**data, form.token: None, form.seeds: "", form.protocol: "paper", form.budget: 10, form.flops_budget: 1e15,
-            form.pair_recipe: forms.NO_RECIPE, form.sweep_grid: "", form.sweep_field: None}
+            form.pair_recipe: forms.NO_RECIPE, form.pair_grpo_lr: None, form.pair_grpo_prompts: None,
+            form.sweep_grid: "", form.sweep_field: None}
 
 
 def picked(form: LaunchForm, recipe: str, **fields) -> dict:

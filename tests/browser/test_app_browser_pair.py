@@ -74,6 +74,15 @@ def test_launch_a_two_seed_pair_and_read_the_medians_back(studio, tiny_model_dir
             set_field(page, "field-seeds", "0, 1")
             # The paper's protocol is the default, and the page says what it does.
             expect(page.locator("#pair-protocol-note")).to_contain_text("filter_all_incorrect off")
+            expect(page.locator("#pair-grpo-prompts")).to_be_hidden()
+            # Equal compute gives GRPO its own learning rate and prompts per step, the teaching demo's measured best.
+            page.locator("#pair-protocol").get_by_text("Equal compute", exact=False).click()
+            expect(page.locator("#pair-grpo-prompts input")).to_have_value("16")
+            expect(page.locator("#pair-grpo-lr input")).to_have_value("0.00003")
+            expect(page.locator("#pair-flops-budget input")).to_have_value("40000000000000")
+            expect(page.locator("#pair-plan")).to_contain_text("GRPO 3e-05")
+            page.locator("#pair-protocol").get_by_text("The paper's", exact=False).click()
+            expect(page.locator("#pair-grpo-prompts")).to_be_hidden()
             expect(page.locator("#pair-plan")).to_contain_text(
                 "4 runs (2 seeds x A*-PO and GRPO), one after another: 4 optimizer steps each; 5 evaluations of 4 "
                 "held-out prompts each")

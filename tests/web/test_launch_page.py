@@ -22,10 +22,11 @@ from app.web.pages.launch.actions import (
     show_command,
     show_method,
     start,
+    start_pair,
 )
 from app.web.pages.launch.form import LaunchForm, show_source
 from app.web.pages.launch.page import build_launch_page
-from app.web.pages.launch.plans import SWEEP_NOTE, add_sweep_field, plan_sweep
+from app.web.pages.launch.plans import SWEEP_NOTE, add_sweep_field, pair_defaults, plan_pair, plan_sweep, show_protocol
 from storage import Store
 
 
@@ -44,7 +45,8 @@ def event(form: LaunchForm, **fields) -> dict:
     data = {component: component.value for component in form.fields}
     data.update({form.inputs[key]: value for key, value in fields.items()})
     return {**data, form.token: None, form.seeds: "", form.protocol: "paper", form.budget: 10, form.flops_budget: 1e15,
-            form.sweep_grid: "", form.sweep_field: None}
+            form.pair_recipe: "none", form.pair_grpo_lr: None, form.pair_grpo_prompts: None,
+            form.preset: "teaching-demo", form.sweep_grid: "", form.sweep_field: None}
 
 
 def shown_problems(form: LaunchForm, updates: dict) -> dict[str, str]:
@@ -159,3 +161,46 @@ def test_save_as_yaml_writes_a_config_the_cli_reads(form):
                 else updates[form.saved].value)
     assert path.name == "config-saved-run.yaml" and updates[form.status].startswith("✅ Saved config-saved-run.yaml")
     assert spec_from_config_file(str(path)).name == "saved-run"
+
+
+def test_a_budgeted_pair_gives_grpo_its_own_learning_rate_and_prompts_per_step_measured_for_the_preset(form):
+    # Equal time or compute shows GRPO's own settings; a user's pick of it fills the preset's measured duel.
+    assert show_protocol(form, "compute")[form.pair_grpo_prompts]["visible"] is True
+    assert show_protocol(form, "paper")[form.pair_grpo_lr]["visible"] is False
+    measured = pair_defaults(form, {form.protocol: "compute", form.preset: "teaching-demo"})
+    assert [measured[c] for c in (form.pair_recipe, form.flops_budget, form.budget)] == ["dapo", 4e13, 4.0]
+    assert (measured[form.pair_grpo_lr]["value"], measured[form.pair_grpo_prompts]["value"]) == (3e-5, 16)
+    assert "measured best for GRPO" in measured[form.pair_grpo_lr]["info"]
+    # A preset measured by no duel, or the paper's protocol (everything matched): TRL's GRPO, the general budgets.
+    for protocol, preset in (("compute", "teaching-demo-lora"), ("paper", "teaching-demo")):
+        general = pair_defaults(form, {form.protocol: protocol, form.preset: preset})
+        assert general[form.pair_recipe] == "none" and general[form.pair_grpo_lr]["value"] is None
+        assert general[form.pair_grpo_prompts]["value"] is None and general[form.flops_budget] == 1e15
+
+    before = len(runs(form))
+    data = {**event(form, name="budgeted-pair"), form.protocol: "compute", form.flops_budget: 4e13,
+            form.pair_recipe: "dapo", form.pair_grpo_lr: 3e-5, form.pair_grpo_prompts: 2.5}
+    assert "GRPO's prompts per step: give a whole number >= 1" in plan_pair(form, data)
+    refused = start_pair(form, data, None)
+    assert refused[form.status].startswith("❌ Not started: GRPO's prompts per step") and len(runs(form)) == before
+
+    data[form.pair_grpo_prompts] = 16
+    assert "**Learning rate:** A*-PO 1e-05, GRPO 3e-05." in plan_pair(form, data)
+    updates = start_pair(form, data, None)
+    assert updates[form.status].startswith("✅ Started A*-PO vs GRPO"), updates[form.status]
+    a2po_id, grpo_id = updates[form.pair]
+    a2po, grpo = (form.services.store.get_run(i)["config"] for i in (a2po_id, grpo_id))
+    assert grpo["recipe"] == "dapo" and grpo["study"]["grpo_settings"] == {"learning_rate": 3e-5,
+                                                                           "per_device_train_batch_size": 128}
+    assert (grpo["config"]["learning_rate"], grpo["config"]["per_device_train_batch_size"]) == (3e-5, 16 * 8)
+    assert (a2po["config"]["learning_rate"], a2po["config"]["per_device_train_batch_size"]) == (1e-5, 8)
+    assert a2po["config"]["max_train_flops"] == grpo["config"]["max_train_flops"] == 4e13
+
+    # 0 is what the browser sends for an empty field: matched to the A*-PO run's, as empty.
+    empty = start_pair(form, {**data, form.pair_grpo_lr: 0, form.pair_grpo_prompts: 0}, None)
+    grpo = form.services.store.get_run(empty[form.pair][1])["config"]
+    assert (grpo["config"]["learning_rate"], grpo["config"]["per_device_train_batch_size"]) == (1e-5, 8 * 8)
+    # The paper's protocol matches them: the fields (hidden there) are not read.
+    paper = start_pair(form, {**data, form.protocol: "paper", form.pair_recipe: "none"}, None)
+    grpo = form.services.store.get_run(paper[form.pair][1])["config"]
+    assert (grpo["config"]["learning_rate"], grpo["config"]["per_device_train_batch_size"]) == (1e-5, 8 * 8)

@@ -25,7 +25,7 @@ from app.web.pages.launch.form import (
     preset_choices,
     validate,
 )
-from app.web.pages.launch.plans import pair_recipe
+from app.web.pages.launch.plans import pair_grpo_settings, pair_recipe
 
 TRY_COLUMNS = ["prompt", "kind", "completion", "reward"]
 
@@ -101,6 +101,7 @@ def start_pair(form: LaunchForm, data: dict[Any, Any], request: gr.Request | Non
         pairs = form.services.launch_pair(result.spec, _user(form, data, request), protocol=protocol,
                                           budget_seconds=budget_seconds(data[form.budget]), seeds=data[form.seeds],
                                           grpo_recipe=pair_recipe(form, data),
+                                          grpo_settings=pair_grpo_settings(form, data, result.spec),
                                           budget_flops=budget_flops(data[form.flops_budget]))
     except (Refused, StudyError) as exc:
         return {**error_updates(form, {}), form.status: f"❌ Not started: {exc}", form.launched: None,

@@ -103,6 +103,8 @@ class LaunchForm:
     flops_budget: Any = None
     protocol_text: Any = None
     pair_recipe: Any = None  # the GRPO side's recipe in "A*-PO vs GRPO"
+    pair_grpo_lr: Any = None  # GRPO's own learning rate and prompts per step under equal time or compute
+    pair_grpo_prompts: Any = None
     recipe_box: Any = None  # the GRPO recipe's choice and note, shown for GRPO runs
     recipe_text: Any = None
     pair_plan: Any = None
@@ -125,6 +127,12 @@ class LaunchForm:
     @property
     def fields(self) -> list[Component]:
         return list(self.inputs.values())
+
+    @property
+    def pair_controls(self) -> list[Any]:
+        """What "A*-PO vs GRPO" reads besides the form's fields and seeds."""
+        return [self.protocol, self.budget, self.flops_budget, self.pair_recipe, self.pair_grpo_lr,
+                self.pair_grpo_prompts]
 
     def error_slot(self, key: str) -> None:
         self.errors[key] = gr.Markdown(visible=False, elem_classes=["field-error"], elem_id=f"error-{key}")

@@ -31,7 +31,14 @@ from app.web.pages.launch.actions import (
     try_it,
 )
 from app.web.pages.launch.form import LaunchForm, reward_choices, show_source
-from app.web.pages.launch.plans import add_sweep_field, plan_pair, plan_sweep, show_batch, show_protocol
+from app.web.pages.launch.plans import (
+    add_sweep_field,
+    pair_defaults,
+    plan_pair,
+    plan_sweep,
+    show_batch,
+    show_protocol,
+)
 from app.web.pages.launch.sections import (
     actions_section,
     dataset_section,
@@ -128,8 +135,7 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
                                     [*errors, form.status, form.launched], concurrency_limit=1, **PRIVATE)
               for action in ACTIONS]
     pair_event = buttons["pair"].click(_with_request(start_pair, form),
-                                       {form.token, form.seeds, form.protocol, form.budget, form.flops_budget,
-                                        form.pair_recipe, *form.fields},
+                                       {form.token, form.seeds, *form.pair_controls, *form.fields},
                                        [*errors, form.status, form.launched, form.pair], concurrency_limit=1,
                                        **PRIVATE)
     sweep_event = buttons["sweep"].click(_with_request(start_sweep, form),
@@ -144,8 +150,7 @@ def _wire_actions(form: LaunchForm) -> tuple[list[Any], Any, Any]:
 
 def plan_pair_on(form: LaunchForm, triggers: list[Any]) -> None:
     """Refresh the pair's plan (runs, steps, time per method) on these events."""
-    gr.on(triggers, _bind(plan_pair, form), {form.seeds, form.protocol, form.budget, form.flops_budget,
-                                             form.pair_recipe, *form.fields},
+    gr.on(triggers, _bind(plan_pair, form), {form.seeds, *form.pair_controls, *form.fields},
           form.pair_plan, trigger_mode="always_last", **PRIVATE)
 
 
@@ -153,10 +158,15 @@ def _wire_form(form: LaunchForm) -> None:
     """What changes with the form's fields: the protocol's note, the plans of a pair and a sweep, the method's
     settings, the dataset's boxes and rewards, a preset."""
     bind, inputs = _bind, form.inputs
-    form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.flops_budget,
-                                                                     form.protocol_text], **PRIVATE)
-    plan_pair_on(form, [form.protocol.change, form.seeds.change, form.budget.change, form.flops_budget.change,
-                        form.pair_recipe.change, *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
+    form.protocol.change(bind(show_protocol, form), form.protocol, [form.budget, form.flops_budget, form.pair_grpo_lr,
+                                                                     form.pair_grpo_prompts, form.protocol_text],
+                         **PRIVATE)
+    # `.input`: a user's pick of a protocol or preset sets the pair's defaults (a preset's measured duel), not a clone.
+    gr.on([form.protocol.input, form.preset.input], bind(pair_defaults, form), {form.protocol, form.preset},
+          [form.pair_recipe, form.pair_grpo_lr, form.pair_grpo_prompts, form.budget, form.flops_budget], **PRIVATE)
+    plan_pair_on(form, [form.protocol.change, form.seeds.change,
+                        *(control.change for control in form.pair_controls if control is not form.protocol),
+                        *(inputs[k].change for k in PAIR_LENGTH_FIELDS if k in inputs)])
     gr.on([inputs[k].change for k in BATCH_FIELDS if k in inputs], bind(show_batch, form), set(form.fields),
           form.batch_text, trigger_mode="always_last", **PRIVATE)
     plan_inputs = {form.sweep_grid, form.seeds, form.sweep_halving, *form.fields}

@@ -13,6 +13,8 @@ from app.access import allowlist
 from app.access.gate import Services
 from app.studies import sweeps
 from app.studies.protocols import (
+    BUDGETED,
+    MEASURED_DUELS,
     PROTOCOLS,
     StudyError,
     budget_flops,
@@ -25,9 +27,15 @@ from app.web import forms
 from app.web.common import format_duration
 from app.web.pages.launch.form import LaunchForm, validate
 
+DEFAULT_BUDGET_MINUTES = 10.0  # a budgeted pair's budgets where its preset has no measured duel
+DEFAULT_BUDGET_FLOPS = 1e15
+MATCHED = "Empty: the A*-PO run's."
+MEASURED = "This preset's measured best for GRPO (docs/benchmarks.md, the recipe search)."
 PAIR_NOTE = ("**A*-PO vs GRPO** launches the form's A*-PO run and a GRPO run matched to it: the same model, prompts, "
              "held-out set, rewards, learning rate and schedule, completion length; G = N; the same prompts per "
-             "optimizer step (GRPO's batch counts completions: G × the A*-PO batch). Both are evaluated on one grid. "
+             "optimizer step (GRPO's batch counts completions: G × the A*-PO batch). Under equal time or compute GRPO "
+             "may take its own learning rate and prompts per step (each method at its best point: for the teaching "
+             "demo, GRPO's best in the recipe search is filled in). Both are evaluated on one grid. "
              "**Run seeds** (e.g. `0, 1, 2`) launch one run, or one pair, per seed as a study: Compare then shows each "
              "seed and their median.")
 SWEEP_NOTE = ("One run per grid point and run seed (the seeds box above), as one study; A*-PO runs whose stage-1 "
@@ -69,17 +77,21 @@ def sweep_plan_text(services: Services, specs: list[dict[str, Any]]) -> str:
 
 def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minutes: float | None,
                    history: list[tuple[dict[str, Any], dict[str, float]]], grpo_recipe: str | None = None,
-                   flops: float | None = None) -> str:
+                   flops: float | None = None, grpo_settings: dict[str, Any] | None = None) -> str:
     """What "A*-PO vs GRPO" would start from the A*-PO `spec`: its runs, their optimizer steps and evaluations, and
     each method's training time estimated from finished runs (`history`, as `finished_history` gives it); the GRPO
-    side's recipe (`grpo_recipe`) first, when it has one."""
+    side's recipe (`grpo_recipe`) first, when it has one; each side's learning rate when GRPO has its own
+    (`grpo_settings`)."""
     try:
         specs = study_specs(spec, parse_seeds(seeds), pair=True, protocol=protocol,
                             budget_seconds=budget_seconds(budget_minutes), grpo_recipe=grpo_recipe,
-                            budget_flops=budget_flops(flops))
+                            budget_flops=budget_flops(flops), grpo_settings=grpo_settings)
     except StudyError as exc:
         return f"⚠ {exc}"
     per_step = pair_batch_text(specs[0], specs[1])
+    if grpo_settings and "learning_rate" in grpo_settings:
+        per_step += (f" **Learning rate:** A*-PO {specs[0]['config'].get('learning_rate', 5e-5):g}, GRPO "
+                     f"{specs[1]['config']['learning_rate']:g}.")
     if grpo_recipe:
         note = forms.recipe_note(specs[1]["recipe"], {**specs[1]["config"], "rewards": specs[1]["rewards"]})
         return (f"{note.replace('**Recipe:**', '**GRPO side:**', 1)}\n\n{_pair_runs_text(specs, protocol, history)}"
@@ -141,14 +153,57 @@ def pair_recipe(form: LaunchForm, data: dict[Any, Any]) -> str | None:
     return None if name in (None, "", forms.NO_RECIPE) else name
 
 
+def pair_grpo_settings(form: LaunchForm, data: dict[Any, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
+    """GRPO's own learning rate and batch in "A*-PO vs GRPO" under equal time or compute, from the page's two
+    fields (its batch: G x the prompts per step given, G = the A*-PO `spec`'s N); None where both are empty (or 0,
+    what the browser sends for an empty number) or the protocol matches them to the A*-PO run. `StudyError` for a
+    value that is not one."""
+    if data[form.protocol] not in BUDGETED:
+        return None
+    settings: dict[str, Any] = {}
+    rate, prompts = data.get(form.pair_grpo_lr), data.get(form.pair_grpo_prompts)
+    if rate not in (None, "", 0):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+            raise StudyError(f"GRPO's learning rate: give a number between 0 and 1, e.g. 3e-5, or leave it empty for "
+                             f"the A*-PO run's (got {rate!r}).")
+        settings["learning_rate"] = float(rate)
+    if prompts not in (None, "", 0):
+        if isinstance(prompts, bool) or not isinstance(prompts, (int, float)) or prompts < 1 or prompts != int(prompts):
+            raise StudyError(f"GRPO's prompts per step: give a whole number >= 1, e.g. 16, or leave it empty for the "
+                             f"A*-PO run's (got {prompts!r}).")
+        group = int((spec.get("config") or {}).get("num_value_samples") or 8)
+        settings["per_device_train_batch_size"] = group * int(prompts)
+    return settings or None
+
+
+def pair_defaults(form: LaunchForm, data: dict[Any, Any]) -> dict[Any, Any]:
+    """What a picked protocol or preset sets in "A*-PO vs GRPO": under equal time or compute, the preset's measured
+    duel where it has one (`MEASURED_DUELS`: the budgets measured and GRPO's best recipe, learning rate and prompts
+    per step at them); otherwise TRL's GRPO matched to the A*-PO run, and the budgets' general defaults."""
+    measured = MEASURED_DUELS.get(data[form.preset]) if data[form.protocol] in BUDGETED else None
+    if measured is None:
+        return {form.pair_recipe: forms.NO_RECIPE, form.pair_grpo_lr: gr.update(value=None, info=MATCHED),
+                form.pair_grpo_prompts: gr.update(value=None, info=f"{MATCHED} Its batch is G × this."),
+                form.budget: DEFAULT_BUDGET_MINUTES, form.flops_budget: DEFAULT_BUDGET_FLOPS}
+    return {form.pair_recipe: measured.grpo_recipe,
+            form.pair_grpo_lr: gr.update(value=measured.grpo_learning_rate, info=f"{MEASURED} {MATCHED}"),
+            form.pair_grpo_prompts: gr.update(value=measured.grpo_prompts_per_step,
+                                              info=f"{MEASURED} Its batch is G × this."),
+            form.budget: measured.budget_minutes, form.flops_budget: measured.budget_flops}
+
+
 def plan_pair(form: LaunchForm, data: dict[Any, Any]) -> str:
     """The pair the form would start (`pair_plan_text`): runs, steps, evaluations, time per method."""
     result = validate(form.services, form.values(data, action="train", method="a2po"))
     if not result.ok:
         return f"⚠ Fix the form first to see the pair's plan: {len(result.errors)} problem(s) (marked)."
+    try:
+        own = pair_grpo_settings(form, data, result.spec)
+    except StudyError as exc:
+        return f"⚠ {exc}"
     return pair_plan_text(result.spec, data[form.protocol], data[form.seeds], data[form.budget],
                           finished_history(form.services), grpo_recipe=pair_recipe(form, data),
-                          flops=data[form.flops_budget])
+                          flops=data[form.flops_budget], grpo_settings=own)
 
 
 def show_batch(form: LaunchForm, data: dict[Any, Any]) -> str:
@@ -157,9 +212,13 @@ def show_batch(form: LaunchForm, data: dict[Any, Any]) -> str:
 
 
 def show_protocol(form: LaunchForm, protocol: str) -> dict[Any, Any]:
-    """The protocol's note; the time budget only for equal time, the FLOPs budget only for equal compute."""
+    """The protocol's note; the time budget only for equal time, the FLOPs budget only for equal compute, GRPO's own
+    learning rate and prompts per step only under either."""
     return {form.budget: gr.update(visible=protocol == "time"),
-            form.flops_budget: gr.update(visible=protocol == "compute"), form.protocol_text: protocol_note(protocol)}
+            form.flops_budget: gr.update(visible=protocol == "compute"),
+            form.pair_grpo_lr: gr.update(visible=protocol in BUDGETED),
+            form.pair_grpo_prompts: gr.update(visible=protocol in BUDGETED),
+            form.protocol_text: protocol_note(protocol)}
 
 
 def plan_sweep(form: LaunchForm, data: dict[Any, Any]) -> str:

@@ -19,7 +19,16 @@ from app.web import forms
 from app.web.common import model_choices
 from app.web.pages.launch.actions import TRY_COLUMNS
 from app.web.pages.launch.form import ACTION_LABELS, METHODS, SOURCES, LaunchForm, load_dataset_preview, preset_choices
-from app.web.pages.launch.plans import PAIR_NOTE, SWEEP_NOTE, batch_text, protocol_note, sweep_fields
+from app.web.pages.launch.plans import (
+    DEFAULT_BUDGET_FLOPS,
+    DEFAULT_BUDGET_MINUTES,
+    MATCHED,
+    PAIR_NOTE,
+    SWEEP_NOTE,
+    batch_text,
+    protocol_note,
+    sweep_fields,
+)
 
 
 def run_section(form: LaunchForm) -> None:
@@ -212,13 +221,18 @@ def actions_section(form: LaunchForm) -> None:
     form.buttons["pair"] = gr.Button("A*-PO vs GRPO", variant="secondary", elem_id="action-pair")
     form.protocol = gr.Radio([(label, key) for key, label in PROTOCOL_LABELS.items()], value=DEFAULT_PROTOCOL,
                              label="A*-PO vs GRPO: protocol", elem_id="pair-protocol")
-    form.budget = gr.Number(value=10, label="Training-time budget per run (minutes, stage 1 included)", minimum=0.1,
-                            visible=False, elem_id="pair-budget")
-    form.flops_budget = gr.Number(value=1e15, label="Compute budget per run (FLOPs, stage 1 included; e.g. 1e15)",
-                                  minimum=0, visible=False, elem_id="pair-flops-budget")
+    form.budget = gr.Number(value=DEFAULT_BUDGET_MINUTES, label="Training-time budget per run (minutes, stage 1 "
+                            "included)", minimum=0.1, visible=False, elem_id="pair-budget")
+    form.flops_budget = gr.Number(value=DEFAULT_BUDGET_FLOPS, label="Compute budget per run (FLOPs, stage 1 included; "
+                                  "e.g. 1e15)", minimum=0, visible=False, elem_id="pair-flops-budget")
     form.pair_recipe = gr.Dropdown(forms.recipe_choices(), value=forms.NO_RECIPE, label="A*-PO vs GRPO: GRPO's recipe",
                                    elem_id="pair-recipe", info="GRPO's side runs TRL's defaults, or a named variant "
                                                                "(settings only GRPO has: the match holds).")
+    with gr.Row():
+        form.pair_grpo_lr = gr.Number(None, label="GRPO's learning rate", visible=False, elem_id="pair-grpo-lr",
+                                      info=MATCHED)
+        form.pair_grpo_prompts = gr.Number(None, label="GRPO's prompts per step", precision=0, visible=False,
+                                           elem_id="pair-grpo-prompts", info=f"{MATCHED} Its batch is G × this.")
     form.protocol_text = gr.Markdown(protocol_note(DEFAULT_PROTOCOL), elem_id="pair-protocol-note")
     form.pair_plan = gr.Markdown(elem_id="pair-plan")
     gr.Markdown(PAIR_NOTE, elem_id="pair-note")
