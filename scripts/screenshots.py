@@ -7,8 +7,8 @@
     python scripts/screenshots.py DATA_DIR A2PO_RUN_ID --pair GRPO_RUN_ID --duel NAME   # Compare on a whole study
 
 Starts `python -m app` on DATA_DIR (`--no-resume`: no interrupted run is resumed; with `--hold-queue`, a disk quota
-the folder is already past, so no queued run starts either and a copy of a live studio's folder can be shot, under
-the banner that says so), opens the run in Debian's chromium and
+the folder is already past, so no queued run starts either and a copy of a live studio's folder can be shot; the
+studio's banner, which would name that quota, is left out of the shots), opens the run in Debian's chromium and
 writes `teaching-run.png`, `teaching-run-compute.png` (its curves against compute) and `teaching-explain.png`; with
 `--pair`, the Compare page with both runs picked
 (`teaching-compare.png`; its accuracy against compute, `teaching-compare-compute.png`) and the Explain page's cost
@@ -52,6 +52,8 @@ def main() -> None:
     with (studio(args.data_dir, "--no-resume", *held, port=args.port, env={"HF_HUB_OFFLINE": "1"}) as app,
           studio_page(app.url) as page):
         args.out.mkdir(parents=True, exist_ok=True)
+        if args.hold_queue:  # the banner would report the quota set above, not anything about the studio shown
+            page.add_style_tag(content="#studio-banner { display: none !important; }")
         if args.pair is not None or args.study is not None:
             if args.study is not None:
                 study_screenshot(page, args.study, args.out, args.study_file)
