@@ -66,12 +66,17 @@ class PointRow:
 
     @property
     def state(self) -> str:
-        """Where a halving sweep's point stands: "pruned at rung 1 of 3", "rung 2 of 3"; "" for any other sweep."""
+        """Where a halving sweep's point stands: "pruned at rung 1 of 3", "rung 2 of 3" (under way), "finished all 3
+        rungs"; "" for any other sweep."""
         if self.rung is None:
             return ""
         ended = next((s for s in self.statuses if s in ("failed", "stopped", "interrupted")), None)
         where = f"rung {self.rung} of {self.rungs}"
-        return f"pruned at {where}" if self.pruned else f"{ended} at {where}" if ended else where
+        if self.pruned:
+            return f"pruned at {where}"
+        if ended:
+            return f"{ended} at {where}"
+        return f"finished all {self.rungs} rungs" if self.finished else where
 
     def table_row(self, best: bool) -> dict[str, Any]:
         spread = "" if self.final_range is None else f" ({percent(self.final_range[0])}–{percent(self.final_range[1])})"

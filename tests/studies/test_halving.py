@@ -173,7 +173,7 @@ def test_a_studio_halves_a_sweep_to_its_end_and_a_restart_neither_reruns_nor_unp
     assert again.advance_studies() == [] and len(store.list_runs()) == 5
     found = summary.summarize(runs, [lines[r["id"]] for r in runs])
     states = {row.label: row.state for row in found.rows}
-    assert sorted(states.values()) == ["pruned at rung 0 of 2", "pruned at rung 0 of 2", "rung 1 of 2"]
+    assert sorted(states.values()) == ["finished all 2 rungs", "pruned at rung 0 of 2", "pruned at rung 0 of 2"]
     assert found.best is not None and found.best.label in kept and len(found.best.run_ids) == 2
     assert all(row.table_row(False)["halving"] for row in found.rows)
 
