@@ -229,13 +229,29 @@ def _median_point(at: Sequence[Point]) -> Point:
                  (min(accuracy), max(accuracy)), statistics.median(flops) if len(flops) == len(at) else None)
 
 
+def _one_per_grid_point(xs: Sequence[float], within: float) -> list[float]:
+    """Sorted positions with each cluster of them (closer than `within` to its first) read as its latest: where
+    every run has made that grid point's evaluation."""
+    kept: list[float] = []
+    first = None
+    for x in xs:
+        if kept and x - first < within:
+            kept[-1] = x
+        else:
+            kept.append(x)
+            first = x
+    return kept
+
+
 def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | None:
     """The median of the finished runs among `timelines` (a study's seeds of one method), the others named in
     `left_out`; None while none has finished. Its curve aligns the runs by step, or by clock when they were evaluated
     on a time grid: at each position one of them was evaluated, from the latest position all have evaluated at to
-    the shortest run's end, the median of each run's accuracy there (`_at`), with the lowest and highest. Its last
-    point is the median of each run's own last point (its end), whatever the number of evaluations before it. Its
-    stage-1 cost is the runs' median, its peak memory the largest."""
+    the shortest run's end, the median of each run's accuracy there (`_at`), with the lowest and highest. Runs on
+    one clock or compute grid make each grid point's evaluation at their first step past it, a step apart from each
+    other: those positions read as one, the latest (`_one_per_grid_point`), so the curve has a point per grid point
+    rather than a stair of partial medians. Its last point is the median of each run's own last point (its end),
+    whatever the number of evaluations before it. Its stage-1 cost is the runs' median, its peak memory the largest."""
     done = finished(timelines)
     if not done:
         return None
@@ -244,6 +260,9 @@ def median_timeline(timelines: Sequence[Timeline], label: str) -> Timeline | Non
     start = max(getattr(t.points[0], axis) for t in done)
     end = min(getattr(t.points[-1], axis) for t in done)
     xs = sorted({getattr(p, axis) for t in done for p in t.points if start <= getattr(p, axis) < end})
+    everies = {t.grid() for t in done}
+    if axis != "step" and len(everies) == 1:
+        xs = _one_per_grid_point(xs, everies.pop()[1] / 2)
     points = [_median_point([_at(t, axis, x) for t in done]) for x in xs]
     points.append(_median_point([t.points[-1] for t in done]))
     first = done[0]

@@ -6,7 +6,7 @@ Per grid point (the runs of one method at one point, a run per seed; the medians
 failed or unfinished run's latest point not being its end):
     final accuracy   the median over seeds of each run's last held-out accuracy, and its lowest and highest
     best accuracy    the median over seeds of each run's best held-out accuracy, and the median step it came at
-    curve            the median curve (`comparison.median_timeline`: aligned by step or clock, never by index)
+    curve            the median curve (`comparison.median_timeline`: aligned by step, clock or compute, never by index)
     training time    the median of each run's clock: stage 1 (where the run sampled it) plus its training steps
     tokens           the median completion tokens sampled, stage 1 included where the run sampled it
     compute          the median of each run's compute in FLOPs (`a2po.compute`), stage 1 or its charge included

@@ -320,6 +320,25 @@ def test_equal_time_seeds_with_a_different_number_of_evaluations_are_aligned_by_
         assert median.points[-1].spread == (0.75, 0.8)
 
 
+def test_seeds_on_one_compute_grid_give_a_median_point_per_grid_point():
+    # Three seeds evaluated every 1e12 FLOPs, each at its first step past the grid point (steps of 3e9-5e9 FLOPs):
+    # what the recipe search's last rung stores. A median at each run's own position would read a partial median
+    # (one run past the grid point, the others not yet) before the whole one: a stair on the Studies page.
+    def line(run_id: int, offsets: list[float], accuracies: list[float]) -> comparison.Timeline:
+        points = [comparison.Point(8 * i, 10.0 * i, 100 * i, a, flops=i * 1e12 + o)
+                  for i, (o, a) in enumerate(zip(offsets, accuracies))]
+        return comparison.Timeline(run_id, f"r{run_id}", "a2po", "finished", points, eval_every=("flops", 1e12))
+
+    lines = [line(1, [0, 3e9, 4e9, 5e9], [0.0, 0.31, 0.67, 0.69]),
+             line(2, [0, 4e9, 3e9, 3e9], [0.0, 0.0, 0.54, 0.70]),
+             line(3, [0, 5e9, 5e9, 4e9], [0.0, 0.0, 0.0, 0.67])]
+    runs = [_seed_run(t, i) for i, t in enumerate(lines)]
+    for median in (comparison.study_view(runs, lines).medians["a2po"], summary.summarize(runs, lines).rows[0].curve):
+        assert [p.flops for p in median.points] == [0, 1.005e12, 2.005e12, 3.004e12]
+        assert [p.accuracy for p in median.points] == pytest.approx([0.0, 0.0, 0.54, 0.69])
+        assert [p.spread for p in median.points][2] == (0.0, 0.67)
+
+
 def test_a_failed_seed_is_counted_and_left_out_of_the_medians_and_the_verdict():
     a = [_seed_line(1, "a2po", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]),
          _seed_line(3, "a2po", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.9]),
