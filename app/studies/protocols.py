@@ -59,7 +59,6 @@ MAX_SEEDS = 10
 GRPO_OWN_SETTINGS = ("learning_rate", "per_device_train_batch_size")
 
 
-
 @dataclass(frozen=True)
 class MeasuredDuel:
     """A preset's "A*-PO vs GRPO" at equal time or compute as measured (docs/benchmarks.md, "The recipe search at

@@ -90,7 +90,7 @@ def pair_plan_text(spec: dict[str, Any], protocol: str, seeds: Any, budget_minut
         return f"⚠ {exc}"
     per_step = pair_batch_text(specs[0], specs[1])
     if grpo_settings and "learning_rate" in grpo_settings:
-        per_step += (f" **Learning rate:** A*-PO {specs[0]['config'].get('learning_rate', 5e-5):g}, GRPO "
+        per_step += (f" **Learning rate:** A*-PO {specs[0]['config']['learning_rate']:g}, GRPO "
                      f"{specs[1]['config']['learning_rate']:g}.")
     if grpo_recipe:
         note = forms.recipe_note(specs[1]["recipe"], {**specs[1]["config"], "rewards": specs[1]["rewards"]})
