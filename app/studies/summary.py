@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from a2po.compute import format_flops
-from a2po.sweep import point_label
+from a2po.sweep import point_label, show_value
 from app.studies.comparison import METHOD_LABELS, Timeline, finished, format_duration, median_timeline, run_seed
 
 
@@ -78,11 +78,14 @@ class PointRow:
             return f"{ended} at {where}"
         return f"finished all {self.rungs} rungs" if self.finished else where
 
-    def table_row(self, best: bool) -> dict[str, Any]:
+    def table_row(self, best: bool, by_field: bool = False) -> dict[str, Any]:
+        """The point's row: its settings as one "grid point" column, or with `by_field` a column per field holding
+        the value alone (a grid whose points share their fields: a row then fits the page)."""
         spread = "" if self.final_range is None else f" ({percent(self.final_range[0])}–{percent(self.final_range[1])})"
         done = sum(s == "finished" for s in self.statuses)
-        row = {"": "★" if best else "", "grid point": self.label,
-               "method": METHOD_LABELS.get(self.method, self.method)}
+        settings = ({f: show_value(v) for f, v in self.point.items()} if by_field and self.point
+                    else {"grid point": self.label})
+        row = {"": "★" if best else "", **settings, "method": METHOD_LABELS.get(self.method, self.method)}
         if self.rung is not None:
             row["halving"] = self.state
         return {**row, "seeds finished": f"{done} of {len(self.statuses)}",
@@ -117,7 +120,8 @@ class StudySummary:
     best_by_method: dict[str, PointRow] = field(default_factory=dict)  # with both methods: each one's own best
 
     def table(self) -> list[dict[str, Any]]:
-        return [row.table_row(row is self.best) for row in self.rows]
+        by_field = len({tuple(row.point) for row in self.rows}) == 1
+        return [row.table_row(row is self.best, by_field) for row in self.rows]
 
     @property
     def runner_up(self) -> PointRow | None:

@@ -22,7 +22,7 @@ import pytest
 from gradio_client import Client
 
 from a2po.runspec import RunSpec, SpecError, with_defaults
-from a2po.sweep import grid_points, parse_grid, summarize_sweep
+from a2po.sweep import grid_points, parse_grid, show_value, summarize_sweep
 from app.access.gate import Services
 from app.access.policy import Policy
 from app.runtime.scheduler import Scheduler
@@ -294,6 +294,10 @@ def test_the_table_holds_medians_over_seeds_the_best_point_and_the_heatmap():
     table = found.table()
     assert table[1][""] == "★" and table[1]["final accuracy (median, range)"] == "70.0% (60.0%–80.0%)"
     assert table[0]["seeds finished"] == "2 of 2"
+    # Points that share their fields get a column per field with the value alone, so a wide grid's row fits a page.
+    assert [(row["beta2"], row["learning_rate"]) for row in table] == [("0.001", "1e-05"), ("0.001", "2e-05"),
+                                                                       ("0.01", "1e-05"), ("0.01", "2e-05")]
+    assert "grid point" not in table[0]
     assert found.heatmap.x_field == "learning_rate" and found.heatmap.y_field == "beta2"
     assert found.heatmap.z == [[pytest.approx(0.6), pytest.approx(0.7)], [pytest.approx(0.25), pytest.approx(0.65)]]
     assert found.stage_one == {"a2po_runs": 8, "value_sets": 1, "sampled_runs": 1, "saved_tokens": 7000.0,
@@ -397,7 +401,8 @@ def test_the_studies_page_shows_the_medians_and_the_heatmap(swept):
             rows = page.evaluate(READ_TABLE, "study-table")
             header, body = rows[0], rows[1:]
             column = header.index("final accuracy (median, range)")
-            assert [r[header.index("grid point")] for r in body] == [row.label for row in found.rows]
+            assert [(r[header.index("beta2")], r[header.index("learning_rate")]) for r in body] == [
+                tuple(show_value(v) for v in row.point.values()) for row in found.rows]
             assert [r[column] for r in body] == [row.table_row(False)["final accuracy (median, range)"]
                                                  for row in found.rows]
             assert [r[header.index("seeds finished")] for r in body] == ["2 of 2", "2 of 2"]
