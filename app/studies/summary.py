@@ -81,8 +81,9 @@ class PointRow:
     def table_row(self, best: bool, by_field: bool = False) -> dict[str, Any]:
         """The point's row: its settings as one "grid point" column, or with `by_field` a column per field holding
         the value alone (a grid whose points share their fields: a row then fits the page)."""
-        spread = "" if self.final_range is None else f" ({percent(self.final_range[0])}–{percent(self.final_range[1])})"
         done = sum(s == "finished" for s in self.statuses)
+        spread = ("" if self.final_range is None or done < 2  # one seed has no range
+                  else f" ({percent(self.final_range[0])}–{percent(self.final_range[1])})")
         settings = ({f: show_value(v) for f, v in self.point.items()} if by_field and self.point
                     else {"grid point": self.label})
         row = {"": "★" if best else "", **settings, "method": METHOD_LABELS.get(self.method, self.method)}

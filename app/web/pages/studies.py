@@ -92,6 +92,20 @@ def best_line(found: summary.StudySummary, store: Any = None) -> str:
     return text
 
 
+def fitted_table(frame: pd.DataFrame) -> gr.Dataframe:
+    """The points' table with each column as wide as its longest cell or header word, a setting's name breaking at
+    its underscores (a grid's short values beside long TRL names would otherwise squeeze a name letter by letter),
+    the star and the settings pinned while the figures scroll sideways."""
+    headers = {name: name.replace("_", "_\u200b") for name in frame.columns}
+    widths = []
+    for name in frame.columns:
+        words = headers[name].replace("\u200b", " ").split() or [""]
+        longest = max([len(w) for w in words] + [len(str(cell)) for cell in frame[name]])
+        widths.append(f"{min(max(longest, 2), 30) * 9 + 28}px")
+    pinned = list(frame.columns).index("method") if "method" in frame.columns else 0  # the settings stay in view
+    return gr.Dataframe(value=frame.rename(columns=headers), column_widths=widths, pinned_columns=pinned)
+
+
 def build_studies_page(services: Services, token: gr.BrowserState | None = None) -> StudiesPage:
     """Lay out the page; returns its picker and the clone button (wired to the Launch form by `app.web`)."""
     store = services.store
@@ -134,7 +148,8 @@ def build_studies_page(services: Services, token: gr.BrowserState | None = None)
         plot = (charts.study_heatmap(found.heatmap) if found.heatmap is not None
                 else charts.study_bars(found.rows, found.best))
         pick = found.best.run_ids[0] if found.best else None
-        return (describe(tag, runs), pd.DataFrame(found.table()), plot, charts.study_curves(found.rows, found.best),
+        points = pd.DataFrame(found.table())
+        return (describe(tag, runs), fitted_table(points), plot, charts.study_curves(found.rows, found.best),
                 best_line(found, store), summary.savings_line(found), pick)
 
     outputs = [header, table, grid_plot, curves, best, saved, best_run]
