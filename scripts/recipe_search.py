@@ -28,6 +28,7 @@ at), for docs/benchmarks.md. The report picks each method's best point among tho
 over seeds of the final held-out accuracy; the duels press "A*-PO vs GRPO" (`/launch_pair`, protocol "compute" or
 "time") at those points with fresh seeds (`--duel-seeds`, 3 4 5: a best point is not judged again on the seeds that
 made it the best) and print the verdicts, each with its paired bootstrap interval; the results file keeps them too.
+The equal-time duel's A*-PO runs sample their own stage 1 (`TIME_DUEL_VALUES_SEED`) inside their minutes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATIONS = 8  # GRPO's G, the teaching demo's N
 EVAL_SIZE = 128
 EVAL_POINTS = 4  # held-out evaluations per budget (and the one before training)
+# The equal-time duel's stage-1 seed, one no run of the search (0) or the compute duel (its run seeds) samples with:
+# its A*-PO runs share the one V* set its first run samples, each charged that set's seconds.
+TIME_DUEL_VALUES_SEED = 1000
 SELECTIONS = {"every": None, "solved": [1 / GENERATIONS, 1.0], "band": [0.25, 0.75]}
 SELECTION_LABELS = {"None": "every prompt", repr([1 / GENERATIONS, 1.0]): "p > 0", "[0.25, 0.75]": "p in [0.25, 0.75]"}
 # docs/benchmarks.md, "A reasoning-gym task with SmolLM2 on this CPU": the task SmolLM2 learns on this CPU.
@@ -344,6 +348,10 @@ def duel_request(options: argparse.Namespace, found: dict[str, Any]) -> dict[str
                 "max_steps", "num_train_epochs"):
         spec["config"].pop(key, None)  # the protocol sets these
     spec["config"].update(a2po["point"], filter_all_incorrect=False)
+    if options.protocol == "time":
+        # A V* set reused from the equal-compute duel (the same run seeds) is charged the seconds it took then, on a
+        # machine the compute duel may have shared; the time duel samples its own, on the quiet machine it measures.
+        spec["config"]["values_seed"] = TIME_DUEL_VALUES_SEED
     budget = ({"budget_minutes": options.minutes} if options.protocol == "time" else
               {"budget_flops": options.budget_flops})
     return {"spec": spec, "protocol": options.protocol, **budget, "seeds": options.duel_seeds,

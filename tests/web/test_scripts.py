@@ -150,6 +150,16 @@ def test_recipe_search_keeps_its_duels_in_the_results_file_and_reports_them_from
                                                                "learning_rate": 3e-5}}}}
     request = search.duel_request(parsed, found)
     assert request["seeds"] == [3, 4] and request["protocol"] == "compute"  # fresh seeds, not the search's 0, 1, 2
+    assert "values_seed" not in request["spec"]["config"]  # each seed's own stage 1, counted in FLOPs
+    # At equal time a V* set the compute duel sampled (the same seeds) would be charged the seconds it took on a
+    # machine that duel may have shared: the time duel's A*-PO runs sample one of their own, none of their GRPO runs.
+    timed = search.duel_request(search.parse_options([str(tmp_path), "--duel", "--protocol", "time"]), found)
+    assert timed["budget_minutes"] == 4.0 and timed["spec"]["config"]["values_seed"] == search.TIME_DUEL_VALUES_SEED
+    timed_specs = study_specs(timed["spec"], timed["seeds"], pair=True, protocol="time",
+                              budget_seconds=60 * timed["budget_minutes"], grpo_recipe=timed["grpo_recipe"],
+                              grpo_settings=timed["grpo_settings"])
+    assert {s["config"].get("values_seed") for s in timed_specs if s.get("method", "a2po") == "a2po"} == {1000}
+    assert all("values_seed" not in s["config"] for s in timed_specs if s.get("method") == "grpo")
     store = Store(tmp_path / "studio.db")
     right = {"a2po": [1.0] * 30 + [0.0] * 10, "grpo": [1.0] * 20 + [0.0] * 20}  # 75% against 50% on 40 prompts
     for spec in study_specs(request["spec"], request["seeds"], pair=True, protocol="compute",
