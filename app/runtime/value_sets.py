@@ -42,8 +42,9 @@ def value_set_meta(spec: Any) -> dict[str, Any]:
     def setting(name: str) -> Any:
         return spec.config.get(name, defaults[name].default)
 
-    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards, "seed": setting("seed"),
-            "sampling": {k: setting(k) for k in SAMPLING_FIELDS}}
+    own = spec.config.get("values_seed")  # the seed the samples are drawn with: a sweep's runs share one set
+    return {"model": spec.model, "dataset": spec.dataset, "rewards": spec.rewards,
+            "seed": setting("seed") if own is None else int(own), "sampling": {k: setting(k) for k in SAMPLING_FIELDS}}
 
 
 def update_value_set(store: Store, value_set_id: int, splits: dict[str, Any], num_value_samples: int) -> None:

@@ -261,6 +261,23 @@ def test_a_run_that_reuses_a_v_star_set_is_charged_what_sampling_it_cost(tmp_pat
     assert cost["train"]["tokens"] == paid["values/train/completion_tokens"]
 
 
+def test_the_record_of_a_v_star_set_names_the_seed_its_samples_are_drawn_with(tiny_model_dir):
+    """A sweep's runs share a set sampled with `values_seed`: the set's record names that seed, not the run seed of
+    whichever run sampled it (the two sets below differ only in it, as their fingerprints do)."""
+    from a2po.runspec import RunSpec
+    from app.runtime.value_sets import value_set_meta
+
+    spec = clock_spec(tiny_model_dir, "seeded")
+    spec["config"]["seed"] = 3
+    assert value_set_meta(RunSpec.from_dict(spec))["seed"] == 3
+    spec["config"]["values_seed"] = 1000
+    shared = RunSpec.from_dict(spec)
+    assert value_set_meta(shared)["seed"] == 1000
+    spec["config"]["seed"] = 4  # another run seed of the same sweep: the same set, the same record
+    assert value_set_meta(RunSpec.from_dict(spec)) == value_set_meta(shared)
+    assert RunSpec.from_dict(spec).value_fingerprint() == shared.value_fingerprint()
+
+
 def test_a_chunk_reads_and_adds_to_the_cost_of_its_v_star_set(tmp_path):
     """A chunk never opens the database: the set's cost reaches it in its input, and what it samples adds to it."""
     store = Store(tmp_path / "studio.db")
