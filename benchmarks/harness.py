@@ -83,7 +83,7 @@ def _wait_until_served(process: subprocess.Popen, url: str, log: Path, timeout: 
 @contextlib.contextmanager
 def studio_page(url: str, *, height: int = 900, timeout_ms: int = 60_000) -> Iterator[Any]:
     """A playwright page of the studio at `url` in Debian's headless chromium, once its tabs are drawn; the browser
-    closes on leaving."""
+    closes on leaving. `timeout_ms` bounds every wait, `expect`'s included."""
     import playwright.sync_api as playwright
 
     with playwright.sync_playwright() as p:
@@ -91,6 +91,7 @@ def studio_page(url: str, *, height: int = 900, timeout_ms: int = 60_000) -> Ite
         try:
             page = browser.new_page(viewport={"width": 1400, "height": height})
             page.set_default_timeout(timeout_ms)
+            playwright.expect.set_options(timeout=timeout_ms)  # its own default is 5 s: too short on a busy machine
             page.goto(url, wait_until="load")
             page.wait_for_selector("#main-tabs")
             yield page

@@ -460,12 +460,8 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()
                                 (by_steps, "Held-out accuracy against optimizer steps", "optimizer step"),
                                 (by_compute, "Held-out accuracy against compute",
                                  "compute, TFLOP (FLOPs from the tokens processed: the same on any machine)")):
-        # The legend goes below the x axis's title, and the figure grows with it (a study has many curves).
-        entries = sum(1 for t in fig.data if t.showlegend is not False)
-        legend_px = 22 * math.ceil(entries / 2)
-        fig.update_layout(template="plotly_white", height=300 + legend_px, title=title, uirevision="methods",
-                          margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
-                          legend={"orientation": "h", "yanchor": "top", "y": -0.3, "x": 0})
+        fig.update_layout(template="plotly_white", title=title, uirevision="methods")
+        legend_below(fig, plot_px=190)
         fig.update_xaxes(title_text=x_title)
         fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     with_memory = [t for t in timelines if t.peak_memory_gb is not None]
@@ -553,6 +549,23 @@ def _point_names(rows: Sequence[Any]) -> tuple[list[str], str]:
     return names, " · ".join(fields)
 
 
+def legend_below(fig: go.Figure, plot_px: int, title: str | None = None, width_px: int = 560) -> None:
+    """A horizontal legend at the bottom of the figure, under the x axis's title, the figure as tall as the plot
+    (`plot_px`) and the legend's rows: a row per entry where the names are long (runs' names), two or more where
+    they are short. Plotly would otherwise squeeze the plot to fit a legend taller than the room left for it and
+    lay the first names over the axis's title. `width_px`: the figure's width where it shares a row of the page."""
+    names = [str(t.name or "") for t in fig.data if t.showlegend is not False]
+    per_row = max(1, width_px // (7 * max((len(n) for n in names), default=1) + 40))
+    rows = math.ceil(len(names) / per_row) + (title is not None)
+    legend_px = 21 * rows + 10
+    axis_px = 60  # the tick labels and the axis's title
+    fig.update_layout(height=50 + plot_px + axis_px + legend_px,
+                      margin={"l": 50, "r": 20, "t": 50, "b": axis_px + legend_px},
+                      legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0,
+                              "maxheight": legend_px + 10,
+                              **({"title": {"text": title, "side": "top"}} if title is not None else {})})
+
+
 def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
     """Each grid point's median held-out accuracy (`PointRow.curve`), the best one bold; against compute (TFLOP,
     stage 1 included) where every curve counted it, since points of other batch sizes compare at equal compute and
@@ -574,11 +587,8 @@ def study_curves(rows: Sequence[Any], best: Any = None) -> go.Figure:
                                  hovertemplate=hover))
     if not fig.data:
         return empty_figure("No held-out accuracy yet")
-    legend_px = 22 * math.ceil(len(fig.data) / 2)
-    fig.update_layout(template="plotly_white", height=320 + legend_px, title="Median held-out accuracy per grid point",
-                      margin={"l": 50, "r": 20, "t": 50, "b": 60 + legend_px},
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0,
-                              "title": {"text": fields + ":", "side": "top"}})
+    fig.update_layout(template="plotly_white", title="Median held-out accuracy per grid point")
+    legend_below(fig, plot_px=210, title=fields + ":")
     fig.update_xaxes(title_text="compute, TFLOP (stage 1 included)" if by_compute else "optimizer step")
     fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
     return fig

@@ -152,3 +152,22 @@ def test_compare_figure_overlays_runs_with_one_legend_entry_each():
     assert [t.showlegend for t in fig.data] == [True, True, False]
     assert fig.data[0].line.color != fig.data[1].line.color
     assert not charts.compare_figure({}, ["loss"]).data
+
+
+def test_a_legend_below_the_plot_gets_the_room_its_rows_take():
+    """Plotly squeezes the plot to fit a legend taller than the room left for it, and lays its first names over the
+    axis's title: the figure grows by the legend's rows instead, a row per entry for runs' long names."""
+    def figure(names: list[str]) -> go.Figure:
+        fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name=n) for n in names])
+        charts.legend_below(fig, plot_px=190)
+        return fig
+
+    long = figure([f"#{i} recipe-search-duel-time-4min-a2po-s{i} (A*-PO) with stage 1" for i in range(8)])
+    short = figure([f"run {i}" for i in range(8)])
+    for fig in (long, short):
+        legend, margin = fig.layout.legend, fig.layout.margin
+        assert (legend.yref, legend.yanchor, legend.y) == ("container", "bottom", 0)  # at the figure's foot
+        assert fig.layout.height - margin.t - margin.b == 190  # the plot keeps its height
+        assert legend.maxheight >= margin.b - 60  # no scroll bar inside the room it has
+    rows = (long.layout.margin.b - 60 - 10) / 21
+    assert rows == 8 and short.layout.margin.b < long.layout.margin.b
