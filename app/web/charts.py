@@ -393,9 +393,8 @@ def compare_figure(runs: Mapping[str, Mapping[str, Series]], metrics: Sequence[s
                        row=i // cols + 1, col=i % cols + 1, legendgroup=run_name, showlegend=not shown)
             shown = True
     fig.update_xaxes(title_text="step", title_font={"size": 10}, title_standoff=2)
-    fig.update_layout(template="plotly_white", height=280 * rows + 60, uirevision="compare",
-                      margin={"l": 50, "r": 20, "t": 60, "b": 40},
-                      legend={"orientation": "h", "y": 1.02 + 0.1 / rows, "x": 0})
+    fig.update_layout(template="plotly_white", uirevision="compare")
+    legend_below(fig, plot_px=280 * rows, width_px=1150)  # above, two rows of run names covered the panels' titles
     return fig
 
 
