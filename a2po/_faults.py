@@ -9,7 +9,8 @@ places with `fault_point(name)`, and the environment variable `A2PO_FAULTS` arms
 
 Actions: `kill` (SIGKILL: no handler, no flush, no cleanup, like the OOM killer), `hang` (the calling thread
 sleeps forever while the others, such as a heartbeat, go on), `delay` (the calling thread sleeps `A2PO_FAULT_DELAY`
-seconds, default `DELAY_SECONDS`, then goes on: a slow moment), `raise` (a `FaultInjected` exception).
+seconds, default `DELAY_SECONDS`, then goes on: a slow moment), `raise` (a `FaultInjected` exception), `disk_full`
+(the `OSError` a write on a full disk raises, ENOSPC).
 `name@count+=action` acts from the count-th pass on, every time.
 Unset (always, outside tests) the points cost one dictionary lookup.
 
@@ -22,6 +23,7 @@ evaluation batch decoded and scored). The studio's worker adds its own (`app.run
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -29,7 +31,7 @@ import time
 from collections import Counter
 
 ENV = "A2PO_FAULTS"
-FAULT_ACTIONS = ("kill", "hang", "delay", "raise")
+FAULT_ACTIONS = ("kill", "hang", "delay", "raise", "disk_full")
 DELAY_ENV = "A2PO_FAULT_DELAY"  # seconds a `delay` sleeps (default `DELAY_SECONDS`)
 DELAY_SECONDS = 2.0
 
@@ -81,4 +83,6 @@ def fault_point(name: str) -> None:
     if action == "delay":
         time.sleep(float(os.environ.get(DELAY_ENV) or DELAY_SECONDS))
         return
+    if action == "disk_full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(fault injected at {name}, pass {count})")
     raise FaultInjected(f"Fault injected at {name} (pass {count}).")

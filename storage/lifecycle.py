@@ -96,7 +96,8 @@ CANCEL = Event("cancel", WAITING, STOPPED, "stopped before any process took it",
 FINISH = Event("finish", LIVE, FINISHED, "done", **_END)
 STOP = Event("stop", LIVE, STOPPED, "ended by a stop", **_END)
 INTERRUPT = Event("interrupt", LIVE, INTERRUPTED, "ended by the deployment's shutdown, by a stop from outside the "
-                  "studio, or its process vanished while no studio watched or with the Ray cluster", **_END)
+                  "studio, by a full disk, or its process vanished while no studio watched or with the Ray "
+                  "cluster", **_END)
 FAIL = Event("fail", LIVE, FAILED, "ended by an error", **_END)
 LAUNCH_RETRY = Event("launch_retry", (QUEUED,), QUEUED, "a worker exited before claiming it; it is started again",
                      clears=("pid", "devices"), increments=("launch_failures",))

@@ -12,6 +12,7 @@ functions that run a job.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -48,6 +49,9 @@ from storage import Store, lifecycle
 HEARTBEAT_INTERVAL = 2.0
 OUTSIDE_STOP = ("The worker was stopped from outside the studio (a SIGTERM nobody in the studio sent: its Ray job "
                 "stopped, its node drained, or a kill by hand); it saved a checkpoint and the studio resumes it.")
+DISK_FULL = ("The disk under the data folder filled while the run wrote to it ({what}). The run is interrupted, not "
+             "failed: the studio queues it again, holds the queue while the disk is full, and resumes it from its "
+             "latest complete checkpoint once space is free (delete finished runs' files or other files to free it).")
 END_WRITE_ATTEMPTS = 60  # tries to record how the run ended (a locked database waits up to 30 s per try)
 CLAIM_WAIT = 600.0  # seconds the other processes of a multi-process run wait for the main one to claim it
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -307,19 +311,36 @@ def record_end(store: Store, run_id: int, status: str, error: str | None) -> boo
             run = store.get_run(run_id)
             reason = run.get("stop_reason") if run else None
             event = lifecycle.end_event(status, reason)
-            outside = status == "stopped" and reason is None  # a signal from outside: interrupted, then resumed
+            # A signal from outside, or a full disk (`error` says so): interrupted, then resumed.
+            outside = status == "stopped" and reason is None
             if outside:
-                fields.update(stop_reason="lost", error=OUTSIDE_STOP)
+                fields.update(stop_reason="lost", error=error or OUTSIDE_STOP)
             # Only a run this worker still owns: a run deleted or failed by the scheduler meanwhile stays so.
             if store.apply(run_id, event, **fields):
                 if status == "finished":
                     remove_checkpoints(store, run_id)
                 elif outside:
-                    store.add_log(run_id, OUTSIDE_STOP, level="WARNING")
+                    store.add_log(run_id, error or OUTSIDE_STOP, level="WARNING")
             return True
         except Exception as failure:  # noqa: BLE001 - a locked or full disk: wait and try again
             logger.warning("Could not record the end of run %s (attempt %d): %s", run_id, attempt + 1, failure)
             time.sleep(min(10.0, 0.5 * 2**attempt))
+    return False
+
+
+def disk_full(failure: BaseException) -> bool:
+    """Whether `failure` (or an exception it was raised from) is a write on a full disk: an `OSError` with ENOSPC,
+    or a library's wrapping of one that keeps only its text (safetensors' `SafetensorError`, SQLite's "database or
+    disk is full")."""
+    seen: set[int] = set()
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        if isinstance(failure, OSError) and failure.errno == errno.ENOSPC:
+            return True
+        text = str(failure)
+        if "No space left on device" in text or "os error 28" in text or "database or disk is full" in text:
+            return True
+        failure = failure.__cause__ or failure.__context__
     return False
 
 
@@ -425,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(failure, StageInterrupted):
             status = "stopped"
             logger.info("Run %s: %s", run_id, failure)
+        elif disk_full(failure):
+            status, error = "stopped", DISK_FULL.format(what=f"{type(failure).__name__}: {failure}")
+            logger.warning("Run %s: the disk is full:\n%s", run_id, traceback.format_exc())
         else:
             error = traceback.format_exc()
             if world > 1:  # often a collective that failed because another process died: its traceback is there

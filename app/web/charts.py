@@ -463,14 +463,27 @@ def accuracy_figures(timelines: Sequence, medians: Sequence = ()
         legend_below(fig, plot_px=190)
         fig.update_xaxes(title_text=x_title)
         fig.update_yaxes(title_text="held-out accuracy", tickformat=".0%", rangemode="tozero")
+    return by_time, by_tokens, memory_figure(timelines), by_steps, by_compute
+
+
+def memory_figure(timelines: Sequence) -> go.Figure:
+    """Each run's peak memory as a horizontal bar, the run's name beside it: runs' names are long (a duel's are
+    40-odd characters), and under vertical bars they were rotated and cut off at the figure's foot."""
     with_memory = [t for t in timelines if t.peak_memory_gb is not None]
-    memory = go.Figure(go.Bar(x=[t.label for t in with_memory], y=[t.peak_memory_gb for t in with_memory],
+    if not with_memory:
+        return empty_figure("No peak memory yet")
+    bar_px = 26
+    memory = go.Figure(go.Bar(y=[t.label for t in with_memory], x=[t.peak_memory_gb for t in with_memory],
+                              orientation="h", text=[f"{t.peak_memory_gb:.2f} GB" for t in with_memory],
+                              textposition="outside", textfont={"size": 11}, cliponaxis=False,
                               marker_color=[PALETTE[timelines.index(t) % len(PALETTE)] for t in with_memory],
-                              hovertemplate="%{y:.2f} GB"))
-    memory.update_layout(template="plotly_white", height=280, title="Peak memory (RSS on a CPU, CUDA peak on a GPU)",
-                         margin={"l": 50, "r": 20, "t": 50, "b": 40})
-    memory.update_yaxes(title_text="GB")
-    return by_time, by_tokens, memory, by_steps, by_compute
+                              hovertemplate="%{y}: %{x:.2f} GB<extra></extra>"))
+    memory.update_layout(template="plotly_white", height=110 + bar_px * len(with_memory),
+                         title="Peak memory (RSS on a CPU, CUDA peak on a GPU)",
+                         margin={"l": 20, "r": 20, "t": 50, "b": 50})
+    memory.update_yaxes(automargin=True, autorange="reversed")  # the runs in the order the table lists them
+    memory.update_xaxes(title_text="GB", rangemode="tozero")
+    return memory
 
 
 def _add_band(fig: go.Figure, x: Sequence[float], median: Any, color: str) -> None:

@@ -190,6 +190,71 @@ def test_a_worker_stopped_from_outside_is_interrupted_and_resumed(tmp_path, tiny
         manager.close()
 
 
+def test_a_run_that_fills_the_disk_waits_for_space_and_resumes_to_the_same_result(tmp_path, tiny_model_dir,
+                                                                                   reference):
+    """A checkpoint written on a full disk (ENOSPC after its weights, as safetensors or torch.save meet it): the run
+    is interrupted, not failed, queued again, held while the disk is full, and once space is free it resumes from
+    its last complete checkpoint (the torn one removed) to the same result as a run never interrupted."""
+    from app.runtime.worker import DISK_FULL
+
+    # Every step takes a second more, so the test holds the queue before the run reaches checkpoint-4.
+    store, manager = make_manager(tmp_path / "data", "train_step@1+=delay,checkpoint@2=disk_full")
+    manager.worker_env["A2PO_FAULT_DELAY"] = "1"
+    full = {"disk": False}
+    manager.hold_queue = lambda: "The disk is full." if full["disk"] else None  # the studio's `Policy.disk_problem`
+    run_id = manager.submit(durable_spec(tiny_model_dir, "disk-full"))
+    manager.start()
+    try:
+        wait_status(store, run_id, ("running",))
+        full["disk"] = True
+        manager.worker_env = dict(os.environ, A2PO_FAULTS="")  # the next worker writes on a disk with room again
+        wait_for(lambda: store.get_run(run_id)["auto_resumes"] >= 1, 120, "the run interrupted and queued again")
+        run = store.get_run(run_id)
+        assert run["status"] == "queued" and run["error"] is None, run  # not failed; the reason is in its log
+        messages = [r["message"] for r in store.get_logs(run_id)]
+        reason = next(m for m in messages if m.startswith(DISK_FULL.split("(")[0]))
+        assert "No space left on device" in reason and "resumes it from its latest complete checkpoint" in reason
+        assert any(m.startswith("Resumed automatically") for m in messages), messages
+        output = Path(run["output_dir"])
+        assert (output / "checkpoint-4" / "model.safetensors").is_file()  # torn: no trainer state
+        assert not (output / "checkpoint-4" / "trainer_state.json").exists()
+        time.sleep(1.0)  # scheduler passes every 0.1 s: none starts it while the disk is full
+        assert store.get_run(run_id)["status"] == "queued" and manager.queue_held == "The disk is full."
+        full["disk"] = False
+        run = wait_status(store, run_id, ("finished", "failed", "stopped", "interrupted"), timeout=180)
+        assert run["status"] == "finished", run
+        assert_same_run(record(store, run_id), reference)
+        messages = [r["message"] for r in store.get_logs(run_id)]
+        assert any(m.endswith("removing incomplete checkpoint " + str(output / "checkpoint-4") + ".")
+                   for m in messages), messages
+    finally:
+        manager.close()
+
+
+def test_a_full_disk_is_told_apart_from_other_failures():
+    """What a full disk raises through the libraries the worker writes with: the kernel's ENOSPC (here from
+    /dev/full, a device that is always full), safetensors' wrapping of it (its text as a checkpoint of the recipe
+    search met it), SQLite's, and one raised from another."""
+    from safetensors import SafetensorError
+
+    from app.runtime.worker import disk_full
+
+    with pytest.raises(OSError) as kernel:
+        with open("/dev/full", "wb", buffering=0) as device:
+            device.write(b"x")
+    wrapped = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as cause:
+            raise RuntimeError("saving the checkpoint failed") from cause
+    except RuntimeError as chained:
+        from_another = chained
+    assert disk_full(kernel.value) and disk_full(wrapped) and disk_full(from_another)
+    assert disk_full(sqlite3.OperationalError("database or disk is full"))
+    assert not disk_full(OSError(13, "Permission denied")) and not disk_full(RuntimeError("CUDA out of memory"))
+
+
 def test_a_stop_nobody_asked_for_ends_interrupted_a_requested_one_stopped():
     assert lifecycle.end_event("stopped", None) is lifecycle.INTERRUPT
     assert lifecycle.end_event("stopped", "shutdown") is lifecycle.INTERRUPT

@@ -128,7 +128,10 @@ def test_accuracy_figures_draw_a2po_with_and_without_stage_1_and_against_steps()
     assert list(traces["#2 grpo (GRPO)"].x) == [0.0, 2.0]
     tokens = {t.name: list(t.x) for t in by_tokens.data}
     assert tokens["#1 a2po (A*-PO) with stage 1"] == [500, 520] and tokens["#2 grpo (GRPO)"] == [0, 20]
-    assert list(memory.data[0].y) == [2.0, 2.0]
+    bars = memory.data[0]  # horizontal, each bar named by its run in full, its value written on it
+    assert bars.orientation == "h" and list(bars.x) == [2.0, 2.0]
+    assert list(bars.y) == ["#1 a2po (A*-PO)", "#2 grpo (GRPO)"] and list(bars.text) == ["2.00 GB", "2.00 GB"]
+    assert memory.layout.yaxis.automargin is True
     assert {t.name: list(t.x) for t in by_steps.data} == {"#1 a2po (A*-PO)": [0, 2], "#2 grpo (GRPO)": [0, 2]}
 
 

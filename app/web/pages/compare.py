@@ -91,9 +91,10 @@ def build_compare_page(services: Services) -> gr.Dropdown:
     gr.Markdown("## Compare runs")
     with gr.Row():
         study = gr.Dropdown(choices=study_choices(services.store), value=None, label="Study (picks its runs)",
-                            scale=2, elem_id="compare-study")
-        picker = gr.Dropdown(choices=run_choices(services.store), multiselect=True, label="Runs", scale=3,
+                            scale=1, elem_id="compare-study")  # a row of its own: studies' names are long
+        picker = gr.Dropdown(choices=run_choices(services.store), multiselect=True, label="Runs", scale=1,
                              elem_id="compare-runs")
+    with gr.Row():
         metrics = gr.Dropdown(choices=[m for m, _ in charts.TRAINING_METRICS], value=DEFAULT_METRICS,
                               multiselect=True, allow_custom_value=True, label="Metrics", scale=3,
                               elem_id="compare-metrics")
@@ -192,15 +193,21 @@ def _build_side_by_side(services: Services, picker: gr.Dropdown) -> None:
 
     drawn = [step, prompt, prompt_text, heads[0], tables[0], heads[1], tables[1]]
 
-    def pick_runs(run_ids: list[int] | None):
+    picked = gr.State(None)  # the runs the pair below was last drawn for
+
+    def pick_runs(run_ids: list[int] | None, before: list[int] | None):
+        if before is not None and sorted(run_ids or []) == before:
+            # The same runs: a change event that repeats the value (the picker's choices refreshed as the tab
+            # opens can answer after the user picked) keeps the step and prompt the user set since.
+            return [gr.skip()] * (3 + len(drawn))
         runs = [r for r in (services.store.get_run(i) for i in run_ids or []) if r is not None]
         choices = [(run_label(r), r["id"]) for r in runs]
         pair = completions.default_pair(runs)
-        return [gr.Dropdown(choices=choices, value=pair[0]), gr.Dropdown(choices=choices, value=pair[1]),
-                *draw(*pair, None, None)]
+        return [sorted(run_ids or []), gr.Dropdown(choices=choices, value=pair[0]),
+                gr.Dropdown(choices=choices, value=pair[1]), *draw(*pair, None, None)]
 
     private = {"api_visibility": "private", "show_progress": "hidden"}
-    picker.change(pick_runs, picker, [left, right, *drawn], **private)
+    picker.change(pick_runs, [picker, picked], [picked, left, right, *drawn], **private)
     for trigger in (left.input, right.input):  # another run: its latest step
         trigger(lambda a, b, p: draw(a, b, None, p), [left, right, prompt], drawn, **private)
     step.release(draw, [left, right, step, prompt], drawn, **private)
