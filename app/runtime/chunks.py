@@ -19,12 +19,13 @@ from app.runtime import journal
 from app.runtime.checkpoints import remove_checkpoints
 from app.runtime.data_folder import DataFolder
 from app.runtime.value_sets import ensure_value_set, uses_values
-from app.runtime.worker import Heartbeat, StopRequested, run_job
+from app.runtime.worker import Heartbeat, StopRequested, disk_full, run_job
 from storage import Store, lifecycle
 from storage.secrets import scrub_text
 
 READY = lifecycle.WAITING  # what a chunk may start on (a paused run is unpaused first)
 DEFAULT_BUDGET = 40.0  # seconds of work per chunk
+DISK_FULL_OUTCOME = "disk_full"  # a chunk's end: it met a full disk; settled as a lost chunk, not a failed run
 # Seconds a chunk takes beyond its budget, at most: restoring the run (model, optimizer, V*), the step under way at
 # the deadline, the final checkpoint. A GPU call asks for budget + margin (`app.runtime.zerogpu.gpu_duration`).
 CHUNK_MARGIN = 20.0
@@ -132,9 +133,10 @@ def worker_directory(data_dir: str | os.PathLike[str]):
 def run_chunk(data_dir: str | os.PathLike[str], run_id: int, budget_seconds: float = DEFAULT_BUDGET,
               stop_event: threading.Event | None = None) -> dict[str, Any]:
     """One chunk of run `run_id`, claimed by the parent, whose input it reads (see the module docstring). Returns
-    plain data: `run_id`, `outcome` ("continues": budget spent; "finished", "stopped", "failed"; "not-started":
-    no input for it) and `seconds`. The same goes into the journal's last line. `stop_event` (optional) asks for
-    a stop as SIGTERM asks a worker. Never opens the database."""
+    plain data: `run_id`, `outcome` ("continues": budget spent; "finished", "stopped", "failed"; "disk_full": it
+    met a full disk, and the next chunk goes on; "not-started": no input for it) and `seconds`. The same goes into
+    the journal's last line. `stop_event` (optional) asks for a stop as SIGTERM asks a worker. Never opens the
+    database."""
     from a2po.callbacks import StageInterrupted
 
     started = time.monotonic()
@@ -159,9 +161,13 @@ def run_chunk(data_dir: str | os.PathLike[str], run_id: int, budget_seconds: flo
                 outcome = "stopped" if stop_event.is_set() else "continues"
                 if outcome == "stopped":
                     logger.info("Run %s: %s", run_id, stop)
-            except Exception:
+            except Exception as failure:
                 error = traceback.format_exc()
-                logger.error("Run %s failed in chunk %d:\n%s", run_id, number, error)
+                if disk_full(failure):  # the next chunk goes on from the last complete checkpoint, as a lost one
+                    outcome = DISK_FULL_OUTCOME
+                    logger.warning("Run %s: chunk %d met a full disk:\n%s", run_id, number, error)
+                else:
+                    logger.error("Run %s failed in chunk %d:\n%s", run_id, number, error)
             finally:
                 heartbeat.stop()
                 seconds = time.monotonic() - started
@@ -255,6 +261,9 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
     outcome = "lost"
     if run["status"] not in lifecycle.LIVE:
         outcome = run["status"]  # settled already
+    elif end is not None and end["outcome"] == DISK_FULL_OUTCOME:
+        last = (end.get("error") or "").strip().splitlines()[-1:] or ["no error text"]
+        outcome = _chunk_lost(store, data_dir, run, f"met a full disk ({last[0]})", paused)
     elif end is not None:
         outcome, seconds = end["outcome"], float(end.get("seconds") or 0.0)
         if outcome == "continues":

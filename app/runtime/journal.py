@@ -165,7 +165,7 @@ class ChunkLedger:
             os.write(self._fd, line)
 
     def end(self, outcome: str, error: str | None, seconds: float) -> None:
-        """The journal's last line: how the chunk ended ("continues", "finished", "stopped", "failed")."""
+        """The journal's last line: how the chunk ended ("continues", "finished", "stopped", "failed", "disk_full")."""
         line = _encode({END: {"outcome": outcome, "error": error, "seconds": seconds}, "at": time.time()})
         with self._lock:
             os.write(self._fd, line)

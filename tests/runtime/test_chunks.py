@@ -145,6 +145,35 @@ def test_forked_chunks_end_like_one_worker_and_a_killed_chunk_loses_nothing(tmp_
         manager.close()
 
 
+def test_a_chunk_that_meets_a_full_disk_leaves_the_run_to_its_next_chunk(tmp_path, taught_model, reference):
+    """A chunk whose checkpoint-4 meets a full disk (its weights written, then ENOSPC): the run is not failed; its
+    next chunk goes on from checkpoint-2, the torn folder removed, to the same result as one worker."""
+    store, manager = make_manager(tmp_path / "data", "checkpoint@2=disk_full", chunk_seconds=120.0)
+    run_id = manager.submit(chunk_spec(taught_model, "disk-full"))
+    phase = {"met": False}
+
+    def change(run):
+        if not phase["met"] and run["auto_resumes"] == 1:  # the disk has room again for the next chunk
+            phase["met"] = True
+            manager.worker_env = dict(os.environ, A2PO_FAULTS="")
+
+    try:
+        run = drive(manager, store, run_id, lambda r: r["status"] in ("finished", "failed"), change)
+        assert run["status"] == "finished", run["error"]
+        assert phase["met"]
+        logs = [r["message"] for r in store.get_logs(run_id)]
+        met = [m for m in logs if m.startswith("Its chunk process met a full disk (OSError: [Errno 28] No space left "
+                                               "on device")]
+        assert len(met) == 1 and "the next chunk continues from the last checkpoint" in met[0], logs
+        after, output = logs[logs.index(met[0]):], Path(run["output_dir"])
+        assert any(m.endswith("resuming stage 2 from " + str(output / "checkpoint-2") + ".") for m in after), after
+        assert any(m.endswith("removing incomplete checkpoint " + str(output / "checkpoint-4") + ".")
+                   for m in after), after
+        assert_same(record(store, run_id), reference)
+    finally:
+        manager.close()
+
+
 def test_run_chunk_is_a_plain_function_and_only_the_parent_claims(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     store, manager = make_manager(data)
