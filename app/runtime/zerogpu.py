@@ -21,7 +21,8 @@ run (with this process's pid, the driving thread named as a chunk's, so the sche
 run in this process. While the call runs, its journal is applied every `INGEST_EVERY` seconds (the page shows the
 chunk's progress) and the run's heartbeat is kept fresh (waiting for a GPU is not a dead run). A stop or a delete
 asks the chunk to stop through its stop file: no process of ZeroGPU's is ever signalled. A call that fails (no GPU
-quota left, ZeroGPU's own errors) is shown on the page and retried after `RETRY_AFTER` seconds.
+quota left, ZeroGPU's own errors) is shown on the page and retried after `RETRY_AFTER` seconds. While the scheduler
+holds its queue (no disk to spare), pages start no chunk either, and say why.
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ class ChunkDriver:
         owner = run.get("owner")
         return owner is None or (user is not None and getattr(user, "name", None) == owner)
 
+    def held(self) -> str | None:
+        """Why no chunk may start now, or None: the scheduler's hold on its queue (a data folder past its disk
+        quota, or a nearly full disk: `Policy.disk_problem`), which pages obey as the scheduler does."""
+        hold = getattr(self.services.scheduler, "hold_queue", None)
+        return hold() if hold is not None else None
+
     def status(self, run_id: int) -> dict[str, Any] | None:
         """Where the run stands (`app.runtime.chunks.progress_of`), with `driving` and the last call's error, or
         None."""
@@ -129,7 +136,7 @@ class ChunkDriver:
         out = progress_of(self.services.store, run)
         failed = self._failed.get(run["id"])
         out.update(chunked=is_chunked(run), driving=run["id"] in self._driving, zerogpu=self.active,
-                   last_error=failed[1] if failed else None, budget=self.budget,
+                   last_error=failed[1] if failed else None, held=self.held(), budget=self.budget,
                    gpu_duration=gpu_duration("", run["id"], self.budget))
         return out
 
@@ -144,7 +151,7 @@ class ChunkDriver:
             return None
         run_id = run["id"]
         due = (self.active and is_chunked(run) and run["status"] in READY and self.may_drive(run, user)
-               and time.time() - self._failed.get(run_id, (0.0, ""))[0] > RETRY_AFTER)
+               and time.time() - self._failed.get(run_id, (0.0, ""))[0] > RETRY_AFTER and self.held() is None)
         if not due:
             return self.status(run_id)
         with self._lock:

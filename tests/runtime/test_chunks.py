@@ -265,6 +265,15 @@ def test_fake_spaces_wraps_exactly_the_chunk_function(monkeypatch, tmp_path, tin
             return zerogpu.gpu_chunk(*args)
 
         driver = zerogpu.ChunkDriver(Services(store=store, scheduler=manager, data_dir=tmp_path / "data"))
+        # While the scheduler holds its queue (the studio's `Policy.disk_problem`), the page starts no chunk either.
+        full = "Only 0.42 GB of disk is free under /data: free some before launching a run."
+        manager.hold_queue = lambda: full
+        held = driver.drive(run_id, function=on_gpu)
+        assert calls == [] and held["status"] == "queued" and held["held"] == full
+        from app.web.pages.chunks import render
+
+        assert "waiting: Only 0.42 GB of disk is free" in render(held)
+        manager.hold_queue = None
         info = None
         for _ in range(20):
             info = driver.drive(run_id, function=on_gpu)

@@ -48,6 +48,8 @@ def render(info: dict[str, Any] | None) -> str:
     if zerogpu and info["status"] not in DONE:
         parts.append(f"each chunk asks for {info['gpu_duration']} s of GPU from your quota; this page runs them "
                      "while it is open (closed, the run pauses)")
+    if info.get("held") and info["status"] not in DONE:
+        parts.append(f"waiting: {html.escape(str(info['held']))}")
     if info.get("last_error"):
         parts.append(f"last GPU call failed: {html.escape(str(info['last_error'])[:300])}")
     attrs = " ".join(f'data-{k}="{html.escape(str(info.get(v)))}"' for k, v in (
