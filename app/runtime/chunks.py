@@ -262,8 +262,9 @@ def settle(store: Store, data_dir: str | os.PathLike[str], run_id: int, how: str
     if run["status"] not in lifecycle.LIVE:
         outcome = run["status"]  # settled already
     elif end is not None and end["outcome"] == DISK_FULL_OUTCOME:
-        last = (end.get("error") or "").strip().splitlines()[-1:] or ["no error text"]
-        outcome = _chunk_lost(store, data_dir, run, f"met a full disk ({last[0]})", paused)
+        lines = (end.get("error") or "").strip().splitlines()
+        last = lines[-1] if lines else "no error text"  # the traceback's last line: the exception itself
+        outcome = _chunk_lost(store, data_dir, run, f"met a full disk ({last})", paused)
     elif end is not None:
         outcome, seconds = end["outcome"], float(end.get("seconds") or 0.0)
         if outcome == "continues":

@@ -91,7 +91,7 @@ def build_compare_page(services: Services) -> gr.Dropdown:
     gr.Markdown("## Compare runs")
     with gr.Row():
         study = gr.Dropdown(choices=study_choices(services.store), value=None, label="Study (picks its runs)",
-                            scale=1, elem_id="compare-study")  # a row of its own: studies' names are long
+                            scale=1, elem_id="compare-study")  # half a row, as the runs: studies' names are long
         picker = gr.Dropdown(choices=run_choices(services.store), multiselect=True, label="Runs", scale=1,
                              elem_id="compare-runs")
     with gr.Row():
@@ -196,14 +196,15 @@ def _build_side_by_side(services: Services, picker: gr.Dropdown) -> None:
     picked = gr.State(None)  # the runs the pair below was last drawn for
 
     def pick_runs(run_ids: list[int] | None, before: list[int] | None):
-        if before is not None and sorted(run_ids or []) == before:
+        now = sorted(run_ids or [])
+        if now == before:
             # The same runs: a change event that repeats the value (the picker's choices refreshed as the tab
             # opens can answer after the user picked) keeps the step and prompt the user set since.
             return [gr.skip()] * (3 + len(drawn))
         runs = [r for r in (services.store.get_run(i) for i in run_ids or []) if r is not None]
         choices = [(run_label(r), r["id"]) for r in runs]
         pair = completions.default_pair(runs)
-        return [sorted(run_ids or []), gr.Dropdown(choices=choices, value=pair[0]),
+        return [now, gr.Dropdown(choices=choices, value=pair[0]),
                 gr.Dropdown(choices=choices, value=pair[1]), *draw(*pair, None, None)]
 
     private = {"api_visibility": "private", "show_progress": "hidden"}
